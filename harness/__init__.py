@@ -1,0 +1,1 @@
+"""Workload-agnostic machinery of the MLPerf training harness."""
