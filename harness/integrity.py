@@ -1,0 +1,204 @@
+"""Log integrity checks that the official mlperf_logging compliance checker does not make.
+
+The checker validates keys and values, not time: Google's public v0.7 SSD result_0.txt has
+run_start ~15 h before init_stop (which makes that run the slowest, so olympic scoring drops it)
+and passes. These checks look at ordering, pairing and eval cadence so a reviewer sees such things.
+
+Severities: 'error' = the run's time to train or its status cannot be trusted as logged
+(or the user-given eval cadence is broken); 'warning' = worth a look, the score itself stands.
+Public v0.7 logs raise warnings routinely (async evals whose eval_start epoch differs from the
+eval_accuracy epoch, submission_* lines with time_ms 0, no seed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from harness.logparse import LogEvent, RunSummary, eval_position
+
+MAX_EXAMPLES = 3  # per problem kind, so a broken log does not drown the report
+JITTER_MS = 1000.0  # steps back in time up to this are interleaving noise, not corruption
+
+
+@dataclass
+class Finding:
+    severity: str  # 'error' | 'warning'
+    code: str
+    message: str
+
+
+def _fmt_duration(ms: float) -> str:
+    s = abs(ms) / 1000.0
+    if s >= 3600:
+        return f"{s / 3600:.2f} h"
+    if s >= 60:
+        return f"{s / 60:.2f} min"
+    return f"{s:.3f} s"
+
+
+def _first(events: list[LogEvent], key: str) -> LogEvent | None:
+    return next((e for e in events if e.key == key), None)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def _check_time_order(events: list[LogEvent]) -> list[Finding]:
+    """Timestamps must not go backwards between consecutive MLLOG lines.
+
+    A step back of more than JITTER_MS is an error (first few listed with line numbers). Smaller
+    steps are one warning: multi-process loggers interleave lines (every rank logging init_start)
+    and public v0.7 logs are full of such millisecond jitter. Lines with time_ms == 0 are skipped:
+    v0.7 submissions append the submission_* keys with time_ms 0; they are reported as a warning.
+    """
+    findings: list[Finding] = []
+    untimed = [e for e in events if e.time_ms == 0]
+    timed = [e for e in events if e.time_ms != 0]
+    steps = [(prev, cur) for prev, cur in zip(timed, timed[1:]) if cur.time_ms < prev.time_ms]
+    backwards = [(p, c) for p, c in steps if p.time_ms - c.time_ms > JITTER_MS]
+    jitter = [(p, c) for p, c in steps if p.time_ms - c.time_ms <= JITTER_MS]
+    for prev, cur in backwards[:MAX_EXAMPLES]:
+        findings.append(Finding(
+            "error", "time_backwards",
+            f"line {cur.line_no} ({cur.key}) is {_fmt_duration(prev.time_ms - cur.time_ms)} earlier "
+            f"than line {prev.line_no} ({prev.key})"))
+    if len(backwards) > MAX_EXAMPLES:
+        findings.append(Finding("error", "time_backwards",
+                                f"... and {len(backwards) - MAX_EXAMPLES} more backwards timestamps"))
+    if jitter:
+        worst = max(p.time_ms - c.time_ms for p, c in jitter)
+        findings.append(Finding(
+            "warning", "time_jitter",
+            f"{len(jitter)} small step(s) back in time (max {_fmt_duration(worst)}, first at line "
+            f"{jitter[0][1].line_no}); typical of several processes writing one log"))
+    if untimed:
+        findings.append(Finding(
+            "warning", "untimed_lines",
+            f"{len(untimed)} line(s) have time_ms 0 (first: line {untimed[0].line_no}, "
+            f"{untimed[0].key}); ignored for time ordering"))
+    return findings
+
+
+def _check_run_markers(events: list[LogEvent]) -> list[Finding]:
+    findings: list[Finding] = []
+    run_start, run_stop = _first(events, "run_start"), _first(events, "run_stop")
+    init_stop = _first(events, "init_stop")
+    if run_start is None:
+        findings.append(Finding("error", "missing_run_start", "no run_start: time to train is unknown"))
+    if run_stop is None:
+        findings.append(Finding("error", "missing_run_stop",
+                                "no run_stop: the run did not finish (counts as failed)"))
+    elif "status" not in run_stop.metadata:
+        findings.append(Finding("error", "run_stop_no_status",
+                                f"run_stop (line {run_stop.line_no}) has no status metadata"))
+    elif run_stop.metadata.get("status") != "success":
+        findings.append(Finding("warning", "run_not_successful",
+                                f"run_stop status is {run_stop.metadata.get('status')!r}"))
+    if run_start and init_stop and run_start.time_ms < init_stop.time_ms:
+        findings.append(Finding(
+            "error", "run_start_before_init_stop",
+            f"run_start (line {run_start.line_no}) is {_fmt_duration(init_stop.time_ms - run_start.time_ms)} "
+            f"before init_stop (line {init_stop.line_no}); the timed region is inflated by that much"))
+    if run_start and run_stop and run_stop.time_ms < run_start.time_ms:
+        findings.append(Finding("error", "run_stop_before_run_start",
+                                f"run_stop is {_fmt_duration(run_start.time_ms - run_stop.time_ms)} "
+                                "before run_start"))
+    return findings
+
+
+def _check_cadence(events: list[LogEvent], eval_every: float | None) -> list[Finding]:
+    """Consecutive eval_accuracy positions (epoch_num or samples_count) must step by the cadence.
+
+    Cadence = eval_every when given (violations are errors), else the most common step (ties: the
+    smaller), inferred only from >= 2 steps (violations are warnings). The first eval may sit at
+    any offset. The last eval may come early (a smaller step) only if the run then stopped: no
+    block_start / eval_start after it and a run_stop after it.
+    """
+    accs = [e for e in events if e.key == "eval_accuracy" and eval_position(e) is not None]
+    if len(accs) < 2:
+        return []
+    steps = [eval_position(b) - eval_position(a) for a, b in zip(accs, accs[1:])]
+    if eval_every is not None:
+        cadence, severity, how = float(eval_every), "error", "expected"
+    else:
+        if len(steps) < 2:
+            return []
+        counts = Counter(steps)
+        best = max(counts.values())
+        cadence = min(s for s, c in counts.items() if c == best)
+        severity, how = "warning", "inferred"
+    last = accs[-1]
+    stopped_after_last = any(e.key == "run_stop" and e.line_no > last.line_no for e in events) and not any(
+        e.key in ("block_start", "eval_start") and e.line_no > last.line_no for e in events)
+    bad: list[Finding] = []
+    for (prev, cur), step in zip(zip(accs, accs[1:]), steps):
+        if _close(step, cadence):
+            continue
+        if cur is last and 0 < step < cadence and stopped_after_last:
+            continue
+        bad.append(Finding(
+            severity, "eval_off_cadence",
+            f"eval at {eval_position(cur):g} (line {cur.line_no}) is {step:g} after the previous one "
+            f"at {eval_position(prev):g}; {how} cadence {cadence:g}"))
+    if len(bad) > MAX_EXAMPLES:
+        extra = len(bad) - MAX_EXAMPLES
+        bad = bad[:MAX_EXAMPLES] + [Finding(severity, "eval_off_cadence", f"... and {extra} more off-cadence evals")]
+    return bad
+
+
+def _check_eval_pairs(events: list[LogEvent]) -> list[Finding]:
+    """Every eval_accuracy needs an earlier eval_start and some eval_stop for the same position."""
+    starts: dict[float | None, list[int]] = defaultdict(list)
+    stops: set[float | None] = set()
+    for e in events:
+        if e.key == "eval_start":
+            starts[eval_position(e)].append(e.line_no)
+        elif e.key == "eval_stop":
+            stops.add(eval_position(e))
+    bad: list[Finding] = []
+    for e in events:
+        if e.key != "eval_accuracy":
+            continue
+        pos = eval_position(e)
+        missing = []
+        if not any(n < e.line_no for n in starts.get(pos, [])):
+            missing.append("eval_start")
+        if pos not in stops:
+            missing.append("eval_stop")
+        if missing:
+            where = "no position" if pos is None else f"{pos:g}"
+            bad.append(Finding("warning", "eval_unmatched",
+                               f"eval_accuracy at {where} (line {e.line_no}) has no matching {' / '.join(missing)}"))
+    if len(bad) > MAX_EXAMPLES:
+        extra = len(bad) - MAX_EXAMPLES
+        bad = bad[:MAX_EXAMPLES] + [Finding("warning", "eval_unmatched", f"... and {extra} more unmatched evals")]
+    return bad
+
+
+def check_integrity(events: list[LogEvent], eval_every: float | None = None) -> list[Finding]:
+    """All single-log checks; an empty list means nothing suspicious was found."""
+    return (_check_run_markers(events) + _check_time_order(events)
+            + _check_cadence(events, eval_every) + _check_eval_pairs(events))
+
+
+def check_seeds(summaries: list[RunSummary]) -> list[Finding]:
+    """Runs of one result set must each log a distinct seed (MLPerf seed rule).
+
+    Duplicate seeds are errors (the runs are not independent samples); a missing seed is a warning
+    because distinctness cannot be verified (common in v0.7 public logs).
+    """
+    findings: list[Finding] = []
+    by_seed: dict[int, list[str]] = defaultdict(list)
+    for s in summaries:
+        if s.seed is None:
+            findings.append(Finding("warning", "missing_seed", f"{s.path}: no integer seed logged"))
+        else:
+            by_seed[s.seed].append(s.path)
+    for seed, paths in sorted(by_seed.items()):
+        if len(paths) > 1:
+            findings.append(Finding("error", "duplicate_seed",
+                                    f"seed {seed} is used by {len(paths)} runs: {', '.join(paths)}"))
+    return findings

@@ -1,0 +1,261 @@
+"""Read MLPerf training result logs (``:::MLLOG {json}`` lines) into events and per-run summaries.
+
+Workload-agnostic on purpose: the review report has to read our own logs and public submissions
+(v0.7 onwards) alike, so nothing here imports TensorFlow or knows how a benchmark is trained.
+
+Tolerated quirks of public logs:
+  * text before ``:::MLLOG`` on a line (launcher/rank prefixes) and anything after the JSON object;
+  * other lines (framework chatter, ``# comments``) are ignored;
+  * lines whose JSON is broken are skipped rather than aborting the whole file.
+The pre-0.7 ``:::MLL <time> key: value`` format is not read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from harness.errors import HarnessError
+
+MARKER = ":::MLLOG"
+
+# Closed-division quality targets (eval_accuracy must reach them). bert is 0.720 from 1.0 on; for
+# ruleset 0.7.0 it was 0.712 (gbs < 8192). A log does not say its ruleset, so callers that know
+# better pass an override (report.write_report(targets=...)).
+TARGETS: dict[str, float] = {
+    "resnet": 0.759,
+    "bert": 0.720,
+    "transformer": 0.25,
+    "ssd": 0.23,  # SSD-ResNet34 (rulesets 0.6-1.1); RetinaNet (2.0+) would be 0.340
+}
+targets = TARGETS  # lower-case alias: the name the brief uses
+
+
+@dataclass
+class LogEvent:
+    """One ``:::MLLOG`` line. ``line_no`` is 1-based in the file, for messages a person can follow."""
+
+    key: str
+    value: Any
+    time_ms: float
+    event_type: str
+    metadata: dict
+    line_no: int
+
+
+def parse_lines(lines: Iterable[str]) -> list[LogEvent]:
+    """Parse MLLOG events from text lines, keeping file order; non-MLLOG lines are ignored."""
+    decoder = json.JSONDecoder()
+    events: list[LogEvent] = []
+    for line_no, line in enumerate(lines, start=1):
+        pos = line.find(MARKER)
+        if pos < 0:
+            continue
+        payload = line[pos + len(MARKER):].strip()
+        try:
+            obj, _ = decoder.raw_decode(payload)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict) or "key" not in obj:
+            continue
+        try:
+            time_ms = float(obj.get("time_ms", 0.0))
+        except (TypeError, ValueError):
+            continue
+        metadata = obj.get("metadata")
+        events.append(
+            LogEvent(
+                key=str(obj["key"]),
+                value=obj.get("value"),
+                time_ms=time_ms,
+                event_type=str(obj.get("event_type", "POINT_IN_TIME")),
+                metadata=metadata if isinstance(metadata, dict) else {},
+                line_no=line_no,
+            )
+        )
+    return events
+
+
+def parse_log(path: str) -> list[LogEvent]:
+    """Parse one log file; HarnessError when it cannot be read or holds no MLLOG line."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            events = parse_lines(f)
+    except OSError as e:
+        raise HarnessError(f"cannot read MLPerf log {path}: {e.strerror or e}") from e
+    if not events:
+        raise HarnessError(f"{path} contains no ':::MLLOG' lines; is it an MLPerf result log?")
+    return events
+
+
+@dataclass
+class RunSummary:
+    """What a reviewer wants to know about one run, derived only from its log.
+
+    ``evals`` holds ``(position, accuracy, time_ms)`` where position is the eval_accuracy
+    ``epoch_num`` metadata, or ``samples_count`` when the log counts samples (``eval_axis`` says
+    which). ``throughput`` is training samples per second inside logged blocks:
+    ``sum(block epoch_count * train_samples) / sum(block_stop - block_start)`` over matched
+    block pairs (``samples_count`` block metadata is used instead of epoch_count * train_samples when
+    present); None when the log lacks what the formula needs. It ignores time outside blocks, so it
+    is a training-loop rate, not samples / time-to-train.
+    """
+
+    path: str
+    benchmark: str | None = None
+    division: str | None = None
+    org: str | None = None
+    platform: str | None = None
+    seed: int | None = None
+    global_batch_size: int | None = None
+    status: str | None = None
+    time_to_train_min: float | None = None
+    init_time_s: float | None = None
+    epochs_or_samples_to_converge: float | None = None
+    evals: list[tuple[float, float, float]] = field(default_factory=list)
+    eval_axis: str = "epoch_num"
+    train_time_s: float | None = None
+    eval_time_s: float | None = None
+    throughput: float | None = None
+    target: float | None = None
+    run_start_ms: float | None = None
+    run_stop_ms: float | None = None
+    init_stop_ms: float | None = None
+
+    @property
+    def last_accuracy(self) -> float | None:
+        return self.evals[-1][1] if self.evals else None
+
+    @property
+    def succeeded(self) -> bool:
+        """A run counts only with run_stop status 'success' (MLPerf's definition)."""
+        return self.status == "success" and self.time_to_train_min is not None
+
+
+def _first(events: list[LogEvent], key: str) -> LogEvent | None:
+    return next((e for e in events if e.key == key), None)
+
+
+def _last(events: list[LogEvent], key: str) -> LogEvent | None:
+    return next((e for e in reversed(events) if e.key == key), None)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _str_or_none(event: LogEvent | None) -> str | None:
+    return None if event is None or event.value is None else str(event.value)
+
+
+def eval_position(event: LogEvent) -> float | None:
+    """Where an eval happened: epoch_num, else samples_count (logs that count samples)."""
+    for name in ("epoch_num", "samples_count"):
+        v = event.metadata.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def match_intervals(events: list[LogEvent], start_key: str, stop_key: str,
+                    meta_keys: tuple[str, ...]) -> list[tuple[LogEvent, LogEvent]]:
+    """Pair start/stop events that carry the same metadata value (first unmatched start wins).
+
+    Pairing by metadata, not by order, because evals may run asynchronously and overlap training
+    blocks (e.g. Google's v0.7 SSD logs); events without the metadata pair in FIFO order.
+    """
+
+    def ident(e: LogEvent) -> Any:
+        return tuple(e.metadata.get(k) for k in meta_keys)
+
+    open_starts: dict[Any, deque[LogEvent]] = defaultdict(deque)
+    pairs: list[tuple[LogEvent, LogEvent]] = []
+    for e in events:
+        if e.key == start_key:
+            open_starts[ident(e)].append(e)
+        elif e.key == stop_key and open_starts[ident(e)]:
+            pairs.append((open_starts[ident(e)].popleft(), e))
+    return pairs
+
+
+def _block_samples(start: LogEvent, train_samples: float | None) -> float | None:
+    count = start.metadata.get("samples_count")
+    if isinstance(count, (int, float)) and not isinstance(count, bool) and count > 0:
+        return float(count)
+    epochs = start.metadata.get("epoch_count")
+    if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and train_samples:
+        return float(epochs) * train_samples
+    return None
+
+
+def summarize(events: list[LogEvent], path: str, targets: dict[str, float] | None = None) -> RunSummary:
+    """Reduce one run's events to a RunSummary; missing keys leave fields None, never raise."""
+    table = TARGETS if targets is None else {**TARGETS, **targets}
+    benchmark = _str_or_none(_first(events, "submission_benchmark"))
+    summary = RunSummary(
+        path=path,
+        benchmark=benchmark,
+        division=_str_or_none(_first(events, "submission_division")),
+        org=_str_or_none(_first(events, "submission_org")),
+        platform=_str_or_none(_first(events, "submission_platform")),
+        target=table.get(benchmark) if benchmark else None,
+    )
+    seed = _first(events, "seed")
+    summary.seed = _as_int(seed.value) if seed else None
+    gbs = _first(events, "global_batch_size")
+    summary.global_batch_size = _as_int(gbs.value) if gbs else None
+
+    run_start, run_stop = _first(events, "run_start"), _last(events, "run_stop")
+    summary.run_start_ms = run_start.time_ms if run_start else None
+    summary.run_stop_ms = run_stop.time_ms if run_stop else None
+    if run_stop is not None:
+        status = run_stop.metadata.get("status")
+        summary.status = str(status) if status is not None else None
+    if run_start and run_stop:
+        summary.time_to_train_min = (run_stop.time_ms - run_start.time_ms) / 60000.0
+
+    init_start = _first(events, "init_start")
+    init_stop = _first(events, "init_stop")
+    summary.init_stop_ms = init_stop.time_ms if init_stop else None
+    if init_start and init_stop:
+        summary.init_time_s = (init_stop.time_ms - init_start.time_ms) / 1000.0
+
+    accs = [e for e in events if e.key == "eval_accuracy"]
+    if accs and "epoch_num" not in accs[-1].metadata and "samples_count" in accs[-1].metadata:
+        summary.eval_axis = "samples_count"
+    for e in accs:
+        pos = eval_position(e)
+        if pos is None or not isinstance(e.value, (int, float)) or isinstance(e.value, bool):
+            continue
+        summary.evals.append((pos, float(e.value), e.time_ms))
+    if accs:
+        summary.epochs_or_samples_to_converge = eval_position(accs[-1])
+
+    blocks = match_intervals(events, "block_start", "block_stop", ("first_epoch_num", "samples_count"))
+    if blocks:
+        summary.train_time_s = sum(b.time_ms - a.time_ms for a, b in blocks) / 1000.0
+    evals = match_intervals(events, "eval_start", "eval_stop", ("epoch_num", "samples_count"))
+    if evals:
+        summary.eval_time_s = sum(b.time_ms - a.time_ms for a, b in evals) / 1000.0
+
+    ts = _first(events, "train_samples")
+    train_samples = float(ts.value) if ts and isinstance(ts.value, (int, float)) else None
+    per_block = [(_block_samples(a, train_samples), b.time_ms - a.time_ms) for a, b in blocks]
+    if per_block and all(n is not None for n, _ in per_block):
+        total_ms = sum(ms for _, ms in per_block)
+        if total_ms > 0:
+            summary.throughput = sum(n for n, _ in per_block) / (total_ms / 1000.0)
+    return summary

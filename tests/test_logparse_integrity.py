@@ -1,0 +1,210 @@
+"""Parsing and integrity checks on hand-made logs with known times and on real public v0.7 logs."""
+
+import json
+import os
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.integrity import check_integrity, check_seeds
+from harness.logparse import LogEvent, parse_lines, parse_log, summarize, TARGETS
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+PUBLIC_SSD = os.path.join(DATA, "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd")
+
+
+def line(key, time_ms, value=None, **metadata):
+    return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": time_ms, "event_type": "POINT_IN_TIME",
+                                     "key": key, "value": value, "metadata": metadata})
+
+
+T0 = 1_600_000_000_000  # a realistic epoch-ms start; time_ms 0 means "untimed" to the checks
+
+
+def good_log(evals=(4, 8, 12, 16), t_init=T0, stop_status="success", seed=1):
+    """A resnet-like run: init 0->60 s, run_start 60 s, 4-epoch blocks of 50 s, eval 10 s each."""
+    out = [line("submission_benchmark", t_init, "resnet"), line("submission_org", t_init, "Org"),
+           line("submission_platform", t_init, "sys"), line("submission_division", t_init, "closed"),
+           line("init_start", t_init), line("global_batch_size", t_init + 1, 1024),
+           line("train_samples", t_init + 2, 1000)]
+    if seed is not None:
+        out.append(line("seed", t_init + 3, seed))
+    out += [line("init_stop", t_init + 60_000), line("run_start", t_init + 60_000)]
+    t, prev = t_init + 60_000, 0
+    for e in evals:
+        out.append(line("block_start", t, first_epoch_num=prev, epoch_count=e - prev))
+        t += 50_000
+        out.append(line("block_stop", t, first_epoch_num=prev))
+        out.append(line("eval_start", t, epoch_num=e))
+        t += 10_000
+        out.append(line("eval_accuracy", t, 0.5 + 0.07 * e / max(evals), epoch_num=e))
+        out.append(line("eval_stop", t, epoch_num=e))
+        prev = e
+    if stop_status is not None:
+        out.append(line("run_stop", t + 1, status=stop_status))
+    else:
+        out.append(line("run_stop", t + 1))
+    return out
+
+
+def codes(findings, severity=None):
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+# ---------------------------------------------------------------- parsing
+
+def test_parse_tolerates_prefixes_garbage_and_broken_lines():
+    events = parse_log(os.path.join(DATA, "handmade", "prefixed_v07_style.log"))
+    assert [e.key for e in events] == ["submission_benchmark", "init_start", "seed", "init_stop",
+                                       "run_start", "run_stop"]
+    assert events[1].event_type == "INTERVAL_START" and events[4].event_type == "POINT_IN_TIME"
+    assert events[2].value == 42 and events[0].line_no == 3
+    s = summarize(events, "x")
+    assert s.benchmark == "resnet" and s.seed == 42 and s.status == "success"
+    assert s.time_to_train_min == pytest.approx(2.0)
+    assert s.init_time_s == pytest.approx(60.0)
+
+
+def test_parse_log_errors_are_harness_errors(tmp_path):
+    with pytest.raises(HarnessError, match="no ':::MLLOG'"):
+        parse_log(os.path.join(DATA, "handmade", "not_a_log.txt"))
+    with pytest.raises(HarnessError, match="cannot read"):
+        parse_log(str(tmp_path / "missing.txt"))
+
+
+def test_summary_fields_from_known_times():
+    s = summarize(parse_lines(good_log()), "run.txt")
+    assert (s.benchmark, s.org, s.platform, s.division) == ("resnet", "Org", "sys", "closed")
+    assert s.global_batch_size == 1024 and s.seed == 1 and s.target == TARGETS["resnet"] == 0.759
+    assert s.time_to_train_min == pytest.approx((4 * 60_000 + 1) / 60_000)
+    assert s.train_time_s == pytest.approx(200.0) and s.eval_time_s == pytest.approx(40.0)
+    assert s.epochs_or_samples_to_converge == 16 and len(s.evals) == 4
+    assert s.evals[-1][0] == 16 and s.evals[-1][1] == pytest.approx(0.57)
+    # 16 epochs * 1000 samples inside 200 s of blocks
+    assert s.throughput == pytest.approx(80.0)
+
+
+def test_summary_samples_axis_and_missing_pieces():
+    lines = [line("submission_benchmark", 1, "bert"), line("run_start", 10),
+             line("eval_accuracy", 20, 0.70, samples_count=1000),
+             line("eval_accuracy", 30, 0.721, samples_count=2000)]
+    s = summarize(parse_lines(lines), "b.txt", targets={"bert": 0.712})
+    assert s.eval_axis == "samples_count" and s.epochs_or_samples_to_converge == 2000
+    assert s.target == 0.712
+    assert s.status is None and s.time_to_train_min is None and s.throughput is None
+    assert s.train_time_s is None and s.seed is None
+
+
+# ---------------------------------------------------------------- integrity
+
+def test_clean_log_has_no_findings():
+    assert check_integrity(parse_lines(good_log())) == []
+    assert check_integrity(parse_lines(good_log()), eval_every=4) == []
+
+
+def test_timestamps_backwards_reported_with_line_numbers():
+    lines = good_log()
+    # move the 2nd block_stop 100 s into the past
+    idx = [i for i, l in enumerate(lines) if '"block_stop"' in l][1]
+    ev = json.loads(lines[idx].split(":::MLLOG ", 1)[1])
+    ev["time_ms"] -= 100_000
+    lines[idx] = ":::MLLOG " + json.dumps(ev)
+    found = [f for f in check_integrity(parse_lines(lines)) if f.code == "time_backwards"]
+    assert found and all(f.severity == "error" for f in found)
+    assert f"line {idx + 1} (block_stop)" in found[0].message
+
+
+def test_many_backwards_timestamps_are_capped():
+    lines = [line("run_start", T0)] + [line("x", T0 - 5000 * i) for i in range(1, 11)] + [
+        line("run_stop", T0 + 1000, status="success")]
+    found = [f for f in check_integrity(parse_lines(lines)) if f.code == "time_backwards"]
+    assert len(found) == 4 and "7 more" in found[-1].message
+
+
+def test_millisecond_jitter_is_one_warning_not_errors():
+    # several ranks logging init_start a few ms apart, as in many public v0.7 logs
+    lines = good_log()
+    i = next(i for i, l in enumerate(lines) if '"init_start"' in l)
+    lines[i + 1:i + 1] = [line("init_start", T0 - 3), line("init_start", T0 - 1), line("init_start", T0 - 2)]
+    found = check_integrity(parse_lines(lines))
+    assert codes(found) == ["time_jitter"] and found[0].severity == "warning"
+    assert "2 small step(s)" in found[0].message and "max 0.003 s" in found[0].message
+
+
+def test_run_start_before_init_stop_says_by_how_much():
+    lines = good_log()
+    idx = next(i for i, l in enumerate(lines) if '"run_start"' in l)
+    lines[idx] = line("run_start", T0 + 60_000 - 2 * 3_600_000)  # 2 h before init_stop
+    f = next(f for f in check_integrity(parse_lines(lines)) if f.code == "run_start_before_init_stop")
+    assert f.severity == "error" and "2.00 h before init_stop" in f.message
+
+
+def test_missing_run_markers_and_status():
+    no_stop = [l for l in good_log() if '"run_stop"' not in l]
+    assert "missing_run_stop" in codes(check_integrity(parse_lines(no_stop)), "error")
+    no_start = [l for l in good_log() if '"run_start"' not in l]
+    assert "missing_run_start" in codes(check_integrity(parse_lines(no_start)), "error")
+    assert "run_stop_no_status" in codes(check_integrity(parse_lines(good_log(stop_status=None))), "error")
+    assert "run_not_successful" in codes(check_integrity(parse_lines(good_log(stop_status="aborted"))))
+
+
+def test_off_cadence_eval_inferred_and_explicit():
+    lines = good_log(evals=(4, 8, 13, 17, 21))
+    inferred = [f for f in check_integrity(parse_lines(lines)) if f.code == "eval_off_cadence"]
+    assert len(inferred) == 1 and inferred[0].severity == "warning"
+    assert "eval at 13" in inferred[0].message and "cadence 4" in inferred[0].message
+    explicit = [f for f in check_integrity(parse_lines(lines), eval_every=4) if f.code == "eval_off_cadence"]
+    assert len(explicit) == 1 and explicit[0].severity == "error"
+
+
+def test_first_eval_offset_and_early_last_eval_before_run_stop_are_fine():
+    assert check_integrity(parse_lines(good_log(evals=(3, 7, 11, 15, 17))), eval_every=4) == []
+    # ... but an early eval followed by more training is not
+    lines = good_log(evals=(4, 8, 10, 14, 18))
+    assert "eval_off_cadence" in codes(check_integrity(parse_lines(lines), eval_every=4))
+
+
+def test_eval_accuracy_without_eval_start_or_stop():
+    lines = [l for l in good_log() if not ('"eval_start"' in l and '"epoch_num": 8' in l)]
+    f = [f for f in check_integrity(parse_lines(lines)) if f.code == "eval_unmatched"]
+    assert len(f) == 1 and "at 8" in f[0].message and "eval_start" in f[0].message
+    lines = [l for l in good_log() if not ('"eval_stop"' in l and '"epoch_num": 12' in l)]
+    f = [f for f in check_integrity(parse_lines(lines)) if f.code == "eval_unmatched"]
+    assert len(f) == 1 and "eval_stop" in f[0].message
+
+
+def test_untimed_submission_lines_are_not_backwards_errors():
+    lines = good_log() + [line("submission_org", 0, "Org")]
+    found = check_integrity(parse_lines(lines))
+    assert codes(found) == ["untimed_lines"] and found[0].severity == "warning"
+
+
+def test_check_seeds_duplicate_and_missing():
+    a = summarize(parse_lines(good_log(seed=7)), "a.txt")
+    b = summarize(parse_lines(good_log(seed=7)), "b.txt")
+    c = summarize(parse_lines(good_log(seed=None)), "c.txt")
+    d = summarize(parse_lines(good_log(seed=8)), "d.txt")
+    found = check_seeds([a, b, c, d])
+    dup = [f for f in found if f.code == "duplicate_seed"]
+    assert len(dup) == 1 and dup[0].severity == "error" and "a.txt" in dup[0].message and "b.txt" in dup[0].message
+    assert [f.message for f in found if f.code == "missing_seed"] == ["c.txt: no integer seed logged"]
+    assert check_seeds([a, d]) == []
+
+
+# ---------------------------------------------------------------- real public v0.7 logs
+
+def test_public_google_ssd_result0_run_start_15h_before_init_stop():
+    events = parse_log(os.path.join(PUBLIC_SSD, "result_0.txt"))
+    errors = [f for f in check_integrity(events) if f.severity == "error"]
+    assert {f.code for f in errors} == {"run_start_before_init_stop", "time_backwards"}
+    msg = next(f.message for f in errors if f.code == "run_start_before_init_stop")
+    assert "15.37 h before init_stop" in msg
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_public_google_ssd_other_runs_have_no_errors(n):
+    events = parse_log(os.path.join(PUBLIC_SSD, f"result_{n}.txt"))
+    assert [f for f in check_integrity(events) if f.severity == "error"] == []
+    s = summarize(events, "r")
+    assert s.benchmark == "ssd" and s.status == "success" and s.epochs_or_samples_to_converge == 93
+    assert s.last_accuracy >= TARGETS["ssd"]
