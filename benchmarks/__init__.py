@@ -1,0 +1,1 @@
+"""One sub-package per MLPerf workload; `registry` maps names to Workload classes."""

@@ -1,0 +1,29 @@
+"""Maps workload names to their Workload classes, importing a workload only when it is asked for."""
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from harness.errors import HarnessError
+
+# name -> "module:Class"; a workload registers here and nowhere else.
+_WORKLOADS = {
+    "resnet": "benchmarks.resnet.workload:ResNetWorkload",
+    "bert": "benchmarks.bert.workload:BertWorkload",
+}
+
+
+def names() -> list[str]:
+    return sorted(_WORKLOADS)
+
+
+def get(name: str) -> type:
+    if name not in _WORKLOADS:
+        close = difflib.get_close_matches(name, names(), n=2)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise HarnessError(f"unknown workload {name!r}{hint} (known: {', '.join(names())})")
+    module, cls = _WORKLOADS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        raise HarnessError(f"workload {name!r} is registered but not installed ({e})") from None

@@ -1,0 +1,1 @@
+"""ResNet-50 v1.5 on ImageNet (MLPerf key `resnet`)."""

@@ -1,0 +1,54 @@
+"""ResNet's own config sections."""
+from __future__ import annotations
+
+import dataclasses
+
+from harness.config import field
+
+
+@dataclasses.dataclass
+class DataConfig:
+    source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
+    data_dir: str = field("", doc="tfrecord: folder of train-*/validation-* shards; tfds: TFDS data dir")
+    train_pattern: str = field("train-*-of-*")
+    eval_pattern: str = field("validation-*-of-*")
+    tfds_name: str = field("imagenet2012")
+    image_size: int = field(224, min=8)
+    num_classes: int = field(1000, min=2)
+    label_offset: int = field(1, doc="subtracted from image/class/label (ImageNet TFRecords use 1..1000)")
+    train_samples: int = field(1281167, min=1)
+    eval_samples: int = field(50000, min=1)
+    shuffle_buffer: int = field(10000, min=1)
+    synthetic_seed: int = field(0, doc="fixes the synthetic dataset itself; the run seed fixes the order")
+    synthetic_noise: float = field(1.0, min=0.0, doc="pixel noise stddev of synthetic images")
+    synthetic_label_noise: float = field(0.2, min=0.0, max=0.9,
+                                         doc="fraction of synthetic images drawn from another class")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    blocks: list[int] = field(default_factory=lambda: [3, 4, 6, 3], doc="bottleneck blocks per stage")
+    width: int = field(64, min=1, doc="filters of the first stage (x4 at a stage's output)")
+    stem: str = field("imagenet", choices=("imagenet", "small"),
+                      doc="imagenet: 7x7/2 conv + max pool; small: 3x3/1 conv for tiny images")
+    bn_momentum: float = field(0.9, min=0.0, max=1.0)
+    bn_epsilon: float = field(1e-5, min=0.0)
+    bn_span: int = field(0, min=0, doc="samples per batch-norm statistic (0 = one replica's batch)")
+    zero_init_residual: bool = field(True, doc="last batch norm of each block starts at gamma 0")
+    label_smoothing: float = field(0.1, min=0.0, max=1.0)
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    name: str = field("lars", choices=("lars", "sgd"))
+    base_learning_rate: float = field(10.0, min=0.0)
+    end_learning_rate: float = field(0.0001, min=0.0)
+    warmup_epochs: float = field(2.0, min=0.0)
+    decay_epochs: float = field(0.0, min=0.0, doc="poly decay length after warmup (0 = to the budget)")
+    poly_power: float = field(2.0, min=0.0)
+    momentum: float = field(0.9, min=0.0, max=1.0)
+    weight_decay: float = field(5e-5, min=0.0)
+    lars_eta: float = field(0.001, min=0.0)
+    lars_epsilon: float = field(0.0, min=0.0)
+    exclude_from_decay: list[str] = field(default_factory=lambda: [r"/bn\d*/", r"/bias$"],
+                                          doc="regexes of variable paths without weight decay/LARS")

@@ -1,0 +1,3 @@
+from harness.cli import entry_point
+
+entry_point()

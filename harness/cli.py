@@ -1,0 +1,137 @@
+"""`mlperf-harness` (also `python -m harness`): run, check, list, campaign, package, report.
+
+Bad input raises HarnessError anywhere below; this is the one place that turns it into a single
+`error: ...` line and exit code 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
+
+from absl import app, flags, logging  # noqa: E402
+
+from harness.errors import HarnessError  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.g. schedule.max_epochs=5")
+flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
+flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the log's own "
+                          "benchmark's usual ruleset 4.0.0 or 0.7.0 for transformer)")
+flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "
+                   "integrity checks (default: inferred from the log)")
+flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
+flags.DEFINE_string("campaign_dir", None, "campaign: directory holding (or to hold) the campaign's runs")
+flags.DEFINE_integer("first_seed", 1, "campaign: seed of the first run; later runs get distinct seeds")
+flags.DEFINE_string("out", None, "package/report: output directory")
+flags.DEFINE_string("system", None, "package: system name (default: the logs' submission_platform)")
+flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
+flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
+
+USAGE = """usage: mlperf-harness COMMAND ...
+  run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
+  check LOG [--ruleset X ...]                           official checker + integrity checks on any log
+  list                                                  workloads and configs
+  campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
+  package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
+  report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
+"""
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cmd_list(args: list[str]) -> int:
+    from benchmarks import registry
+
+    configs_root = os.path.join(REPO_ROOT, "configs")
+    for name in registry.names():
+        folder = os.path.join(configs_root, name)
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
+        try:
+            cls = registry.get(name)
+            rulesets = ", ".join(cls.RULESETS)
+            state = f"MLPerf key '{cls.MLPERF_KEY}', rulesets {rulesets}"
+        except HarnessError as e:
+            state = f"not available ({e})"
+        print(f"{name}: {state}")
+        for f in files:
+            print(f"    configs/{name}/{f}")
+    return 0
+
+
+def cmd_run(args: list[str]) -> int:
+    if len(args) != 1:
+        raise HarnessError("run takes exactly one CONFIG file (overrides go in --set key=value)")
+    from harness import run
+
+    return run.execute(args[0], FLAGS.set, FLAGS.output_dir)
+
+
+def cmd_check(args: list[str]) -> int:
+    if not args:
+        raise HarnessError("check takes one or more MLPerf log files")
+    from harness import checklog
+
+    return checklog.main(args, FLAGS.ruleset, FLAGS.eval_every)
+
+
+def cmd_report(args: list[str]) -> int:
+    if not args:
+        raise HarnessError("report takes one or more MLPerf logs or directories")
+    from harness import report
+
+    return report.main(args, FLAGS.out or "report")
+
+
+def cmd_campaign(args: list[str]) -> int:
+    if len(args) != 1:
+        raise HarnessError("campaign takes exactly one CONFIG file")
+    from harness import campaign
+
+    return campaign.main(args[0], FLAGS.set, FLAGS.runs, FLAGS.campaign_dir, FLAGS.first_seed)
+
+
+def cmd_package(args: list[str]) -> int:
+    if not args:
+        raise HarnessError("package takes campaign directories, run directories or result logs")
+    if not FLAGS.out:
+        raise HarnessError("package needs --out DIR for the submission tree")
+    from harness import package
+
+    return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
+            "campaign": cmd_campaign, "package": cmd_package}
+
+
+def main(argv: list[str]) -> None:
+    logging.set_verbosity(logging.WARNING)
+    if len(argv) < 2 or argv[1] in ("help", "-h"):
+        print(USAGE)
+        sys.exit(0 if len(argv) >= 2 else 2)
+    command, args = argv[1], argv[2:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = COMMANDS[command](args)
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        code = 130
+    sys.stdout.flush()
+    # os._exit: a hung TPU connect thread or cluster runtime must not keep a failed run alive.
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def entry_point() -> None:
+    try:
+        app.run(main)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,266 @@
+"""Typed, strict run configuration: YAML with `base:` inheritance and `--set` overrides.
+
+A typo must never silently fall back to a default, so every key is checked against the dataclass it
+fills: an unknown key names its dotted path and the closest valid keys, a wrong type names the path and
+the expected type, and a value out of range names the bound. Workloads add their own `data`, `model` and
+`optimizer` sections as dataclasses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from harness.errors import HarnessError
+
+RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+
+
+def field(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, min: float | None = None,
+          max: float | None = None, doc: str = "", default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field carrying validation metadata (allowed choices, numeric bounds)."""
+    meta = {"choices": choices, "min": min, "max": max, "doc": doc}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class SubmissionConfig:
+    org: str = field("mlperf-harness", doc="submission_org")
+    platform: str = field("cpu", doc="submission_platform (the system name)")
+    division: str = field("closed", choices=("closed", "open"))
+    status: str = field("research", choices=("cloud", "onprem", "preview", "research"))
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    kind: str = field("default", choices=("default", "mirrored", "multi_worker", "tpu", "mesh"))
+    cpu_devices: int = field(0, min=0, doc="split the CPU into N logical devices (tests; 0 = no split)")
+    gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible)")
+    tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = local / env)")
+    tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
+    precision: str = field("float32", choices=("float32", "bfloat16", "mixed_float16"))
+    jit_compile: str = field("auto", choices=("auto", "on", "off"),
+                             doc="XLA: auto = on for GPU/TPU, off on CPU (slower there)")
+    mesh: dict[str, int] = field(default_factory=lambda: {"data": 1, "model": 1},
+                                 doc="kind=mesh: mesh dimension sizes")
+    layout: dict[str, str] = field(default_factory=dict,
+                                   doc="kind=mesh: named tensor dimension -> mesh dimension")
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+    global_batch_size: int = field(256, min=1)
+    eval_batch_size: int = field(0, min=0, doc="global eval batch (0 = global_batch_size)")
+    max_epochs: float = field(10.0, min=0.0, doc="training budget; the run aborts when it is spent")
+    eval_every_epochs: float = field(1.0, min=0.0, doc="eval cadence in epochs (0 = workload default)")
+    eval_offset_epochs: float = field(0.0, min=0.0, doc="first eval after offset + cadence epochs")
+    target: float = field(0.0, min=0.0, doc="quality target (0 = the ruleset's closed target)")
+    steps_per_loop: int = field(100, min=1, doc="train steps per host round-trip (capped at a block)")
+    gradient_accumulation_steps: int = field(1, min=1, max=1)
+
+
+@dataclasses.dataclass
+class Config:
+    workload: str = field("resnet")
+    ruleset: str = field("4.0.0", choices=RULESETS)
+    seed: int = field(0, min=0)
+    output_dir: str = field("logs", doc="runs go to <output_dir>/<workload>/<run_id>/")
+    run_id: str = field("", doc="'' = timestamp + seed")
+    check_rulesets: list[str] = field(default_factory=list,
+                                      doc="more rulesets to run the official checker for, besides `ruleset`")
+    submission: SubmissionConfig = field(default_factory=SubmissionConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: Any = None
+    model: Any = None
+    optimizer: Any = None
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+def read_yaml_with_bases(path: str, _seen: tuple[str, ...] = ()) -> dict:
+    """Reads a YAML config, merging it over the file named by its `base:` key (relative paths allowed)."""
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise HarnessError(f"config {path}: circular 'base:' chain ({' -> '.join(_seen + (path,))})")
+    if not os.path.isfile(path):
+        raise HarnessError(f"config file not found: {path}" if not _seen
+                           else f"config {_seen[-1]}: base file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise HarnessError(f"config {path}: invalid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise HarnessError(f"config {path}: 'base' must be a file path")
+    base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
+    return deep_merge(read_yaml_with_bases(base_path, _seen + (path,)), data)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Applies `a.b.c=value` overrides; values parse as YAML scalars (so 1e-3, true, [1,2] work)."""
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise HarnessError(f"--set {item!r}: expected key=value (e.g. schedule.max_epochs=5)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.strip().split(".")
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = {}
+            node[p] = dict(child)
+            node = node[p]
+        node[parts[-1]] = value
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Checks `value` against the annotation `tp`, converting only where lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except HarnessError:
+                pass
+        raise HarnessError(f"config {path}: expected {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise HarnessError(f"config {path}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp) or (str, Any)
+        if not isinstance(value, dict):
+            raise HarnessError(f"config {path}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, path): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"unsupported config annotation {tp} at {path}")
+    raise HarnessError(f"config {path}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def from_dict(cls: type, data: Any, path: str = "") -> Any:
+    """Builds dataclass `cls` from a mapping, strictly (unknown keys, types, choices, ranges)."""
+    where = path or "(top level)"
+    if not isinstance(data, dict):
+        raise HarnessError(f"config {where}: expected a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            valid = ", ".join(sorted(fields))
+            raise HarnessError(f"config: unknown key '{path + '.' if path else ''}{key}'{hint} "
+                               f"(valid keys here: {valid})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        sub = f"{path}.{name}" if path else name
+        value = _coerce(data[name], hints[name], sub)
+        meta = f.metadata
+        if meta.get("choices") and value not in meta["choices"]:
+            raise HarnessError(f"config {sub}: {value!r} is not one of {', '.join(map(str, meta['choices']))}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if meta.get("min") is not None and value < meta["min"]:
+                raise HarnessError(f"config {sub}: {value} is below the minimum {meta['min']}")
+            if meta.get("max") is not None and value > meta["max"]:
+                raise HarnessError(f"config {sub}: {value} is above the maximum {meta['max']}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    """Loads, inherits, overrides and validates a run config, including the workload's own sections."""
+    from benchmarks import registry  # late: the registry imports workloads, which import this module
+
+    data = apply_overrides(read_yaml_with_bases(path), list(overrides or []))
+    name = data.get("workload")
+    if not isinstance(name, str):
+        raise HarnessError(f"config {path}: 'workload' must name one of {', '.join(registry.names())}")
+    workload_cls = registry.get(name)
+    sections = {"data": workload_cls.DataConfig, "model": workload_cls.ModelConfig,
+                "optimizer": workload_cls.OptimizerConfig}
+    plain = {k: v for k, v in data.items() if k not in sections}
+    cfg = from_dict(Config, plain)
+    for key, cls in sections.items():
+        setattr(cfg, key, from_dict(cls, data.get(key) or {}, key))
+    if cfg.ruleset not in workload_cls.RULESETS:
+        raise HarnessError(f"config ruleset: {cfg.ruleset} is not supported for {name} "
+                           f"(supported: {', '.join(workload_cls.RULESETS)})")
+    return cfg
+
+
+def dump_config(cfg: Config, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)

@@ -1,0 +1,161 @@
+"""A small set of tf.Module blocks whose variables come from `Runtime.variable` with named dimensions.
+
+Not Keras: Keras 3 layers cannot hold DTensor-sharded variables on the TF backend, and MLPerf needs exact
+control of initialization, precision, batch-norm synchronization and weight-decay exclusions. Every
+initializer is stateless, seeded by (run seed, variable path), so a model is the same on any runtime.
+
+Variable paths carry the role of the weight in their last component (`kernel`, `bias`, `gamma`, `beta`,
+`embeddings`) and the kind of layer in the path (`bn`, `layer_norm`), which is what optimizers match to
+skip weight decay and LARS/LAMB adaptation.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from harness.runtime.base import Runtime
+
+Initializer = Callable[[Sequence[int], tf.DType], tf.Tensor]
+
+
+def _seed(path: str, run_seed: int) -> tf.Tensor:
+    return tf.constant([run_seed, zlib.crc32(path.encode()) & 0x7FFFFFFF], tf.int64)
+
+
+def truncated_normal(stddev: float, path: str, run_seed: int) -> Initializer:
+    return lambda shape, dtype: tf.random.stateless_truncated_normal(
+        shape, _seed(path, run_seed), stddev=stddev, dtype=dtype)
+
+
+def normal(stddev: float, path: str, run_seed: int) -> Initializer:
+    return lambda shape, dtype: tf.random.stateless_normal(shape, _seed(path, run_seed), stddev=stddev,
+                                                           dtype=dtype)
+
+
+def he_normal_fan_out(path: str, run_seed: int) -> Initializer:
+    """Variance scaling 2.0 over fan-out, truncated: the MLPerf ResNet reference's conv init."""
+    def init(shape: Sequence[int], dtype: tf.DType) -> tf.Tensor:
+        fan_out = shape[-1] * math.prod(shape[:-2])
+        stddev = math.sqrt(2.0 / fan_out) / 0.87962566103423978  # undo truncation's variance loss
+        return tf.random.stateless_truncated_normal(shape, _seed(path, run_seed), stddev=stddev, dtype=dtype)
+    return init
+
+
+def constant(value: float) -> Initializer:
+    return lambda shape, dtype: tf.fill(shape, tf.cast(value, dtype))
+
+
+class Block(tf.Module):
+    """Base for layers: knows its runtime, its path prefix and the run seed."""
+
+    def __init__(self, runtime: Runtime, path: str, seed: int) -> None:
+        super().__init__(name=None)
+        self.runtime = runtime
+        self.path = path
+        self.seed = seed
+
+    def var(self, name: str, shape: Sequence[int], dims: Sequence[str | None], init: Initializer,
+            trainable: bool = True, sync: str = "first") -> tf.Variable:
+        return self.runtime.variable(f"{self.path}/{name}", shape, dims, init, trainable=trainable, sync=sync)
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self.runtime.compute_dtype
+
+
+class Dense(Block):
+    def __init__(self, runtime: Runtime, path: str, seed: int, in_dim: int, out_dim: int,
+                 dims: tuple[str | None, str | None] = (None, None), use_bias: bool = True,
+                 init: Initializer | None = None, stddev: float = 0.02) -> None:
+        super().__init__(runtime, path, seed)
+        self.kernel = self.var("kernel", (in_dim, out_dim), dims,
+                               init or truncated_normal(stddev, f"{path}/kernel", seed))
+        self.bias = self.var("bias", (out_dim,), (dims[1],), constant(0.0)) if use_bias else None
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        y = tf.matmul(tf.cast(x, self.dtype), tf.cast(self.kernel, self.dtype))
+        if self.bias is not None:
+            y = y + tf.cast(self.bias, self.dtype)
+        return y
+
+
+class Conv2D(Block):
+    def __init__(self, runtime: Runtime, path: str, seed: int, in_ch: int, out_ch: int, size: int,
+                 stride: int = 1) -> None:
+        super().__init__(runtime, path, seed)
+        self.stride = stride
+        self.size = size
+        self.kernel = self.var("kernel", (size, size, in_ch, out_ch), (None, None, None, "channels"),
+                               he_normal_fan_out(f"{path}/kernel", seed))
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        kernel = tf.cast(self.kernel, self.dtype)
+        x = tf.cast(x, self.dtype)
+        if self.stride > 1:
+            # Explicit padding independent of input size, as in the MLPerf reference ("fixed padding").
+            pad = self.size - 1
+            x = tf.pad(x, [[0, 0], [pad // 2, pad - pad // 2], [pad // 2, pad - pad // 2], [0, 0]])
+            return tf.nn.conv2d(x, kernel, self.stride, "VALID")
+        return tf.nn.conv2d(x, kernel, 1, "SAME")
+
+
+class BatchNorm(Block):
+    """Batch norm whose statistics span `group_size` replicas (MLPerf's `model_bn_span`)."""
+
+    def __init__(self, runtime: Runtime, path: str, seed: int, channels: int, momentum: float = 0.9,
+                 epsilon: float = 1e-5, gamma_init: float = 1.0, group_size: int = 1) -> None:
+        super().__init__(runtime, path, seed)
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.group_size = group_size
+        self.gamma = self.var("gamma", (channels,), ("channels",), constant(gamma_init))
+        self.beta = self.var("beta", (channels,), ("channels",), constant(0.0))
+        self.moving_mean = self.var("moving_mean", (channels,), ("channels",), constant(0.0), trainable=False,
+                                   sync="mean")
+        self.moving_var = self.var("moving_variance", (channels,), ("channels",), constant(1.0),
+                                   trainable=False, sync="mean")
+
+    def __call__(self, x: tf.Tensor, training: bool) -> tf.Tensor:
+        axes = list(range(len(x.shape) - 1))
+        if training:
+            xf = tf.cast(x, tf.float32)
+            count = tf.cast(tf.reduce_prod(tf.shape(xf)[:-1]), tf.float32)
+            s, ss = tf.reduce_sum(xf, axes), tf.reduce_sum(tf.square(xf), axes)
+            s, ss, count = self.runtime.replica_all_sum([s, ss, count], self.group_size)
+            mean = s / count
+            var = tf.maximum(ss / count - tf.square(mean), 0.0)
+            self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1 - self.momentum))
+            self.moving_var.assign(self.moving_var * self.momentum + var * (1 - self.momentum))
+        else:
+            mean, var = self.moving_mean, self.moving_var
+        inv = tf.math.rsqrt(var + self.epsilon) * self.gamma
+        return x * tf.cast(inv, x.dtype) + tf.cast(self.beta - mean * inv, x.dtype)
+
+
+class LayerNorm(Block):
+    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-12,
+                 dim_name: str | None = None) -> None:
+        super().__init__(runtime, path, seed)
+        self.epsilon = epsilon
+        self.gamma = self.var("gamma", (dim,), (dim_name,), constant(1.0))
+        self.beta = self.var("beta", (dim,), (dim_name,), constant(0.0))
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        xf = tf.cast(x, tf.float32)
+        mean, var = tf.nn.moments(xf, axes=[-1], keepdims=True)
+        y = (xf - mean) * tf.math.rsqrt(var + self.epsilon) * self.gamma + self.beta
+        return tf.cast(y, x.dtype)
+
+
+class Embedding(Block):
+    def __init__(self, runtime: Runtime, path: str, seed: int, vocab: int, dim: int,
+                 dims: tuple[str | None, str | None] = ("vocab", None), stddev: float = 0.02) -> None:
+        super().__init__(runtime, path, seed)
+        self.embeddings = self.var("embeddings", (vocab, dim), dims,
+                                   truncated_normal(stddev, f"{path}/embeddings", seed))
+
+    def __call__(self, ids: tf.Tensor) -> tf.Tensor:
+        return tf.cast(tf.gather(self.embeddings, ids), self.dtype)

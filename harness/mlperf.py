@@ -1,0 +1,111 @@
+"""MLPerf log writing (mlperf_logging.mllog) and the compliance gate run on every log.
+
+mllog's `config(filename=...)` appends to a global logger, so each run gets its own `MLLogger` over a
+private Python logger and a file that must not exist yet. Only the chief writes; other hosts get a
+logger that drops everything, so the loop never has to ask who it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from mlperf_logging.mllog import mllog
+from mlperf_logging.mllog import constants as K
+
+from harness.errors import HarnessError
+
+
+class MLPerfLog:
+    """One run's MLPerf log file; a no-op on non-chief hosts."""
+
+    _count = 0
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._handler: logging.Handler | None = None
+        if path is None:
+            self._mllog = None
+            return
+        if os.path.exists(path):
+            raise HarnessError(f"MLPerf log {path} already exists; mllog appends, so every run needs a "
+                               f"fresh file (choose another --output_dir or run_id)")
+        MLPerfLog._count += 1
+        logger = logging.getLogger(f"mlperf_harness.mllog.{MLPerfLog._count}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self._handler = logging.FileHandler(path, mode="x")
+        logger.addHandler(self._handler)
+        self._mllog = mllog.MLLogger(logger=logger, default_stack_offset=2,
+                                     root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self._mllog:
+            self._mllog.event(key=key, value=value, metadata=metadata)
+
+    def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self._mllog:
+            self._mllog.start(key=key, value=value, metadata=metadata)
+
+    def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self._mllog:
+            self._mllog.end(key=key, value=value, metadata=metadata)
+
+    def close(self) -> None:
+        if self._handler:
+            self._handler.flush()
+            self._handler.close()
+            self._handler = None
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The official checker's verdict on a log, classified for the harness's exit code."""
+    ruleset: str
+    passed: bool           # the official checker printed SUCCESS and exited 0
+    only_target_missed: bool  # failed only because no eval reached the quality target
+    errors: list[str]
+    output: str
+
+    @property
+    def label(self) -> str:
+        if self.passed:
+            return "PASS"
+        if self.only_target_missed:
+            return "FAIL (quality target not reached; log otherwise compliant)"
+        return "FAIL"
+
+
+_TARGET_FAILURE = re.compile(r"Failed checks for eval_accuracy")
+
+
+def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Verdict:
+    """Runs `python -m mlperf_logging.compliance_checker` on `path` and reads its verdict."""
+    cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+           "--ruleset", ruleset, path]
+    if werror:
+        cmd.insert(-1, "--werror")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return Verdict(ruleset, False, False, ["compliance checker timed out"], "")
+    output = proc.stdout + proc.stderr
+    passed = proc.returncode == 0 and "SUCCESS" in output
+    errors = [line.split(":", 2)[-1].strip() for line in output.splitlines()
+              if line.startswith(("ERROR", "WARNING")) and "FAILED" not in line]
+    errors = [e for e in errors if e and not e.startswith("Checking ") and "LOG FILE" not in e]
+    if not passed and not errors:
+        errors = [line for line in output.strip().splitlines()[-5:]]
+    only_target = (not passed and bool(errors)
+                   and all(_TARGET_FAILURE.search(e) or e.startswith("Log lines had errors")
+                           or e.startswith("Log file") for e in errors)
+                   and any(_TARGET_FAILURE.search(e) for e in errors))
+    return Verdict(ruleset, passed, only_target, errors, output)
+
+
+# Re-exported so workloads and the loop spell keys through one module.
+KEYS = K

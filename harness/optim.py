@@ -1,0 +1,151 @@
+"""Optimizers and learning-rate schedules, written out so MLPerf's exact update rules are visible.
+
+Updates are read-once: each new slot value is computed once, assigned, and the computed tensor (never a
+re-read of the variable) feeds the weight update. Under DTensor, reading a variable after assigning it in
+the same tf.function can return stale values. Slots are created by `build`, before the first step.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from harness.runtime.base import Runtime, VariableInfo
+from harness.layers import constant
+
+Schedule = Callable[[tf.Tensor], tf.Tensor]
+
+
+# ------------------------------------------------------------------------------------- schedules
+
+def poly_warmup_schedule(base_lr: float, warmup_steps: int, decay_steps: int, end_lr: float,
+                         power: float, warmup_start_lr: float = 0.0) -> Schedule:
+    """Linear warmup from `warmup_start_lr` to `base_lr`, then polynomial decay to `end_lr` over
+    `decay_steps` steps (MLPerf ResNet LARS and BERT LAMB); constant `end_lr` afterwards."""
+    def lr(step: tf.Tensor) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        warm = warmup_start_lr + (base_lr - warmup_start_lr) * step / max(warmup_steps, 1)
+        progress = tf.minimum(tf.maximum(step - warmup_steps, 0.0) / max(decay_steps, 1), 1.0)
+        decayed = end_lr + (base_lr - end_lr) * tf.pow(1.0 - progress, power)
+        return tf.where(step < warmup_steps, warm, decayed)
+    return lr
+
+
+def rsqrt_warmup_schedule(base_lr: float, warmup_steps: int, hidden_size: int) -> Schedule:
+    """Transformer's schedule: base * hidden^-0.5 * min(step * warmup^-1.5, step^-0.5)."""
+    def lr(step: tf.Tensor) -> tf.Tensor:
+        step = tf.maximum(tf.cast(step, tf.float32), 1.0)
+        return base_lr * hidden_size ** -0.5 * tf.minimum(step * warmup_steps ** -1.5, tf.math.rsqrt(step))
+    return lr
+
+
+def step_boundaries_schedule(base_lr: float, boundaries: Sequence[int], factors: Sequence[float],
+                             warmup_steps: int = 0, warmup_factor: float = 0.0) -> Schedule:
+    """Piecewise constant (SSD): lr = base * factors[i] after boundaries[i], with linear warmup."""
+    def lr(step: tf.Tensor) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        value = tf.constant(base_lr, tf.float32)
+        for b, f in zip(boundaries, factors):
+            value = tf.where(step >= b, base_lr * f, value)
+        if warmup_steps:
+            frac = tf.minimum(step / warmup_steps, 1.0)
+            value = value * (warmup_factor + (1.0 - warmup_factor) * frac)
+        return value
+    return lr
+
+
+# ------------------------------------------------------------------------------------ optimizers
+
+class Optimizer:
+    """Base: owns the step counter and slot variables; `apply` runs in replica context."""
+
+    slot_names: tuple[str, ...] = ()
+
+    def __init__(self, runtime: Runtime, variables: Sequence[VariableInfo], schedule: Schedule,
+                 weight_decay: float = 0.0, exclude_from_decay: Sequence[str] = ()) -> None:
+        self.runtime = runtime
+        self.params = list(variables)
+        self.schedule = schedule
+        self.weight_decay = weight_decay
+        self._exclude = [re.compile(p) for p in exclude_from_decay]
+        self.slots: dict[str, list[tf.Variable]] = {}
+        self.step: tf.Variable | None = None
+
+    def excluded(self, path: str) -> bool:
+        """Batch norm, layer norm and bias weights get neither weight decay nor layer-wise adaptation."""
+        return any(p.search(path) for p in self._exclude)
+
+    def build(self) -> None:
+        self.step = self.runtime.variable("optimizer/step", (), (), constant(0), trainable=False,
+                                          dtype=tf.int64)
+        for name in self.slot_names:
+            self.slots[name] = [
+                self.runtime.variable(f"optimizer/{name}/{p.path}", p.variable.shape, p.dims, constant(0.0),
+                                      trainable=False)
+                for p in self.params]
+
+    def learning_rate(self) -> tf.Tensor:
+        return self.schedule(self.step)
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """Applies all-reduced gradients; returns the learning rate used."""
+        step = self.step.read_value()
+        lr = self.schedule(step)
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            self.update(i, p, tf.cast(g, tf.float32), lr)
+        self.step.assign(step + 1)
+        return lr
+
+    def update(self, i: int, p: VariableInfo, g: tf.Tensor, lr: tf.Tensor) -> None:
+        raise NotImplementedError
+
+
+class SGDMomentum(Optimizer):
+    """Heavy-ball momentum with L2 weight decay folded into the gradient (MLPerf ResNet SGD)."""
+
+    slot_names = ("momentum",)
+
+    def __init__(self, *args, momentum: float = 0.9, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.momentum = momentum
+
+    def update(self, i, p, g, lr) -> None:
+        w = p.variable.read_value()
+        if self.weight_decay and not self.excluded(p.path):
+            g = g + self.weight_decay * w
+        v = self.momentum * self.slots["momentum"][i].read_value() + g
+        self.slots["momentum"][i].assign(v)
+        p.variable.assign(w - lr * v)
+
+
+class LARS(Optimizer):
+    """Layer-wise adaptive rate scaling (You et al.), as in the MLPerf ResNet reference.
+
+    For adapted weights: trust = eta * |w| / (|g| + wd * |w| + eps) (1 where either norm is 0),
+    v = m * v + lr * trust * (g + wd * w), w -= v. Excluded weights (batch norm, bias): v = m * v + lr * g.
+    """
+
+    slot_names = ("momentum",)
+
+    def __init__(self, *args, momentum: float = 0.9, eta: float = 0.001, epsilon: float = 0.0,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.momentum = momentum
+        self.eta = eta
+        self.epsilon = epsilon
+
+    def trust_ratio(self, w: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
+        w_norm, g_norm = tf.norm(w), tf.norm(g)
+        ratio = self.eta * w_norm / (g_norm + self.weight_decay * w_norm + self.epsilon)
+        return tf.where(w_norm > 0, tf.where(g_norm > 0, ratio, 1.0), 1.0)
+
+    def update(self, i, p, g, lr) -> None:
+        w = p.variable.read_value()
+        if self.excluded(p.path):
+            scaled = lr * g
+        else:
+            scaled = lr * self.trust_ratio(w, g) * (g + self.weight_decay * w)
+        v = self.momentum * self.slots["momentum"][i].read_value() + scaled
+        self.slots["momentum"][i].assign(v)
+        p.variable.assign(w - v)

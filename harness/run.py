@@ -1,0 +1,160 @@
+"""One run, top to bottom: config -> runtime -> workload -> loop -> MLPerf log -> compliance -> summary."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from benchmarks import registry
+from harness import config as config_lib
+from harness import integrity, logparse
+from harness.errors import HarnessError
+from harness.loop import RunResult, run_timed
+from harness.mlperf import KEYS as K
+from harness.mlperf import MLPerfLog, Verdict, run_compliance_checker
+from harness.runtime import make_runtime
+
+EXIT_SUCCESS, EXIT_ABORTED, EXIT_NONCOMPLIANT = 0, 1, 3
+
+
+def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any) -> None:
+    """Submission keys, seed, sample counts and the workload's hyperparameters (all before init_stop)."""
+    sub = cfg.submission
+    log.event(K.SUBMISSION_ORG, sub.org)
+    log.event(K.SUBMISSION_PLATFORM, sub.platform)
+    log.event(K.SUBMISSION_DIVISION, sub.division)
+    log.event(K.SUBMISSION_STATUS, sub.status)
+    log.event(K.SUBMISSION_BENCHMARK, workload.MLPERF_KEY)
+    log.event(K.SEED, cfg.seed)
+    log.event(K.GLOBAL_BATCH_SIZE, cfg.schedule.global_batch_size)
+    log.event(K.GRADIENT_ACCUMULATION_STEPS, cfg.schedule.gradient_accumulation_steps)
+    log.event(K.TRAIN_SAMPLES, workload.train_samples)
+    log.event(K.EVAL_SAMPLES, workload.eval_samples)
+    for key, value in workload.mllog_hparams().items():
+        log.event(key, value)
+    # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
+    log.event("harness_data_source", workload.data_source)
+
+
+def new_run_dir(cfg: config_lib.Config) -> str:
+    run_id = cfg.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-seed{cfg.seed}"
+    path = os.path.join(cfg.output_dir, cfg.workload, run_id)
+    if os.path.exists(os.path.join(path, f"result_{cfg.seed}.txt")):
+        raise HarnessError(f"{path} already holds a result for seed {cfg.seed}; choose another run_id")
+    return path
+
+
+def check_log(path: str, rulesets: list[str], eval_every: float | None = None,
+              aborted_ok: bool = False) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
+    """The official checker for each ruleset plus the harness's own integrity checks."""
+    verdicts = {r: run_compliance_checker(path, r) for r in rulesets}
+    findings = integrity.check_integrity(logparse.parse_log(path), eval_every=eval_every)
+    return verdicts, findings
+
+
+def execute(config_path: str, overrides: list[str], output_dir: str | None = None) -> int:
+    cfg = config_lib.load_config(config_path, overrides)
+    if output_dir:
+        cfg.output_dir = output_dir
+    runtime = make_runtime(cfg.runtime)
+    workload = registry.get(cfg.workload)(cfg, runtime)
+    runtime.check_batch(cfg.schedule.global_batch_size)
+    runtime.check_batch(cfg.schedule.eval_batch_size or cfg.schedule.global_batch_size,
+                        "schedule.eval_batch_size")
+    workload.validate()
+
+    chief = runtime.is_chief
+    run_dir = new_run_dir(cfg)
+    log_path = os.path.join(run_dir, f"result_{cfg.seed}.txt")
+    if chief:
+        os.makedirs(run_dir, exist_ok=True)
+        config_lib.dump_config(cfg, os.path.join(run_dir, "config.yaml"))
+    synthetic = " on SYNTHETIC data" if workload.is_synthetic else f" on {workload.data_source} data"
+    if chief:
+        print(f"{cfg.workload}: {runtime.description}, global batch {cfg.schedule.global_batch_size}, "
+              f"target {workload.target}{synthetic}", flush=True)
+    log = MLPerfLog(log_path if chief else None)
+    try:
+        result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload),
+                           progress=(lambda line: print(line, flush=True)) if chief else (lambda line: None))
+    except BaseException as e:
+        log.close()
+        if chief and os.path.exists(log_path):
+            # Keep what was written, under a name no tool mistakes for a result log.
+            os.replace(log_path, os.path.join(run_dir, f"incomplete_result_{cfg.seed}.log"))
+        if isinstance(e, tf.errors.DataLossError) or (isinstance(e, tf.errors.OpError)
+                                                      and _looks_like_bad_data(str(e))):
+            raise HarnessError(f"corrupt or unreadable input data: {_first_line(e)}") from None
+        raise
+    finally:
+        runtime.shutdown()
+    log.close()
+    if not chief:
+        return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+    return finish(cfg, workload, runtime, result, run_dir, log_path)
+
+
+def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
+           log_path: str) -> int:
+    rulesets = [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
+    eval_every = cfg.schedule.eval_every_epochs if workload.EVAL_UNIT == "epoch" else None
+    verdicts, findings = check_log(log_path, rulesets, eval_every=eval_every)
+    errors = [f for f in findings if f.severity == "error"]
+    aborted = result.status != "success"
+    compliant = all(v.passed or (aborted and v.only_target_missed) for v in verdicts.values()) and not errors
+    summary = {
+        "workload": cfg.workload, "benchmark": workload.MLPERF_KEY, "ruleset": cfg.ruleset, "seed": cfg.seed,
+        "status": result.status, "reason": result.reason,
+        "data_source": workload.data_source, "synthetic_data": workload.is_synthetic,
+        "time_to_train_s": round(result.run_time_s, 3),
+        "time_to_train_min": round(result.run_time_s / 60, 4),
+        "epochs_to_converge" if workload.EVAL_UNIT == "epoch" else "samples_to_converge": result.converged_at,
+        "epochs_trained": round(result.epochs_done, 4), "samples_trained": result.samples,
+        "train_samples_per_s": round(result.samples_per_s, 2),
+        "init_time_s": round(result.init_time_s, 3), "train_time_s": round(result.train_time_s, 3),
+        "eval_time_s": round(result.eval_time_s, 3), "target": result.target, "evals": result.evals,
+        "global_batch_size": cfg.schedule.global_batch_size, "runtime": runtime.description,
+        "num_replicas": runtime.num_replicas, "traces": result.traces,
+        "compliance": {r: {"verdict": v.label, "passed": v.passed, "errors": v.errors}
+                       for r, v in verdicts.items()},
+        "integrity": [{"severity": f.severity, "code": f.code, "message": f.message} for f in findings],
+        "compliant": compliant, "log": os.path.abspath(log_path),
+        "config": os.path.abspath(os.path.join(run_dir, "config.yaml")),
+        "host": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                 "machine": platform.machine()},
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+    tag = " [SYNTHETIC DATA: not a valid MLPerf result]" if workload.is_synthetic else ""
+    print(f"run {result.status}: {result.reason}")
+    print(f"time to train: {result.run_time_s:.1f} s ({result.run_time_s / 60:.2f} min), "
+          f"{result.epochs_done:.2f} epochs, {result.samples_per_s:.1f} train samples/s, "
+          f"init {result.init_time_s:.1f} s{tag}")
+    for r, v in verdicts.items():
+        print(f"compliance (official checker, ruleset {r}): {v.label}")
+        if not v.passed:
+            for e in v.errors[:5]:
+                print(f"    {e}")
+    print(f"integrity checks: {'PASS' if not errors else 'FAIL'}"
+          + "".join(f"\n    {f.severity}: {f.message}" for f in findings))
+    print(f"log: {log_path}")
+    print(f"summary: {os.path.join(run_dir, 'summary.json')}")
+    if not compliant:
+        return EXIT_NONCOMPLIANT
+    return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+
+
+def _looks_like_bad_data(message: str) -> bool:
+    m = message.lower()
+    return any(s in m for s in ("corrupt", "truncated record", "invalid jpeg", "decode", "parse",
+                                "key: image", "feature", "data loss"))
+
+
+def _first_line(e: BaseException) -> str:
+    text = getattr(e, "message", None) or str(e)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__

@@ -1,0 +1,30 @@
+"""Picks the runtime a config asks for (see base.Runtime for the interface)."""
+from __future__ import annotations
+
+from harness.config import RuntimeConfig
+from harness.errors import HarnessError
+from harness.runtime.base import InputContext, Runtime, VariableInfo
+
+__all__ = ["InputContext", "Runtime", "VariableInfo", "make_runtime"]
+
+
+def make_runtime(cfg: RuntimeConfig) -> Runtime:
+    from harness.runtime import distribute
+
+    if cfg.kind == "default":
+        if cfg.cpu_devices > 1:
+            raise HarnessError("runtime.cpu_devices > 1 needs runtime.kind=mirrored (or mesh)")
+        return distribute.make_default(cfg.precision, cfg.jit_compile)
+    if cfg.kind == "mirrored":
+        return distribute.make_mirrored(cfg.cpu_devices, cfg.gpus, cfg.precision, cfg.jit_compile)
+    if cfg.kind == "multi_worker":
+        return distribute.make_multi_worker(cfg.precision, cfg.jit_compile)
+    if cfg.kind == "tpu":
+        return distribute.make_tpu(cfg.tpu, cfg.tpu_timeout_s, cfg.precision, cfg.jit_compile)
+    if cfg.kind == "mesh":
+        try:
+            from harness.runtime import mesh
+        except ImportError as e:
+            raise HarnessError(f"runtime.kind=mesh is not available: {e}") from None
+        return mesh.make_mesh(cfg)
+    raise HarnessError(f"unknown runtime.kind {cfg.kind!r}")

@@ -1,0 +1,150 @@
+"""The one small interface that the loop, the layers and the workloads use to reach devices.
+
+Two families sit behind it: tf.distribute strategies (data parallel: default, mirrored, multi_worker,
+tpu) and a DTensor mesh (data x model parallel). Model code creates every variable through
+`Runtime.variable` with named dimensions, so the same model runs on both families: a strategy ignores the
+names, a mesh maps them to mesh dimensions through the config's layout rules.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from harness.errors import HarnessError
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+    """What an input pipeline needs to know to produce its share of the data.
+
+    `batch_size` is the batch each dataset element must have: the per-replica batch under a
+    tf.distribute strategy, the per-host batch on a mesh.
+    """
+    num_hosts: int
+    host_id: int
+    batch_size: int
+    seed: int
+
+
+@dataclasses.dataclass
+class VariableInfo:
+    path: str
+    variable: tf.Variable
+    dims: tuple[str | None, ...]
+    trainable: bool
+
+
+class Runtime(abc.ABC):
+    kind: str = ""
+
+    def __init__(self, precision: str, jit_compile: str) -> None:
+        self._variables: dict[str, VariableInfo] = {}
+        self.precision = precision
+        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16,
+                              "mixed_float16": tf.float16}[precision]
+        on_accelerator = self.device_type in ("GPU", "TPU")
+        self.jit_compile = {"auto": on_accelerator, "on": True, "off": False}[jit_compile]
+
+    # ----------------------------------------------------------------------------- description
+    @property
+    @abc.abstractmethod
+    def num_replicas(self) -> int:
+        """Data-parallel replicas: the global batch is split this many ways."""
+
+    @property
+    def num_hosts(self) -> int:
+        return 1
+
+    @property
+    def host_id(self) -> int:
+        return 0
+
+    @property
+    def is_chief(self) -> bool:
+        """Only the chief writes the MLPerf log and outputs."""
+        return self.host_id == 0
+
+    @property
+    @abc.abstractmethod
+    def device_type(self) -> str:
+        """'CPU', 'GPU' or 'TPU'."""
+
+    @property
+    def description(self) -> str:
+        return f"{self.kind}: {self.num_replicas} replica(s) on {self.device_type}, {self.num_hosts} host(s)"
+
+    def check_batch(self, global_batch: int, what: str = "schedule.global_batch_size") -> None:
+        if global_batch % self.num_replicas:
+            raise HarnessError(f"{what}={global_batch} does not divide over {self.num_replicas} replicas "
+                               f"({self.description}); use a multiple of {self.num_replicas}")
+
+    def host_batch(self, global_batch: int) -> int:
+        return global_batch // self.num_hosts
+
+    # ------------------------------------------------------------------------------ variables
+    @abc.abstractmethod
+    def scope(self) -> Any:
+        """Context manager under which variables are created."""
+
+    def variable(self, path: str, shape: Sequence[int], dims: Sequence[str | None],
+                 initializer: Callable[[Sequence[int], tf.DType], tf.Tensor], *, trainable: bool = True,
+                 dtype: tf.DType = tf.float32, sync: str = "first") -> tf.Variable:
+        """Creates (once) the variable `path` with named dimensions `dims` (one name or None per axis).
+
+        `sync` says how a data-parallel runtime merges updates made on every replica: "first" for values
+        that are identical everywhere (weights updated from all-reduced gradients, optimizer slots),
+        "mean" for values computed from each replica's own data (batch-norm moving statistics).
+        """
+        if path in self._variables:
+            raise ValueError(f"variable {path} created twice")
+        if len(shape) != len(dims):
+            raise ValueError(f"variable {path}: shape {shape} and dims {dims} differ in rank")
+        var = self._make_variable(path, tuple(int(s) for s in shape), tuple(dims), initializer,
+                                  trainable, dtype, sync)
+        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable)
+        return var
+
+    @abc.abstractmethod
+    def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
+        ...
+
+    def variables(self, trainable: bool | None = None) -> list[VariableInfo]:
+        return [v for v in self._variables.values() if trainable is None or v.trainable == trainable]
+
+    # ------------------------------------------------------------------------------ execution
+    @abc.abstractmethod
+    def distribute_dataset(self, dataset_fn: Callable[[InputContext], tf.data.Dataset],
+                           global_batch: int, seed: int) -> Any:
+        """An iterable whose elements `run` accepts; `dataset_fn` gets this host's InputContext."""
+
+    @abc.abstractmethod
+    def run(self, fn: Callable, args: tuple) -> Any:
+        """Runs `fn` on every replica (inside a tf.function); returns per-replica results."""
+
+    @abc.abstractmethod
+    def sum(self, per_replica: Any) -> Any:
+        """Cross-replica sum of `run`'s results (nested structure of tensors), in cross-replica context."""
+
+    def all_reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """In replica context: sums gradients over replicas (losses are pre-divided by the global batch)."""
+        return grads
+
+    @abc.abstractmethod
+    def mean(self, per_replica: Any) -> Any:
+        """Cross-replica mean of `run`'s results (for per-replica scalars such as the loss)."""
+
+    def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
+        """In replica context: sums `tensors` over groups of `group_size` replicas (batch-norm span)."""
+        if group_size == 1:
+            return tensors
+        raise HarnessError(f"{self.kind} runtime cannot reduce over groups of {group_size} replicas")
+
+    def function(self, fn: Callable) -> Callable:
+        """Compiles a host-side loop function (XLA where the runtime says so)."""
+        return tf.function(fn, jit_compile=self.jit_compile or None)
+
+    def shutdown(self) -> None:
+        """Releases cluster resources (multi-worker, TPU) at the end of a run."""

@@ -1,0 +1,186 @@
+"""tf.distribute runtimes: one device, mirrored (GPUs or logical CPUs), multi-worker, TPU."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Callable
+
+import tensorflow as tf
+from absl import logging
+
+from harness.errors import HarnessError
+from harness.runtime.base import InputContext, Runtime
+
+
+class StrategyRuntime(Runtime):
+    """Data parallelism through a tf.distribute.Strategy; variables are mirrored on every replica."""
+
+    def __init__(self, kind: str, strategy: tf.distribute.Strategy, device_type: str, precision: str,
+                 jit_compile: str) -> None:
+        self.kind = kind
+        self.strategy = strategy
+        self._device_type = device_type
+        super().__init__(precision, jit_compile)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def device_type(self) -> str:
+        return self._device_type
+
+    @property
+    def num_hosts(self) -> int:
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None:
+            spec = resolver.cluster_spec().as_dict()
+            return max(1, sum(len(spec.get(job, [])) for job in ("chief", "worker")))
+        return 1
+
+    @property
+    def host_id(self) -> int:
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None:
+            spec = resolver.cluster_spec().as_dict()
+            offset = len(spec.get("chief", [])) if resolver.task_type == "worker" else 0
+            return offset + int(resolver.task_id or 0)
+        return 0
+
+    def scope(self) -> Any:
+        return self.strategy.scope()
+
+    def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
+        aggregation = {"first": tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                       "mean": tf.VariableAggregation.MEAN}[sync]
+        with self.strategy.scope():
+            # A callable initial value lets the strategy create it on each device without a host copy.
+            return tf.Variable(lambda: initializer(shape, dtype), trainable=trainable, name=path,
+                               dtype=dtype, aggregation=aggregation)
+
+    def distribute_dataset(self, dataset_fn: Callable[[InputContext], tf.data.Dataset],
+                           global_batch: int, seed: int) -> Any:
+        self.check_batch(global_batch)
+        per_replica = global_batch // self.num_replicas
+
+        def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            return dataset_fn(InputContext(num_hosts=ctx.num_input_pipelines,
+                                           host_id=ctx.input_pipeline_id,
+                                           batch_size=per_replica, seed=seed))
+
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+        return self.strategy.distribute_datasets_from_function(fn, options)
+
+    def run(self, fn: Callable, args: tuple) -> Any:
+        return self.strategy.run(fn, args=args)
+
+    def sum(self, per_replica: Any) -> Any:
+        return tf.nest.map_structure(
+            lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), per_replica)
+
+    def mean(self, per_replica: Any) -> Any:
+        return tf.nest.map_structure(
+            lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None), per_replica)
+
+    def all_reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        if self.num_replicas == 1:
+            return grads
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+    def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
+        if group_size == 1:
+            return tensors
+        if group_size == self.num_replicas:
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
+        raise HarnessError(f"batch-norm span over {group_size} of {self.num_replicas} replicas is not "
+                           f"supported by the {self.kind} runtime: use a span of one replica's batch or "
+                           f"of the global batch")
+
+    def shutdown(self) -> None:
+        if isinstance(self.strategy, tf.distribute.experimental.TPUStrategy):
+            try:
+                tf.tpu.experimental.shutdown_tpu_system()
+            except Exception as e:  # noqa: BLE001 - shutdown is best effort
+                logging.warning("TPU shutdown failed: %s", e)
+
+
+def configure_logical_cpus(n: int) -> None:
+    """Splits the host CPU into `n` logical devices; must run before TensorFlow touches a device."""
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current and len(current) == n:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+    except RuntimeError as e:
+        raise HarnessError(f"runtime.cpu_devices={n}: TensorFlow devices were already initialized in "
+                           f"this process ({e}); run in a fresh process") from None
+
+
+def make_default(precision: str, jit: str) -> StrategyRuntime:
+    gpus = tf.config.list_physical_devices("GPU")
+    return StrategyRuntime("default", tf.distribute.get_strategy(), "GPU" if gpus else "CPU", precision, jit)
+
+
+def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> StrategyRuntime:
+    physical_gpus = tf.config.list_physical_devices("GPU")
+    if cpu_devices > 0 or not physical_gpus:
+        n = max(cpu_devices, 1)
+        configure_logical_cpus(n)
+        devices = [f"/cpu:{i}" for i in range(n)]
+        device_type = "CPU"
+    else:
+        n = len(physical_gpus) if gpus < 0 else gpus
+        if n > len(physical_gpus):
+            raise HarnessError(f"runtime.gpus={n} but only {len(physical_gpus)} GPU(s) are visible")
+        devices = [f"/gpu:{i}" for i in range(n)]
+        device_type = "GPU"
+    cross = tf.distribute.ReductionToOneDevice() if device_type == "CPU" else None
+    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross)
+    return StrategyRuntime("mirrored", strategy, device_type, precision, jit)
+
+
+def make_multi_worker(precision: str, jit: str) -> StrategyRuntime:
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw:
+        raise HarnessError("runtime.kind=multi_worker needs the TF_CONFIG environment variable "
+                           "(cluster and task, see README)")
+    try:
+        tf_config = json.loads(raw)
+        tf_config["cluster"], tf_config["task"]["type"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise HarnessError(f"TF_CONFIG is not valid cluster JSON: {e}") from None
+    gpus = tf.config.list_physical_devices("GPU")
+    impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
+            else tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+    return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit)
+
+
+def make_tpu(address: str, timeout_s: float, precision: str, jit: str) -> StrategyRuntime:
+    """Connects to a TPU, giving up after `timeout_s`: an unreachable address otherwise hangs forever."""
+    result: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address or None)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            result["strategy"] = tf.distribute.TPUStrategy(resolver)
+        except Exception as e:  # noqa: BLE001 - any failure to reach the TPU is the user's to fix
+            result["error"] = e
+
+    thread = threading.Thread(target=connect, daemon=True, name="tpu-connect")
+    thread.start()
+    thread.join(timeout_s)
+    where = address or "(local / TPU_NAME)"
+    if thread.is_alive():
+        raise HarnessError(f"could not reach TPU {where} within runtime.tpu_timeout_s={timeout_s:g}s")
+    if "error" in result:
+        first = str(result["error"]).strip().splitlines()[0] if str(result["error"]).strip() else ""
+        raise HarnessError(f"could not connect to TPU {where}: {type(result['error']).__name__}: {first}")
+    return StrategyRuntime("tpu", result["strategy"], "TPU", precision, jit)
