@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from mlperf_logging.mllog import mllog
@@ -89,8 +90,12 @@ def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Ver
            "--ruleset", ruleset, path]
     if werror:
         cmd.insert(-1, "--werror")
+    path = os.path.abspath(path)
+    cmd[-1] = path
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        # The checker writes compliance_checker.log into its working directory: keep that out of the user's.
+        with tempfile.TemporaryDirectory() as cwd:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
     except subprocess.TimeoutExpired:
         return Verdict(ruleset, False, False, ["compliance checker timed out"], "")
     output = proc.stdout + proc.stderr
