@@ -11,12 +11,15 @@ import dataclasses
 import difflib
 import os
 import types
+import re
 import typing
 from typing import Any
 
 import yaml
 
 from harness.errors import HarnessError
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
 
@@ -46,8 +49,7 @@ class RuntimeConfig:
     tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = local / env)")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
     precision: str = field("float32", choices=("float32", "bfloat16", "mixed_float16"))
-    jit_compile: str = field("auto", choices=("auto", "on", "off"),
-                             doc="XLA: auto = on for GPU/TPU, off on CPU (slower there)")
+    jit_compile: bool | None = field(None, doc="XLA; null = on for GPU/TPU, off on CPU (slower there)")
     mesh: dict[str, int] = field(default_factory=lambda: {"data": 1, "model": 1},
                                  doc="kind=mesh: mesh dimension sizes")
     layout: dict[str, str] = field(default_factory=dict,
@@ -190,6 +192,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 without a dot as a string
     elif tp is str:
         if isinstance(value, str):
             return value

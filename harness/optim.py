@@ -63,8 +63,10 @@ class Optimizer:
     slot_names: tuple[str, ...] = ()
 
     def __init__(self, runtime: Runtime, variables: Sequence[VariableInfo], schedule: Schedule,
-                 weight_decay: float = 0.0, exclude_from_decay: Sequence[str] = ()) -> None:
+                 weight_decay: float = 0.0, exclude_from_decay: Sequence[str] = (),
+                 name: str = "optimizer") -> None:
         self.runtime = runtime
+        self.name = name
         self.params = list(variables)
         self.schedule = schedule
         self.weight_decay = weight_decay
@@ -77,11 +79,11 @@ class Optimizer:
         return any(p.search(path) for p in self._exclude)
 
     def build(self) -> None:
-        self.step = self.runtime.variable("optimizer/step", (), (), constant(0), trainable=False,
+        self.step = self.runtime.variable(f"{self.name}/step", (), (), constant(0), trainable=False,
                                           dtype=tf.int64)
         for name in self.slot_names:
             self.slots[name] = [
-                self.runtime.variable(f"optimizer/{name}/{p.path}", p.variable.shape, p.dims, constant(0.0),
+                self.runtime.variable(f"{self.name}/{name}/{p.path}", p.variable.shape, p.dims, constant(0.0),
                                       trainable=False)
                 for p in self.params]
 

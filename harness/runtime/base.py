@@ -40,13 +40,13 @@ class VariableInfo:
 class Runtime(abc.ABC):
     kind: str = ""
 
-    def __init__(self, precision: str, jit_compile: str) -> None:
+    def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
         self.precision = precision
         self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16,
                               "mixed_float16": tf.float16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
-        self.jit_compile = {"auto": on_accelerator, "on": True, "off": False}[jit_compile]
+        self.jit_compile = on_accelerator if jit_compile is None else jit_compile
 
     # ----------------------------------------------------------------------------- description
     @property

@@ -17,7 +17,7 @@ class StrategyRuntime(Runtime):
     """Data parallelism through a tf.distribute.Strategy; variables are mirrored on every replica."""
 
     def __init__(self, kind: str, strategy: tf.distribute.Strategy, device_type: str, precision: str,
-                 jit_compile: str) -> None:
+                 jit_compile: bool | None) -> None:
         self.kind = kind
         self.strategy = strategy
         self._device_type = device_type

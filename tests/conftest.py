@@ -1,0 +1,52 @@
+"""Shared helpers: run the CLI in a subprocess (device setup is per process) and read its outputs."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(REPO, "configs", "resnet", "smoke.yaml")
+
+
+def harness_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "harness", *args]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    return subprocess.run(harness_cmd(*args), cwd=REPO, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sets(**kv) -> list[str]:
+    """--set flags from keyword args, '__' standing for '.' (schedule__max_epochs=1)."""
+    out = []
+    for k, v in kv.items():
+        out += ["--set", f"{k.replace('__', '.')}={v}"]
+    return out
+
+
+def run_dir(output_dir: str, workload: str = "resnet") -> str:
+    dirs = sorted(glob.glob(os.path.join(output_dir, workload, "*")))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def read_summary(output_dir: str, workload: str = "resnet") -> dict:
+    with open(os.path.join(run_dir(output_dir, workload), "summary.json")) as f:
+        return json.load(f)
+
+
+def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture
+def tmp_out(tmp_path):
+    return str(tmp_path / "runs")

@@ -1,0 +1,91 @@
+"""LARS, SGD and the learning-rate schedules against values computed by hand."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness.config import RuntimeConfig
+from harness.layers import constant
+from harness.optim import LARS, SGDMomentum, poly_warmup_schedule, rsqrt_warmup_schedule
+from harness.runtime import make_runtime
+
+
+def lr_at(schedule, step: int) -> float:
+    return float(schedule(tf.constant(step, tf.int64)))
+
+
+def test_poly_warmup_schedule_by_hand():
+    s = poly_warmup_schedule(base_lr=10.0, warmup_steps=4, decay_steps=10, end_lr=1e-4, power=2)
+    assert lr_at(s, 0) == 0.0
+    assert lr_at(s, 2) == pytest.approx(5.0)
+    assert lr_at(s, 4) == pytest.approx(10.0)
+    # 5 of 10 decay steps done: end + (base - end) * (1 - 0.5)^2
+    assert lr_at(s, 9) == pytest.approx(1e-4 + (10.0 - 1e-4) * 0.25)
+    assert lr_at(s, 14) == pytest.approx(1e-4)
+    assert lr_at(s, 1000) == pytest.approx(1e-4)
+
+
+def test_rsqrt_schedule_by_hand():
+    s = rsqrt_warmup_schedule(base_lr=2.0, warmup_steps=100, hidden_size=16)
+    assert lr_at(s, 50) == pytest.approx(2.0 / 4 * 50 * 100 ** -1.5)
+    assert lr_at(s, 400) == pytest.approx(2.0 / 4 / 20)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return make_runtime(RuntimeConfig(kind="default"))
+
+
+def make_vars(runtime, prefix: str):
+    w = runtime.variable(f"{prefix}/dense/kernel", (2,), (None,), lambda s, d: tf.constant([3.0, 4.0]))
+    b = runtime.variable(f"{prefix}/bn/gamma", (2,), (None,), constant(1.0))
+    return [runtime.variables()[-2], runtime.variables()[-1]], w, b
+
+
+def test_lars_two_steps_by_hand(runtime):
+    infos, w, b = make_vars(runtime, "lars")
+    const_lr = lambda step: tf.constant(2.0)  # noqa: E731
+    opt = LARS(runtime, infos, const_lr, weight_decay=0.01, exclude_from_decay=[r"/bn/"], momentum=0.9,
+               eta=0.001, epsilon=0.0, name="opt_lars")
+    opt.build()
+    g_w, g_b = np.array([0.6, 0.8]), np.array([0.5, -0.5])
+    w_ref, b_ref = np.array([3.0, 4.0]), np.array([1.0, 1.0])
+    v_w, v_b = np.zeros(2), np.zeros(2)
+    for _ in range(2):
+        opt.apply([tf.constant(g_w, tf.float32), tf.constant(g_b, tf.float32)])
+        trust = 0.001 * np.linalg.norm(w_ref) / (np.linalg.norm(g_w) + 0.01 * np.linalg.norm(w_ref))
+        v_w = 0.9 * v_w + 2.0 * trust * (g_w + 0.01 * w_ref)
+        w_ref = w_ref - v_w
+        v_b = 0.9 * v_b + 2.0 * g_b        # batch norm: no decay, no trust ratio
+        b_ref = b_ref - v_b
+    # First step by hand: trust = 0.005 / 1.05; update = 2 * trust * [0.63, 0.84]
+    assert 2.0 * (0.005 / 1.05) * 0.63 == pytest.approx(0.006, rel=1e-9)
+    np.testing.assert_allclose(w.numpy(), w_ref, rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-6)
+    assert int(opt.step.numpy()) == 2
+
+
+def test_lars_trust_ratio_is_one_for_zero_norms(runtime):
+    infos, w, _ = make_vars(runtime, "lars0")
+    opt = LARS(runtime, infos, lambda s: tf.constant(1.0), weight_decay=0.0, eta=0.001)
+    assert float(opt.trust_ratio(tf.zeros(2), tf.ones(2))) == 1.0
+    assert float(opt.trust_ratio(tf.ones(2), tf.zeros(2))) == 1.0
+
+
+def test_sgd_momentum_with_weight_decay_by_hand(runtime):
+    infos, w, b = make_vars(runtime, "sgd")
+    opt = SGDMomentum(runtime, infos, lambda s: tf.constant(0.1), weight_decay=0.5,
+                      exclude_from_decay=[r"/bn/"], momentum=0.9, name="opt_sgd")
+    opt.build()
+    opt.apply([tf.constant([1.0, 1.0]), tf.constant([1.0, 1.0])])
+    # kernel: v = g + wd * w = [1 + 1.5, 1 + 2] ; w = w - 0.1 * v
+    np.testing.assert_allclose(w.numpy(), [3.0 - 0.25, 4.0 - 0.3], rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), [0.9, 0.9], rtol=1e-6)
+    opt.apply([tf.constant([0.0, 0.0]), tf.constant([0.0, 0.0])])
+    # second step: v = 0.9 * v + wd * w
+    v = 0.9 * np.array([2.5, 3.0]) + 0.5 * np.array([2.75, 3.7])
+    np.testing.assert_allclose(w.numpy(), np.array([2.75, 3.7]) - 0.1 * v, rtol=1e-6)
+    assert math.isclose(float(b.numpy()[0]), 0.9 - 0.1 * 0.9, rel_tol=1e-6)
