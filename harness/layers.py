@@ -159,3 +159,54 @@ class Embedding(Block):
 
     def __call__(self, ids: tf.Tensor) -> tf.Tensor:
         return tf.cast(tf.gather(self.embeddings, ids), self.dtype)
+
+
+def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None) -> tf.Tensor:
+    """Stateless dropout (seeded by step and layer), so a run is reproducible on any runtime."""
+    if not rate or seed is None:
+        return x
+    return tf.nn.experimental.stateless_dropout(x, rate, seed)
+
+
+class MultiHeadAttention(Block):
+    """Self-attention with per-head weights (hidden, heads, head_dim), so heads shard over a mesh.
+
+    Each device computes its heads end to end; only the output projection sums over heads (one
+    all-reduce on the model dimension), as in Megatron-style tensor parallelism.
+    """
+
+    def __init__(self, runtime: Runtime, path: str, seed: int, hidden: int, heads: int,
+                 stddev: float = 0.02, dropout_rate: float = 0.0) -> None:
+        super().__init__(runtime, path, seed)
+        if hidden % heads:
+            raise ValueError(f"{path}: hidden {hidden} is not a multiple of heads {heads}")
+        self.heads, self.head_dim = heads, hidden // heads
+        self.dropout_rate = dropout_rate
+        shape = (hidden, heads, self.head_dim)
+        dims = (None, "heads", None)
+        for name in ("query", "key", "value"):
+            setattr(self, f"{name}_kernel",
+                    self.var(f"{name}/kernel", shape, dims, truncated_normal(stddev, f"{path}/{name}/kernel", seed)))
+            setattr(self, f"{name}_bias",
+                    self.var(f"{name}/bias", (heads, self.head_dim), ("heads", None), constant(0.0)))
+        self.output_kernel = self.var("output/kernel", (heads, self.head_dim, hidden), ("heads", None, None),
+                                      truncated_normal(stddev, f"{path}/output/kernel", seed))
+        self.output_bias = self.var("output/bias", (hidden,), (None,), constant(0.0))
+
+    def __call__(self, x: tf.Tensor, key_mask: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
+        """x: (batch, seq, hidden); key_mask: (batch, seq), 1 for real tokens, 0 for padding."""
+        dt = self.dtype
+        x = tf.cast(x, dt)
+
+        def project(kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
+            return tf.einsum("bsh,hnd->bsnd", x, tf.cast(kernel, dt)) + tf.cast(bias, dt)
+
+        q = project(self.query_kernel, self.query_bias) * tf.cast(self.head_dim ** -0.5, dt)
+        k = project(self.key_kernel, self.key_bias)
+        v = project(self.value_kernel, self.value_bias)
+        scores = tf.cast(tf.einsum("bsnd,btnd->bnst", q, k), tf.float32)
+        scores += (1.0 - tf.cast(key_mask, tf.float32))[:, None, None, :] * -10000.0
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), dt)
+        probs = dropout(probs, self.dropout_rate, seed)
+        context = tf.einsum("bnst,btnd->bsnd", probs, v)
+        return tf.einsum("bsnd,ndh->bsh", context, tf.cast(self.output_kernel, dt)) + tf.cast(self.output_bias, dt)

@@ -151,3 +151,46 @@ class LARS(Optimizer):
         v = self.momentum * self.slots["momentum"][i].read_value() + scaled
         self.slots["momentum"][i].assign(v)
         p.variable.assign(w - v)
+
+
+class LAMB(Optimizer):
+    """Layer-wise adaptive moments (You et al. 2019), as in the MLPerf BERT reference.
+
+    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = m_hat / (sqrt(v_hat) + eps) + wd * w (bias-corrected
+    moments); w -= lr * trust * u, trust = |w| / |u| (1 where either is 0). Excluded weights (LayerNorm,
+    bias) get neither weight decay nor the trust ratio.
+    """
+
+    slot_names = ("m", "v")
+
+    def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
+                 bias_correction: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.bias_correction = bias_correction
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        step = self.step.read_value()
+        lr = self.schedule(step)
+        t = tf.cast(step + 1, tf.float32)
+        self._c1 = 1.0 - tf.pow(self.beta_1, t) if self.bias_correction else 1.0
+        self._c2 = 1.0 - tf.pow(self.beta_2, t) if self.bias_correction else 1.0
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            self.update(i, p, tf.cast(g, tf.float32), lr)
+        self.step.assign(step + 1)
+        return lr
+
+    def update(self, i, p, g, lr) -> None:
+        w = p.variable.read_value()
+        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
+        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
+        self.slots["m"][i].assign(m)
+        self.slots["v"][i].assign(v)
+        u = (m / self._c1) / (tf.sqrt(v / self._c2) + self.epsilon)
+        if self.excluded(p.path):
+            p.variable.assign(w - lr * u)
+            return
+        u = u + self.weight_decay * w
+        w_norm, u_norm = tf.norm(w), tf.norm(u)
+        trust = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
+        p.variable.assign(w - lr * trust * u)

@@ -1,0 +1,1 @@
+"""BERT-large pretraining (phase 2), the MLPerf `bert` benchmark."""

@@ -1,0 +1,196 @@
+"""BERT-large phase-2 pretraining as an MLPerf workload: LAMB, masked-LM + next-sentence loss, masked-LM
+accuracy over the whole eval set, evaluation cadence and epoch numbers counted in training samples."""
+from __future__ import annotations
+
+import math
+
+from typing import Any
+
+import tensorflow as tf
+
+from harness.errors import HarnessError
+from harness.optim import LAMB
+from harness.workload import EvalPoint, Workload
+
+from benchmarks.bert import checkpoint, config, data
+from benchmarks.bert.model import Bert
+
+
+def mlperf_eval_every(global_batch: int) -> int:
+    """The MLPerf BERT cadence: floor(0.05 * (230.23 * gbs + 3,000,000) / 25,000) * 25,000 samples."""
+    return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000)) * 25_000
+
+
+def lamb_schedule(base_lr: float, end_lr: float, warmup_steps: int, start_warmup_step: int,
+                  train_steps: int, power: float):
+    """The reference's rate: polynomial decay over `train_steps` from step 0, and for the first
+    `warmup_steps` steps counted from `start_warmup_step`, a linear ramp from 0 instead."""
+    def lr(step: tf.Tensor) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        frac = tf.minimum(step, float(train_steps)) / float(max(train_steps, 1))
+        decayed = (base_lr - end_lr) * tf.pow(1.0 - frac, power) + end_lr
+        if not warmup_steps:
+            return decayed
+        warm_step = step - float(start_warmup_step)
+        warm = base_lr * warm_step / float(warmup_steps)
+        return tf.where(warm_step < float(warmup_steps), warm, decayed)
+    return lr
+
+
+class BertWorkload(Workload):
+    NAME = "bert"
+    MLPERF_KEY = "bert"
+    RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+    DataConfig = config.DataConfig
+    ModelConfig = config.ModelConfig
+    OptimizerConfig = config.OptimizerConfig
+    EVAL_UNIT = "samples"
+    METRIC_NAME = "masked-LM accuracy"
+
+    def __init__(self, cfg, runtime) -> None:
+        super().__init__(cfg, runtime)
+        self.source = data.make_source(cfg.data, cfg.model.vocab_size)
+        self.model: Bert | None = None
+        self.optimizer: LAMB | None = None
+
+    def closed_target(self, ruleset: str) -> float:
+        if ruleset == "0.7.0":
+            return 0.712 if self.cfg.schedule.global_batch_size < 8192 else 0.706
+        return 0.720
+
+    @property
+    def train_samples(self) -> int:
+        return self.cfg.data.train_samples
+
+    @property
+    def eval_samples(self) -> int:
+        return self.cfg.data.eval_samples
+
+    @property
+    def data_source(self) -> str:
+        return self.cfg.data.source
+
+    # ----------------------------------------------------------------------------- schedule
+    @property
+    def eval_every_samples(self) -> int:
+        return self.cfg.data.eval_every_samples or mlperf_eval_every(self.cfg.schedule.global_batch_size)
+
+    def total_steps(self) -> int:
+        s = self.cfg.schedule
+        return max(1, math.ceil(s.max_epochs * self.train_samples / s.global_batch_size - 1e-9))
+
+    def train_steps(self) -> int:
+        return self.cfg.optimizer.train_steps or self.total_steps()
+
+    def eval_points(self, global_batch: int) -> list[EvalPoint]:
+        """An eval each time another `eval_every_samples` samples are trained (at the first step boundary
+        at or past it); `epoch_num` is the number of samples trained."""
+        total, every = self.total_steps(), self.eval_every_samples
+        points, k = [], 1
+        while True:
+            step = min(total, math.ceil(k * every / global_batch))
+            if not points or step > points[-1].step:
+                points.append(EvalPoint(step, step * global_batch, step * global_batch))
+            if step >= total:
+                return points
+            k += 1
+
+    def validate(self) -> None:
+        m = self.cfg.model
+        if m.hidden_size % m.num_heads:
+            raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
+        if self.cfg.data.seq_length > m.max_position:
+            raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds model.max_position={m.max_position}")
+        shards = getattr(self.runtime, "shards", None)
+        if shards is not None:
+            for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
+                                    ("model.vocab_size", m.vocab_size, "vocab")):
+                n = shards(dim)
+                if size % n:
+                    raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim}="
+                                       f"{self.runtime.rules[dim]} of size {n})")
+        if m.init_checkpoint and not tf.io.gfile.glob(m.init_checkpoint + "*"):
+            raise HarnessError(f"model.init_checkpoint {m.init_checkpoint} does not exist")
+        self.source.validate()
+
+    # --------------------------------------------------------------------------- model and inputs
+    def build(self) -> None:
+        c = self.cfg
+        self.model = Bert(self.runtime, c.seed, c.model)
+        if c.model.init_checkpoint:
+            checkpoint.load(self.runtime, c.model.hidden_size, c.model.init_checkpoint)
+        o = c.optimizer
+        schedule = lamb_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps, o.start_warmup_step,
+                                 self.train_steps(), o.poly_power)
+        self.optimizer = LAMB(self.runtime, self.runtime.variables(trainable=True), schedule,
+                              weight_decay=o.weight_decay, exclude_from_decay=o.exclude_from_decay,
+                              beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
+        self.optimizer.build()
+
+    def train_dataset(self, ctx) -> tf.data.Dataset:
+        return self.source.train(ctx)
+
+    def eval_records(self, ctx) -> tf.data.Dataset:
+        return self.source.eval_records()
+
+    def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
+        return self.source.eval_parse(record)
+
+    # ------------------------------------------------------------------------------ computation
+    def losses(self, batch: dict[str, tf.Tensor], training: bool, seed: tf.Tensor | None = None):
+        """Masked-LM cross-entropy summed with weights, the weight sum, and next-sentence CE per sequence."""
+        mlm, nsp = self.model(batch, training=training, seed=seed)
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm)
+        w = batch["masked_lm_weights"]
+        nsp_ce = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["next_sentence_labels"], nsp)
+        return tf.reduce_sum(ce * w), tf.reduce_sum(w), nsp_ce, mlm
+
+    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        params = [p.variable for p in self.optimizer.params]
+        gbs = self.cfg.schedule.global_batch_size
+        seed = tf.stack([tf.constant(self.cfg.seed, tf.int64), self.optimizer.step.read_value()])
+        with tf.GradientTape() as tape:
+            mlm_sum, w_sum, nsp_ce, _ = self.losses(batch, True, seed)
+            # Normalized by the global weight sum and batch, so summed replica gradients are exact.
+            w_global = self.runtime.replica_all_sum(w_sum, self.runtime.num_replicas)
+            loss = mlm_sum / (w_global + 1e-5) + tf.reduce_sum(nsp_ce) / gbs
+        # Embedding gathers give IndexedSlices; LAMB's moments are dense anyway.
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]
+        grads = self.runtime.all_reduce_gradients(grads)
+        if self.cfg.optimizer.clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
+        self.optimizer.apply(grads)
+        return {"loss": mlm_sum / (w_sum + 1e-5) + tf.reduce_mean(nsp_ce)}
+
+    def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        _, _, _, mlm = self.losses(batch, False)
+        predicted = tf.argmax(mlm, -1, output_type=tf.int32)
+        w = batch["masked_lm_weights"] * mask[:, None]
+        correct = tf.cast(tf.equal(predicted, batch["masked_lm_ids"]), tf.float32) * w
+        return {"correct": tf.reduce_sum(correct), "weight": tf.reduce_sum(w), "count": tf.reduce_sum(mask)}
+
+    def eval_score(self, totals: dict[str, float]) -> float:
+        return totals["correct"] / max(totals["weight"], 1e-9)
+
+    # ---------------------------------------------------------------------------------- logging
+    def mllog_hparams(self) -> dict[str, Any]:
+        """Every ruleset's closed keys (0.7-2.0 name the epsilon opt_epsilon, 2.1+ opt_lamb_epsilon)."""
+        o = self.cfg.optimizer
+        return {
+            "opt_name": "lamb",
+            "opt_base_learning_rate": o.base_learning_rate,
+            "opt_epsilon": o.epsilon,
+            "opt_lamb_epsilon": o.epsilon,
+            "opt_learning_rate_training_steps": self.train_steps(),
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            "num_warmup_steps": o.warmup_steps,
+            "start_warmup_step": o.start_warmup_step,
+            "opt_lamb_beta_1": o.beta_1,
+            "opt_lamb_beta_2": o.beta_2,
+            "opt_lamb_weight_decay_rate": o.weight_decay,
+            "opt_lamb_learning_rate_decay_poly_power": o.poly_power,
+            "max_sequence_length": self.cfg.data.seq_length,
+            "eval_every_samples": self.eval_every_samples,
+        }
+
+

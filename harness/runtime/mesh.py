@@ -1,0 +1,177 @@
+"""DTensor mesh runtime: data x model parallelism (the Mesh-TensorFlow idea) behind the Runtime interface.
+
+Each variable's named dimensions are mapped to mesh dimensions through `runtime.layout` (for example
+{batch: data, heads: model, ff: model, vocab: model}); unnamed or unmapped dimensions are replicated.
+Inputs arrive with their batch dimension sharded on the batch mesh dimension, so every reduction the
+model does over the batch is already global: `sum`, `mean` and gradient all-reduce are identities, and
+DTensor inserts the collectives. Everything runs inside tf.functions executed under the mesh.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from harness.config import RuntimeConfig
+from harness.errors import HarnessError
+from harness.runtime.base import InputContext, Runtime
+
+BATCH = "batch"
+
+
+class MeshRuntime(Runtime):
+    kind = "mesh"
+
+    def __init__(self, mesh: dtensor.Mesh, sizes: dict[str, int], layout: dict[str, str], device_type: str,
+                 precision: str, jit_compile: str) -> None:
+        self.mesh = mesh
+        self.sizes = dict(sizes)
+        self.rules = dict(layout)
+        self.batch_dim = self.rules.get(BATCH, "data")
+        self._device_type = device_type
+        super().__init__(precision, jit_compile)
+
+    # ----------------------------------------------------------------------------- description
+    @property
+    def num_replicas(self) -> int:
+        return self.sizes[self.batch_dim]
+
+    @property
+    def device_type(self) -> str:
+        return self._device_type
+
+    @property
+    def num_hosts(self) -> int:
+        return dtensor.num_clients()
+
+    @property
+    def host_id(self) -> int:
+        return dtensor.client_id()
+
+    @property
+    def description(self) -> str:
+        shape = " x ".join(f"{k}={v}" for k, v in self.sizes.items())
+        return f"mesh {shape} on {math.prod(self.sizes.values())} {self.device_type} device(s)"
+
+    def shards(self, dim_name: str) -> int:
+        """How many ways tensors' dimension `dim_name` is split (1 when replicated)."""
+        mesh_dim = self.rules.get(dim_name)
+        return self.sizes.get(mesh_dim, 1) if mesh_dim else 1
+
+    def layout_for(self, dims: tuple[str | None, ...]) -> dtensor.Layout:
+        """Named tensor dimensions -> a Layout; a mesh dimension is used at most once per tensor."""
+        specs, used = [], set()
+        for name in dims:
+            mesh_dim = self.rules.get(name) if name else None
+            if mesh_dim and mesh_dim in self.sizes and mesh_dim not in used and self.sizes[mesh_dim] > 1:
+                specs.append(mesh_dim)
+                used.add(mesh_dim)
+            else:
+                specs.append(dtensor.UNSHARDED)
+        return dtensor.Layout(specs, self.mesh)
+
+    # ------------------------------------------------------------------------------ variables
+    def scope(self) -> Any:
+        return contextlib.nullcontext()
+
+    def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
+        layout = self.layout_for(dims)
+        for axis, spec in enumerate(layout.sharding_specs):
+            if spec != dtensor.UNSHARDED and shape[axis] % self.sizes[spec]:
+                raise HarnessError(f"variable {path}: dimension '{dims[axis]}' of size {shape[axis]} does not "
+                                   f"divide over mesh dimension {spec}={self.sizes[spec]}")
+        # The value is computed once on the host, as on any runtime, then split: same numbers everywhere.
+        value = initializer(shape, dtype)
+        return dtensor.DVariable(self.to_mesh(value, layout), trainable=trainable, name=path)
+
+    def to_mesh(self, value: Any, layout: dtensor.Layout) -> tf.Tensor:
+        """A host tensor -> a DTensor with `layout` (replicate, then keep each device's slice)."""
+        value = tf.convert_to_tensor(value)
+        replicated = dtensor.copy_to_mesh(value, dtensor.Layout.replicated(self.mesh, value.shape.rank))
+        return dtensor.relayout(replicated, layout)
+
+    def local_shapes(self, variable: tf.Variable) -> list[tuple[int, ...]]:
+        """The shape of the shard each device holds."""
+        return [tuple(t.shape) for t in dtensor.unpack(variable.read_value())]
+
+    # ------------------------------------------------------------------------------ execution
+    def distribute_dataset(self, dataset_fn: Callable[[InputContext], tf.data.Dataset],
+                           global_batch: int, seed: int) -> Any:
+        self.check_batch(global_batch)
+        per_host = self.host_batch(global_batch)
+        per_replica = global_batch // self.num_replicas
+        ds = dataset_fn(InputContext(num_hosts=self.num_hosts, host_id=self.host_id, batch_size=per_host,
+                                     seed=seed))
+        # DTensorDataset wants per-replica batches and hands element i to replica i mod D, so the global
+        # batch holds the same examples, in the same order, as one device's batch would.
+        ds = ds.rebatch(per_replica, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        ds = ds.with_options(options)
+        layouts = tf.nest.map_structure(
+            lambda s: dtensor.Layout.batch_sharded(self.mesh, self.batch_dim, s.shape.rank), ds.element_spec)
+        return dtensor.DTensorDataset(ds, mesh=self.mesh, layouts=layouts, global_batch_size=global_batch,
+                                      dataset_already_batched=True, batch_dim=self.batch_dim, prefetch=2)
+
+    def run(self, fn: Callable, args: tuple) -> Any:
+        return fn(*args)
+
+    def sum(self, per_replica: Any) -> Any:
+        return per_replica
+
+    def mean(self, per_replica: Any) -> Any:
+        return per_replica
+
+    def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
+        return tensors  # batch statistics over a sharded batch are global already
+
+    def function(self, fn: Callable) -> Callable:
+        compiled = tf.function(fn, jit_compile=self.jit_compile or None)
+        mesh = self.mesh
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with dtensor.default_mesh(mesh):
+                return compiled(*args, **kwargs)
+
+        call.compiled = compiled  # type: ignore[attr-defined]
+        return call
+
+
+def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
+    """Builds the mesh from `cfg.mesh` over CPUs (logical devices), GPUs or TPU cores, checking sizes."""
+    from harness.runtime.distribute import configure_logical_cpus
+
+    sizes = {str(k): int(v) for k, v in cfg.mesh.items()}
+    if not sizes or any(v < 1 for v in sizes.values()):
+        raise HarnessError(f"runtime.mesh={cfg.mesh}: every mesh dimension needs a size >= 1")
+    layout = dict(cfg.layout) or {BATCH: "data"}
+    layout.setdefault(BATCH, "data")
+    for name, mesh_dim in layout.items():
+        if mesh_dim not in sizes:
+            raise HarnessError(f"runtime.layout.{name}={mesh_dim!r} is not a mesh dimension "
+                               f"(runtime.mesh has {', '.join(sizes)})")
+    wanted = math.prod(sizes.values())
+    shape = " x ".join(f"{k}={v}" for k, v in sizes.items())
+    if tf.config.list_physical_devices("TPU"):
+        device_type = "TPU"
+    elif tf.config.list_physical_devices("GPU"):
+        device_type = "GPU"
+    else:
+        device_type = "CPU"
+        if cfg.cpu_devices > 1:
+            configure_logical_cpus(cfg.cpu_devices)
+    if device_type == "CPU":
+        have = max(cfg.cpu_devices, 1)
+    else:
+        have = len(tf.config.list_physical_devices(device_type))
+    if wanted != have:
+        hint = f"; set runtime.cpu_devices={wanted}" if device_type == "CPU" else ""
+        raise HarnessError(f"runtime.mesh {shape} needs {wanted} devices but {have} {device_type} "
+                           f"device(s) are available{hint}")
+    if device_type != "CPU":
+        dtensor.initialize_accelerator_system(device_type)
+    mesh = dtensor.create_mesh(list(sizes.items()), device_type=device_type)
+    return MeshRuntime(mesh, sizes, layout, device_type, cfg.precision, cfg.jit_compile)
