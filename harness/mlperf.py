@@ -82,6 +82,7 @@ class Verdict:
 
 
 _TARGET_FAILURE = re.compile(r"Failed checks for eval_accuracy")
+_CHECKER_LINE = re.compile(r"^(INFO|WARNING|ERROR) - (.*)$")
 
 
 def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Verdict:
@@ -100,14 +101,15 @@ def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Ver
         return Verdict(ruleset, False, False, ["compliance checker timed out"], "")
     output = proc.stdout + proc.stderr
     passed = proc.returncode == 0 and "SUCCESS" in output
-    errors = [line.split(":", 2)[-1].strip() for line in output.splitlines()
-              if line.startswith(("ERROR", "WARNING")) and "FAILED" not in line]
-    errors = [e for e in errors if e and not e.startswith("Checking ") and "LOG FILE" not in e]
+    errors = []
+    for line in output.splitlines():
+        m = _CHECKER_LINE.match(line)
+        if m and m.group(1) in ("WARNING", "ERROR") and m.group(2).strip() not in ("FAILED", ""):
+            errors.append(m.group(2).strip())
     if not passed and not errors:
         errors = [line for line in output.strip().splitlines()[-5:]]
     only_target = (not passed and bool(errors)
-                   and all(_TARGET_FAILURE.search(e) or e.startswith("Log lines had errors")
-                           or e.startswith("Log file") for e in errors)
+                   and all(_TARGET_FAILURE.search(e) for e in errors)
                    and any(_TARGET_FAILURE.search(e) for e in errors))
     return Verdict(ruleset, passed, only_target, errors, output)
 

@@ -1,0 +1,173 @@
+"""End-to-end ResNet runs through the CLI: real small runs, real logs, the official checker on them."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from harness import logparse
+
+from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets
+
+# A shorter variant of the smoke run for tests that do not need to reach the target.
+QUICK = sets(data__train_samples=1024, data__eval_samples=301, schedule__max_epochs=1)
+
+
+def official_checker(path: str, ruleset: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                           "--ruleset", ruleset, path], capture_output=True, text=True, cwd=os.path.dirname(path))
+
+
+def event_keys(path: str) -> list[str]:
+    return [e.key for e in logparse.parse_log(path)]
+
+
+def assert_event_order(keys: list[str]) -> None:
+    """cache_clear, init_start, ..., init_stop, run_start, (block, eval)+, run_stop."""
+    assert keys[0] == "cache_clear" and keys[1] == "init_start"
+    i_stop, r_start, r_stop = keys.index("init_stop"), keys.index("run_start"), keys.index("run_stop")
+    assert i_stop < r_start < r_stop == len(keys) - 1
+    for k in ("submission_org", "submission_benchmark", "seed", "global_batch_size", "train_samples",
+              "eval_samples", "opt_name"):
+        assert keys.index(k) < i_stop, k
+    body = [k for k in keys[r_start + 1:r_stop]]
+    cycle = ["block_start", "block_stop", "eval_start", "eval_accuracy", "eval_stop"]
+    assert body and len(body) % len(cycle) == 0
+    assert body == cycle * (len(body) // len(cycle))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("smoke") / "runs")
+    proc = run_cli("run", SMOKE, "--output_dir", out)
+    return proc, out
+
+
+def test_smoke_run_reaches_target_and_passes_official_checker(smoke_run):
+    proc, out = smoke_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = read_summary(out)
+    assert summary["status"] == "success" and summary["compliant"]
+    assert summary["evals"][-1]["score"] >= 0.759
+    assert summary["synthetic_data"] is True and summary["data_source"] == "synthetic"
+    assert all(v["passed"] for v in summary["compliance"].values())
+    assert set(summary["compliance"]) == {"4.0.0", "0.7.0"}
+    log = summary["log"]
+    for ruleset in ("4.0.0", "0.7.0"):
+        checked = official_checker(log, ruleset)
+        assert checked.returncode == 0 and "SUCCESS" in checked.stdout + checked.stderr, checked.stderr
+    assert_event_order(event_keys(log))
+    events = logparse.parse_log(log)
+    assert next(e.value for e in events if e.key == "harness_data_source") == "synthetic"
+    assert next(e.value for e in events if e.key == "run_stop" or False) is None
+    assert next(e.metadata["status"] for e in events if e.key == "run_stop") == "success"
+    assert os.path.exists(os.path.join(run_dir(out), "config.yaml"))
+    assert "time to train:" in proc.stdout and "SYNTHETIC" in proc.stdout
+    assert "compliance (official checker, ruleset 4.0.0): PASS" in proc.stdout
+    # Each eval counts the whole eval set exactly once.
+    assert all(e["counted"] == 1001 for e in summary["evals"])
+    # No function was retraced once the timed run started (warm-up compiled everything).
+    assert summary["traces"] == {"train": 1, "eval": 1}
+
+
+def test_check_command_on_harness_log(smoke_run):
+    _, out = smoke_run
+    proc = run_cli("check", read_summary(out)["log"], "--ruleset", "4.0.0", "--ruleset", "0.7.0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(": PASS") == 3  # two rulesets + integrity
+
+
+def test_budget_spent_run_is_aborted_and_compliant_apart_from_target(tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = read_summary(tmp_out)
+    assert summary["status"] == "aborted" and "budget" in summary["reason"]
+    log = summary["log"]
+    assert_event_order(event_keys(log))
+    checked = official_checker(log, "4.0.0")
+    assert checked.returncode == 1
+    failures = [l for l in (checked.stdout + checked.stderr).splitlines()
+                if l.startswith(("WARNING", "ERROR")) and not l.endswith("FAILED")]
+    assert len(failures) == 1 and "Failed checks for eval_accuracy" in failures[0]
+    # The same log as an open-division submission (no quality target) passes outright.
+    open_log = os.path.join(tmp_out, "open.txt")
+    with open(log) as src, open(open_log, "w") as dst:
+        dst.write(src.read().replace('"value": "closed"', '"value": "open"'))
+    checked = official_checker(open_log, "4.0.0")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "aborted" in proc.stdout and "quality target not reached" in proc.stdout
+
+
+def test_non_finite_loss_aborts_with_reason(tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK,
+                   *sets(optimizer__name="sgd", optimizer__base_learning_rate=1e12, optimizer__warmup_epochs=0))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = read_summary(tmp_out)
+    assert summary["status"] == "aborted" and "non-finite" in summary["reason"]
+    assert "non-finite" in proc.stdout
+    assert_event_order(event_keys(summary["log"]))
+
+
+def test_eval_counts_exactly_over_two_replicas(tmp_out):
+    """1001 eval examples, eval batch 64 over 2 replicas: padding is masked, nothing counted twice."""
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK,
+                   *sets(runtime__kind="mirrored", runtime__cpu_devices=2, data__eval_samples=1001,
+                         schedule__eval_batch_size=64))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary = read_summary(tmp_out)
+    assert summary["num_replicas"] == 2
+    assert [e["counted"] for e in summary["evals"]] == [1001]
+    assert summary["compliance"]["4.0.0"]["verdict"].startswith(("PASS", "FAIL (quality target"))
+
+
+def test_same_loss_trajectory_on_1_2_4_logical_devices():
+    """Batch norm over the global batch makes the math identical; only reduction order differs."""
+    script = os.path.join(REPO, "tests", "helpers", "loss_trajectory.py")
+    trajectories = {}
+    for n in (1, 2, 4):
+        proc = subprocess.run([sys.executable, script, SMOKE, "8", "runtime.kind=mirrored",
+                               f"runtime.cpu_devices={n}", "model.bn_span=128", "optimizer.warmup_epochs=0",
+                               "optimizer.base_learning_rate=1.0"],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+        line = [l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")]
+        assert line, proc.stderr[-3000:]
+        result = json.loads(line[0][len("LOSSES "):])
+        assert result["replicas"] == n
+        trajectories[n] = result["losses"]
+    base = trajectories[1]
+    assert max(base) - min(base) > 1e-3, base  # the weights are actually moving
+    for n in (2, 4):
+        assert trajectories[n] == pytest.approx(base, rel=1e-4, abs=1e-5), (n, trajectories[n], base)
+
+
+def test_multi_worker_two_processes_only_chief_writes(tmp_out):
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        cmd = [sys.executable, "-m", "harness", "run", SMOKE, "--output_dir", tmp_out, *QUICK,
+               *sets(runtime__kind="multi_worker", run_id="mw")]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    outputs = [p.communicate(timeout=300) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes[0] in (0, 1) and codes[0] == codes[1], outputs
+    files = sorted(os.listdir(os.path.join(tmp_out, "resnet", "mw")))
+    assert files == ["config.yaml", "result_1.txt", "summary.json"]
+    summary = read_summary(tmp_out)
+    assert summary["num_replicas"] == 2 and "2 host(s)" in summary["runtime"]
+    assert "time to train" in outputs[0][0] and "time to train" not in outputs[1][0]
+    keys = event_keys(summary["log"])
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1  # one writer, no duplicates
