@@ -1,0 +1,137 @@
+"""ResNet input pipelines (TFRecord files the test writes, TFDS under mock_data) and bad-input handling."""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.resnet.config import DataConfig
+from benchmarks.resnet.data import TFRecordSource
+from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
+from harness.runtime.base import InputContext
+
+from conftest import SMOKE, read_summary, run_cli, run_dir, sets, stderr_error_lines
+
+N_TRAIN, N_EVAL = 512, 130
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("imagenet"))
+    write_imagenet_tfrecords(out, N_TRAIN, N_EVAL, image_size=36, num_classes=10, train_shards=2, eval_shards=2)
+    return out
+
+
+def tfrecord_sets(data_dir: str) -> list[str]:
+    return sets(data__source="tfrecord", data__data_dir=data_dir, data__train_samples=N_TRAIN,
+                data__eval_samples=N_EVAL, schedule__max_epochs=1, data__shuffle_buffer=256)
+
+
+def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):
+    cfg = DataConfig(source="tfrecord", data_dir=imagenet_dir, image_size=32, num_classes=10)
+    source = TFRecordSource(cfg)
+    source.validate()
+    batch = next(iter(source.train(InputContext(1, 0, 8, seed=3)).batch(8)))
+    assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == tf.float32
+    labels = batch["label"].numpy()
+    assert labels.min() >= 0 and labels.max() < 10
+    assert abs(float(tf.reduce_mean(batch["image"]))) < 3.0  # normalized, not raw pixels
+    # Two hosts read disjoint shards.
+    host0 = source.train(InputContext(2, 0, 8, seed=3))
+    assert host0.element_spec["image"].shape == (32, 32, 3)
+    records = list(source.eval_records())
+    assert len(records) == N_EVAL
+    first = source.eval_parse(records[0])
+    assert first["image"].shape == (32, 32, 3)
+    again = source.eval_parse(list(source.eval_records())[0])
+    np.testing.assert_array_equal(first["image"].numpy(), again["image"].numpy())  # fixed order
+
+
+def test_tfrecord_run_end_to_end(imagenet_dir, tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(imagenet_dir))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary = read_summary(tmp_out)
+    assert summary["data_source"] == "tfrecord" and summary["synthetic_data"] is False
+    assert [e["counted"] for e in summary["evals"]] == [N_EVAL]
+    assert "SYNTHETIC" not in proc.stdout
+    assert summary["compliance"]["4.0.0"]["verdict"].startswith(("PASS", "FAIL (quality target"))
+
+
+def test_tfds_run_under_mock_data(tmp_out):
+    """The whole run in-process on tfds.testing.mock_data (random images, random labels: aborts)."""
+    import tensorflow_datasets as tfds
+
+    from harness import run
+
+    with tfds.testing.mock_data(num_examples=48):
+        code = run.execute(SMOKE, ["data.source=tfds", "data.data_dir=", "data.train_samples=256",
+                                   "data.eval_samples=48", "schedule.max_epochs=1", "schedule.global_batch_size=32",
+                                   "data.shuffle_buffer=64"], tmp_out)
+    summary = read_summary(tmp_out)
+    assert code in (0, 1) and summary["status"] in ("success", "aborted")
+    assert summary["data_source"] == "tfds"
+    assert [e["counted"] for e in summary["evals"]] == [48]
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+def assert_clean_error(proc, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = stderr_error_lines(proc)
+    assert len(errors) == 1, proc.stderr
+    for f in fragments:
+        assert f in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_unknown_key_and_workload(tmp_out, tmp_path):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, "--set", "schedule.max_epoch=3")
+    assert_clean_error(proc, "schedule.max_epoch", "max_epochs")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workload: resnet50\n")
+    proc = run_cli("run", str(bad), "--output_dir", tmp_out)
+    assert_clean_error(proc, "unknown workload 'resnet50'", "resnet")
+    assert not os.path.exists(tmp_out)
+
+
+def test_missing_data_path_and_no_matching_files(tmp_out, tmp_path):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
+                   *sets(data__source="tfrecord", data__data_dir=str(tmp_path / "nope")))
+    assert_clean_error(proc, "does not exist")
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
+                   *sets(data__source="tfrecord", data__data_dir=str(tmp_path)))
+    assert_clean_error(proc, "no files match", "train-*-of-*")
+    assert not glob.glob(os.path.join(tmp_out, "**", "result_*.txt"), recursive=True)
+
+
+def test_corrupt_record_gives_clear_error_and_no_valid_looking_log(imagenet_dir, tmp_path, tmp_out):
+    data = str(tmp_path / "corrupt")
+    os.makedirs(data)
+    for f in glob.glob(os.path.join(imagenet_dir, "*")):
+        with open(f, "rb") as src:
+            raw = bytearray(src.read())
+        if os.path.basename(f).startswith("train"):
+            raw[len(raw) // 2:len(raw) // 2 + 64] = b"\xff" * 64  # breaks a record's CRC
+        with open(os.path.join(data, os.path.basename(f)), "wb") as dst:
+            dst.write(raw)
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(data))
+    assert_clean_error(proc, "corrupt")
+    folder = run_dir(tmp_out)
+    assert not glob.glob(os.path.join(folder, "result_*.txt"))
+    assert glob.glob(os.path.join(folder, "incomplete_result_*.log"))  # kept, under a name no tool reads
+
+
+def test_batch_not_divisible_over_replicas(tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
+                   *sets(runtime__kind="mirrored", runtime__cpu_devices=2, schedule__global_batch_size=127))
+    assert_clean_error(proc, "global_batch_size=127", "2 replicas")
+
+
+def test_unreachable_tpu_times_out(tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
+                   *sets(runtime__kind="tpu", runtime__tpu="grpc://127.0.0.1:9", runtime__tpu_timeout_s=5),
+                   timeout=120)
+    assert_clean_error(proc, "TPU grpc://127.0.0.1:9")
