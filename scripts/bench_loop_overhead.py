@@ -1,0 +1,82 @@
+"""Harness training throughput vs a bare tf.function step of the same model, batch and device.
+
+Both sides run in this one process on the same model variables: the harness side is the real compiled
+loop (`steps_per_loop` steps per host round-trip, fed by the workload's input pipeline); the bare side
+calls the workload's own train step inside a plain tf.function on one batch already in memory, so the
+ratio measures what the harness adds (loop, distribution, input pipeline). Rounds alternate between the
+two and the median is reported, so drift on a shared machine hits both alike.
+
+    python scripts/bench_loop_overhead.py [CONFIG] [--set key=value ...] [--rounds 5] [--steps 40]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import registry  # noqa: E402
+from harness import config as config_lib  # noqa: E402
+from harness.loop import CompiledSteps, train_input  # noqa: E402
+from harness.runtime import make_runtime  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", nargs="?", default="configs/resnet/smoke.yaml")
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=40, help="train steps per timed round")
+    a = p.parse_args()
+
+    cfg = config_lib.load_config(a.config, a.overrides + [f"schedule.steps_per_loop={a.steps}"])
+    runtime = make_runtime(cfg.runtime)
+    workload = registry.get(cfg.workload)(cfg, runtime)
+    with runtime.scope():
+        workload.build()
+    gbs = cfg.schedule.global_batch_size
+    compiled = CompiledSteps(runtime, workload)
+    iterator = iter(train_input(runtime, workload, gbs, cfg.seed))
+
+    # The bare baseline: the same per-replica step, one in-memory batch, a Python loop of tf.function calls.
+    one_batch = next(iter(workload.train_dataset(
+        __import__("harness.runtime.base", fromlist=["InputContext"]).InputContext(1, 0, gbs, cfg.seed)
+    ).batch(gbs)))
+    bare_step = tf.function(workload.train_step, jit_compile=runtime.jit_compile or None)
+
+    def harness_round() -> float:
+        t = time.perf_counter()
+        float(compiled.train_loop(iterator, tf.constant(a.steps))["loss"])
+        return a.steps * gbs / (time.perf_counter() - t)
+
+    def bare_round() -> float:
+        t = time.perf_counter()
+        out = None
+        for _ in range(a.steps):
+            out = bare_step(one_batch)
+        float(out["loss"])
+        return a.steps * gbs / (time.perf_counter() - t)
+
+    if runtime.num_replicas != 1:
+        raise SystemExit("the bare baseline is single-device: run with runtime.kind=default")
+    harness_round(), bare_round()  # compile and warm both
+    h, b = [], []
+    for _ in range(a.rounds):
+        h.append(harness_round())
+        b.append(bare_round())
+    hm, bm = statistics.median(h), statistics.median(b)
+    data = "SYNTHETIC data" if workload.is_synthetic else f"{workload.data_source} data"
+    print(f"config {a.config} {' '.join(a.overrides)} | {runtime.description} | batch {gbs} | {data}")
+    print(f"harness loop : {hm:9.1f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in h)})")
+    print(f"bare step    : {bm:9.1f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in b)})")
+    print(f"ratio harness/bare = {hm / bm:.3f} (target >= 0.98)")
+
+
+if __name__ == "__main__":
+    main()
