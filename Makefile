@@ -9,8 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[cpu,test]"
+	$(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e ".[cpu,test]"
 	touch $(STAMP)
 
 setup: $(STAMP)
