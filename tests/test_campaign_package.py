@@ -35,7 +35,7 @@ def tfrecords(tmp_path_factory) -> str:
 
     out = str(tmp_path_factory.mktemp("imagenet-small"))
     write_imagenet_tfrecords(out, 2048, 256, image_size=40, num_classes=10, train_shards=2, eval_shards=1,
-                             noise=0.4)
+                             noise=0.3)
     return out
 
 
@@ -122,7 +122,8 @@ def resumed(tmp_path_factory, campaign5, overrides) -> dict:
     broken.mkdir()
     (broken / "result_3.txt").write_text(BROKEN_LOG)
     shutil.copy(os.path.join(campaign5["run_dirs"][2], "config.yaml"), broken / "config.yaml")
-    args = (CONFIG, overrides + ["data.source=synthetic"])
+    args = (CONFIG, overrides + ["data.source=synthetic", "data.synthetic_noise=0.4",
+                                 "data.synthetic_label_noise=0.1"])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = campaign.main(*args, runs=3, campaign_dir=str(cdir))
@@ -149,7 +150,7 @@ def test_campaign_resumes_only_missing_run_and_redoes_incomplete(resumed, capsys
     assert campaign.main(*resumed["args"], runs=3, campaign_dir=str(cdir)) == 0
     assert capsys.readouterr().out.count("(finished earlier)") == 3
     with pytest.raises(HarnessError, match="must share a config"):
-        campaign.main(CONFIG, resumed["args"][1][:-1], runs=3, campaign_dir=str(cdir))
+        campaign.main(CONFIG, resumed["args"][1][:-3], runs=3, campaign_dir=str(cdir))
 
 
 def test_campaign_stops_on_bad_input(tmp_path):
