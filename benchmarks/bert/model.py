@@ -72,8 +72,11 @@ class Bert(Block):
         ids, mask = batch["input_ids"], batch["input_mask"]
         seq = ids.shape[1]
         seed = seed if training and seed is not None else None
-        x = self.word(ids) + self.token_type(batch["segment_ids"])
-        x = x + tf.cast(self.position.embeddings[:seq], self.dtype)[None]
+        # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
+        x = tf.cast(tf.gather(self.word.embeddings.read_value(), ids), self.dtype)
+        x = x + self.token_type(batch["segment_ids"])
+        # Broadcast, not [None]: a new-axis strided slice of a DVariable crashes DTensor's SPMD pass.
+        x = x + tf.cast(self.position.embeddings[:seq], self.dtype)
         x = dropout(self.embed_norm(x), self.cfg.hidden_dropout, None if seed is None else seed + [0, 0])
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, None if seed is None else seed + [0, 16 * (i + 1)])

@@ -20,6 +20,7 @@ from harness.errors import HarnessError
 from harness.runtime.base import InputContext, Runtime
 
 BATCH = "batch"
+REPLICATED = "replicated"  # a layout value that keeps a named dimension whole on every device
 
 
 class MeshRuntime(Runtime):
@@ -150,9 +151,9 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
     layout = dict(cfg.layout) or {BATCH: "data"}
     layout.setdefault(BATCH, "data")
     for name, mesh_dim in layout.items():
-        if mesh_dim not in sizes:
+        if mesh_dim not in sizes and mesh_dim != REPLICATED:
             raise HarnessError(f"runtime.layout.{name}={mesh_dim!r} is not a mesh dimension "
-                               f"(runtime.mesh has {', '.join(sizes)})")
+                               f"(runtime.mesh has {', '.join(sizes)}; or use '{REPLICATED}')")
     wanted = math.prod(sizes.values())
     shape = " x ".join(f"{k}={v}" for k, v in sizes.items())
     if tf.config.list_physical_devices("TPU"):
@@ -161,16 +162,13 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
         device_type = "GPU"
     else:
         device_type = "CPU"
-        if cfg.cpu_devices > 1:
-            configure_logical_cpus(cfg.cpu_devices)
-    if device_type == "CPU":
-        have = max(cfg.cpu_devices, 1)
-    else:
-        have = len(tf.config.list_physical_devices(device_type))
+    have = max(cfg.cpu_devices, 1) if device_type == "CPU" else len(tf.config.list_physical_devices(device_type))
     if wanted != have:
         hint = f"; set runtime.cpu_devices={wanted}" if device_type == "CPU" else ""
         raise HarnessError(f"runtime.mesh {shape} needs {wanted} devices but {have} {device_type} "
                            f"device(s) are available{hint}")
+    if device_type == "CPU" and cfg.cpu_devices > 1:
+        configure_logical_cpus(cfg.cpu_devices)
     if device_type != "CPU":
         dtensor.initialize_accelerator_system(device_type)
     mesh = dtensor.create_mesh(list(sizes.items()), device_type=device_type)
