@@ -366,7 +366,7 @@ def _git_commit() -> str:
 
 
 RUN_AND_TIME = """#!/usr/bin/env bash
-# Reproduces one {benchmark} result of this package with mlperf-harness (commit {commit}).
+# Reproduces one {benchmark} result of this package with mlperf-harness (packaged at commit {commit}).
 # usage: ./run_and_time.sh SEED [DATA_DIR] [OUTPUT_DIR]
 #   SEED        the run's seed (this package's results used {seeds})
 #   DATA_DIR    the dataset folder (default: the one the results were trained on)
@@ -396,19 +396,19 @@ def _readme(benchmark: str, impl: str, runs: list[Run], ruleset: str, commit: st
     lines = [
         f"# {benchmark}: {impl}",
         "",
-        f"Trained with [mlperf-harness](https://github.com/) (TensorFlow 2), commit {commit}.",
+        f"Trained with mlperf-harness (TensorFlow 2); packaged at harness commit {commit}.",
         f"Ruleset {ruleset}, {s.division} division, global batch size {s.global_batch_size}, "
         f"{len(runs)} runs with seeds {', '.join(str(r.summary.seed) for r in sorted(runs, key=_seed))}.",
         "",
         "## Files",
-        "- `config.yaml`: the resolved run config (every run used it; only `seed` and `run_id` differ).",
+        "- `config.yaml`: the resolved run config (every run used it; only `seed`, `run_id` and paths differ).",
         "- `run_and_time.sh SEED [DATA_DIR] [OUTPUT_DIR]`: reproduces one run with the harness and prints",
         "  a `RESULT,...` line; the MLPerf log lands in `OUTPUT_DIR/<workload>/<run_id>/result_<seed>.txt`.",
         "",
         "## Reproduce the whole result set",
         "```",
         f"mlperf-harness campaign config.yaml --runs {len(runs)} --first_seed {_seed(min(runs, key=_seed))} "
-        "--campaign_dir my-campaign",
+        "--campaign_dir my-campaign --set data.data_dir=DATA_DIR",
         "mlperf-harness package my-campaign --out my-package",
         "```",
     ]
@@ -448,8 +448,8 @@ def write_tree(runs: list[Run], out_dir: str, org: str, system: str, benchmark: 
         config.update(run_id="", output_dir="logs")
         data_dir = str((config.get("data") or {}).get("data_dir") or "")
         with open(os.path.join(impl_dir, "config.yaml"), "w") as f:
-            f.write(f"# Resolved config of this result set (mlperf-harness {commit}); run_and_time.sh sets "
-                    f"seed and run_id per run.\n")
+            f.write(f"# Resolved config of this result set (packaged at mlperf-harness {commit}); "
+                    f"run_and_time.sh sets seed and run_id per run.\n")
             yaml.safe_dump(config, f, sort_keys=False)
     has_data_dir = "data_dir" in (config.get("data") or {})
     script = RUN_AND_TIME.format(
