@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from typing import Any
 
@@ -118,7 +119,8 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "init_time_s": round(result.init_time_s, 3), "train_time_s": round(result.train_time_s, 3),
         "eval_time_s": round(result.eval_time_s, 3), "target": result.target, "evals": result.evals,
         "global_batch_size": cfg.schedule.global_batch_size, "runtime": runtime.description,
-        "num_replicas": runtime.num_replicas, "traces": result.traces,
+        "num_replicas": runtime.num_replicas, "device_type": runtime.device_type,
+        "num_hosts": runtime.num_hosts, "traces": result.traces,
         "compliance": {r: {"verdict": v.label, "passed": v.passed, "errors": v.errors}
                        for r, v in verdicts.items()},
         "integrity": [{"severity": f.severity, "code": f.code, "message": f.message} for f in findings],
@@ -126,6 +128,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "config": os.path.abspath(os.path.join(run_dir, "config.yaml")),
         "host": {"python": platform.python_version(), "tensorflow": tf.__version__,
                  "machine": platform.machine()},
+        "harness_commit": _harness_commit(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -147,6 +150,17 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
     if not compliant:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+
+
+def _harness_commit() -> str | None:
+    """The harness's git commit, so a result can be traced to the code that produced it."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _looks_like_bad_data(message: str) -> bool:
