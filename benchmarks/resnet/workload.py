@@ -32,6 +32,12 @@ class ResNetWorkload(Workload):
         gbs = cfg.schedule.global_batch_size
         self.per_replica_batch = max(1, gbs // runtime.num_replicas)
         span = cfg.model.bn_span or self.per_replica_batch
+        if runtime.kind == "mesh":
+            # On a DTensor mesh the batch axis is sharded, so batch statistics cover the global batch.
+            if cfg.model.bn_span not in (0, gbs):
+                raise HarnessError(f"model.bn_span={cfg.model.bn_span}: on a mesh runtime batch norm spans "
+                                   f"the global batch ({gbs}); set bn_span to 0 or {gbs}")
+            span = self.per_replica_batch * runtime.num_replicas
         if span % self.per_replica_batch:
             raise HarnessError(f"model.bn_span={span} must be a multiple of the per-replica batch "
                                f"{self.per_replica_batch}")
