@@ -249,6 +249,11 @@ def print_score(records: list[RunRecord], workload: str) -> None:
         log = os.path.join(rec.run_dir, f"result_{rec.seed}.txt")
         if rec.status not in ("pending", "crashed", "bad_input") and os.path.exists(log):
             summaries.append(logparse.summarize(logparse.parse_log(log), log))
+        elif rec.status == "crashed":
+            # A crashed run is a failed run for olympic scoring (it counts as the slowest).
+            crashed = logparse.RunSummary(path=rec.run_dir, benchmark=workload)
+            crashed.status = "crashed"
+            summaries.append(crashed)
     score = scoring.olympic_score(summaries, benchmark=workload)
     if score.score_min is None:
         print(f"olympic score (harness): none: {score.reason}")

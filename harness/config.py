@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import re
@@ -190,10 +191,12 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 without a dot as a string
+            value = float(value)  # PyYAML (YAML 1.1) reads 1e-3 without a dot as a string
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise HarnessError(f"config {path}: expected a finite number, got {value!r}")
+            return float(value)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -259,10 +262,24 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
     cfg = from_dict(Config, plain)
     for key, cls in sections.items():
         setattr(cfg, key, from_dict(cls, data.get(key) or {}, key))
-    if cfg.ruleset not in workload_cls.RULESETS:
-        raise HarnessError(f"config ruleset: {cfg.ruleset} is not supported for {name} "
-                           f"(supported: {', '.join(workload_cls.RULESETS)})")
+    for i, ruleset in enumerate([cfg.ruleset] + list(cfg.check_rulesets)):
+        where = "ruleset" if i == 0 else f"check_rulesets[{i - 1}]"
+        if ruleset not in workload_cls.RULESETS:
+            raise HarnessError(f"config {where}: {ruleset} is not supported for {name} "
+                               f"(supported: {', '.join(workload_cls.RULESETS)})")
+    _check_regex_lists(cfg.optimizer, "optimizer")
     return cfg
+
+
+def _check_regex_lists(section: Any, path: str) -> None:
+    """Weight-decay exclusion patterns are regexes: a bad one must fail here, not mid-run."""
+    for f in dataclasses.fields(section):
+        if "exclude" in f.name:
+            for i, pattern in enumerate(getattr(section, f.name) or []):
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise HarnessError(f"config {path}.{f.name}[{i}]: invalid regex {pattern!r} ({e})") from None
 
 
 def dump_config(cfg: Config, path: str) -> None:

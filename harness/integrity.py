@@ -117,6 +117,8 @@ def _check_cadence(events: list[LogEvent], eval_every: float | None) -> list[Fin
     any offset. The last eval may come early (a smaller step) only if the run then stopped: no
     block_start / eval_start after it and a run_stop after it.
     """
+    if eval_every is not None and eval_every <= 0:
+        eval_every = None  # "no cadence given" (a config's 0 means "the workload default")
     accs = [e for e in events if e.key == "eval_accuracy" and eval_position(e) is not None]
     if len(accs) < 2:
         return []

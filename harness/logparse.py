@@ -97,9 +97,9 @@ class RunSummary:
     ``evals`` holds ``(position, accuracy, time_ms)`` where position is the eval_accuracy
     ``epoch_num`` metadata, or ``samples_count`` when the log counts samples (``eval_axis`` says
     which). ``throughput`` is training samples per second inside logged blocks:
-    ``sum(block epoch_count * train_samples) / sum(block_stop - block_start)`` over matched
-    block pairs (``samples_count`` block metadata is used instead of epoch_count * train_samples when
-    present); None when the log lacks what the formula needs. It ignores time outside blocks, so it
+    ``sum(block samples) / sum(block_stop - block_start)`` over matched block pairs, where a block's
+    samples are stop minus start ``samples_count`` when both are logged, else ``epoch_count *
+    train_samples``, else the start's ``samples_count``; None when the log lacks what the formula needs. It ignores time outside blocks, so it
     is a training-loop rate, not samples / time-to-train.
     """
 
@@ -179,7 +179,12 @@ def match_intervals(events: list[LogEvent], start_key: str, stop_key: str,
     """
 
     def ident(e: LogEvent) -> Any:
-        return tuple(e.metadata.get(k) for k in meta_keys)
+        # The first key a log carries identifies the interval; later keys may legitimately differ
+        # between start and stop (block_stop's samples_count is where the block ended).
+        for k in meta_keys:
+            if e.metadata.get(k) is not None:
+                return (k, e.metadata.get(k))
+        return None
 
     open_starts: dict[Any, deque[LogEvent]] = defaultdict(deque)
     pairs: list[tuple[LogEvent, LogEvent]] = []
@@ -191,13 +196,21 @@ def match_intervals(events: list[LogEvent], start_key: str, stop_key: str,
     return pairs
 
 
-def _block_samples(start: LogEvent, train_samples: float | None) -> float | None:
-    count = start.metadata.get("samples_count")
-    if isinstance(count, (int, float)) and not isinstance(count, bool) and count > 0:
-        return float(count)
-    epochs = start.metadata.get("epoch_count")
-    if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and train_samples:
-        return float(epochs) * train_samples
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _block_samples(start: LogEvent, stop: LogEvent, train_samples: float | None) -> float | None:
+    """Samples trained in one block: stop minus start position when both are logged (the harness's
+    own logs), else epoch_count x train_samples, else the start's samples_count as a block size."""
+    begin, end = _number(start.metadata.get("samples_count")), _number(stop.metadata.get("samples_count"))
+    if begin is not None and end is not None and end > begin:
+        return end - begin
+    epochs = _number(start.metadata.get("epoch_count"))
+    if epochs is not None and train_samples:
+        return epochs * train_samples
+    if begin is not None and begin > 0:
+        return begin
     return None
 
 
@@ -253,7 +266,7 @@ def summarize(events: list[LogEvent], path: str, targets: dict[str, float] | Non
 
     ts = _first(events, "train_samples")
     train_samples = float(ts.value) if ts and isinstance(ts.value, (int, float)) else None
-    per_block = [(_block_samples(a, train_samples), b.time_ms - a.time_ms) for a, b in blocks]
+    per_block = [(_block_samples(a, b, train_samples), b.time_ms - a.time_ms) for a, b in blocks]
     if per_block and all(n is not None for n, _ in per_block):
         total_ms = sum(ms for _, ms in per_block)
         if total_ms > 0:

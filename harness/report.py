@@ -70,7 +70,9 @@ def find_logs(inputs: list[str]) -> list[str]:
                 dirs.sort()
                 for name in sorted(files):
                     p = os.path.join(root, name)
-                    if name.endswith(LOG_SUFFIXES) and _has_mllog(p):
+                    # incomplete_result_*.log: a run that died; the harness keeps it for people, not scores.
+                    if (name.endswith(LOG_SUFFIXES) and not name.startswith("incomplete_result_")
+                            and _has_mllog(p)):
                         found.append(p)
         elif os.path.exists(item):
             found.append(item)

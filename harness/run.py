@@ -66,6 +66,10 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     runtime.check_batch(cfg.schedule.global_batch_size)
     runtime.check_batch(cfg.schedule.eval_batch_size or cfg.schedule.global_batch_size,
                         "schedule.eval_batch_size")
+    closed = workload.closed_target(cfg.ruleset)
+    if cfg.submission.division == "closed" and cfg.schedule.target and cfg.schedule.target < closed:
+        raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
+                           f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
     workload.validate()
 
     chief = runtime.is_chief
@@ -102,8 +106,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
 def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
     rulesets = [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
-    eval_every = cfg.schedule.eval_every_epochs if workload.EVAL_UNIT == "epoch" else None
-    verdicts, findings = check_log(log_path, rulesets, eval_every=eval_every)
+    verdicts, findings = check_log(log_path, rulesets, eval_every=workload.eval_cadence)
     errors = [f for f in findings if f.severity == "error"]
     aborted = result.status != "success"
     compliant = all(v.passed or (aborted and v.only_target_missed) for v in verdicts.values()) and not errors

@@ -69,6 +69,11 @@ class Workload(abc.ABC):
     def is_synthetic(self) -> bool:
         return self.data_source == "synthetic"
 
+    @property
+    def eval_cadence(self) -> float | None:
+        """The exact spacing of logged eval positions, for the integrity check (None: infer it)."""
+        return (self.cfg.schedule.eval_every_epochs or 1.0) if self.EVAL_UNIT == "epoch" else None
+
     def eval_points(self, global_batch: int) -> list[EvalPoint]:
         """Eval schedule in train steps: offset + k * cadence epochs, up to the epoch budget."""
         s = self.cfg.schedule

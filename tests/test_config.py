@@ -112,3 +112,13 @@ def test_every_shipped_config_loads():
         for name in os.listdir(os.path.join(root, workload)):
             if name.endswith(".yaml"):
                 config_lib.load_config(os.path.join(root, workload, name))
+
+
+def test_check_rulesets_regexes_and_non_finite_numbers_fail_at_load():
+    with pytest.raises(HarnessError, match=r"check_rulesets\[0\]: 4.1.0 is not supported for resnet"):
+        config_lib.load_config(SMOKE, ['check_rulesets=["4.1.0"]'])
+    with pytest.raises(HarnessError, match=r"optimizer.exclude_from_decay\[0\]: invalid regex"):
+        config_lib.load_config(SMOKE, ['optimizer.exclude_from_decay=["["]'])
+    for bad in (".inf", ".nan"):
+        with pytest.raises(HarnessError, match=r"schedule.max_epochs: expected a finite number"):
+            config_lib.load_config(SMOKE, [f"schedule.max_epochs={bad}"])

@@ -135,3 +135,8 @@ def test_unreachable_tpu_times_out(tmp_out):
                    *sets(runtime__kind="tpu", runtime__tpu="grpc://127.0.0.1:9", runtime__tpu_timeout_s=5),
                    timeout=120)
     assert_clean_error(proc, "TPU grpc://127.0.0.1:9")
+
+
+def test_closed_division_target_below_closed_target_is_refused(tmp_out):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *sets(schedule__target=0.5))
+    assert_clean_error(proc, "schedule.target=0.5", "closed-division target 0.759", "division=open")

@@ -63,13 +63,16 @@ def test_smoke_run_reaches_target_and_passes_official_checker(smoke_run):
     assert_event_order(event_keys(log))
     events = logparse.parse_log(log)
     assert next(e.value for e in events if e.key == "harness_data_source") == "synthetic"
-    assert next(e.value for e in events if e.key == "run_stop" or False) is None
     assert next(e.metadata["status"] for e in events if e.key == "run_stop") == "success"
     assert os.path.exists(os.path.join(run_dir(out), "config.yaml"))
     assert "time to train:" in proc.stdout and "SYNTHETIC" in proc.stdout
     assert "compliance (official checker, ruleset 4.0.0): PASS" in proc.stdout
     # Each eval counts the whole eval set exactly once.
     assert all(e["counted"] == 1001 for e in summary["evals"])
+    # The report reads the harness's own blocks: train time and throughput match the summary.
+    run_summary = logparse.summarize(events, log)
+    assert run_summary.throughput == pytest.approx(summary["train_samples_per_s"], rel=0.02)
+    assert run_summary.time_to_train_min == pytest.approx(summary["time_to_train_min"], abs=0.01)
     # No function was retraced once the timed run started (warm-up compiled everything).
     assert summary["traces"] == {"train": 1, "eval": 1}
 

@@ -157,6 +157,11 @@ def test_off_cadence_eval_inferred_and_explicit():
     assert len(explicit) == 1 and explicit[0].severity == "error"
 
 
+def test_zero_cadence_means_infer_not_error():
+    lines = good_log(evals=(4, 8, 12, 16))
+    assert check_integrity(parse_lines(lines), eval_every=0) == []
+
+
 def test_first_eval_offset_and_early_last_eval_before_run_stop_are_fine():
     assert check_integrity(parse_lines(good_log(evals=(3, 7, 11, 15, 17))), eval_every=4) == []
     # ... but an early eval followed by more training is not

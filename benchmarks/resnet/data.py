@@ -89,7 +89,14 @@ class TFRecordSource:
 
     def parse(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         ex = tf.io.parse_single_example(record, FEATURES)
-        return ex["image/encoded"], tf.cast(ex["image/class/label"], tf.int32) - self.cfg.label_offset
+        label = tf.cast(ex["image/class/label"], tf.int32) - self.cfg.label_offset
+        # A wrong label_offset would otherwise give all-zero one-hot targets and train on silently.
+        check = tf.debugging.Assert(
+            tf.logical_and(label >= 0, label < self.cfg.num_classes),
+            ["corrupt or mislabeled record: image/class/label minus data.label_offset is outside "
+             "[0, data.num_classes):", label])
+        with tf.control_dependencies([check]):
+            return tf.identity(ex["image/encoded"]), tf.identity(label)
 
     def train(self, ctx: InputContext) -> tf.data.Dataset:
         files = self.files(self.cfg.train_pattern)

@@ -17,7 +17,8 @@ from benchmarks.resnet.model import ResNet
 class ResNetWorkload(Workload):
     NAME = "resnet"
     MLPERF_KEY = "resnet"
-    RULESETS = ("0.7.0", "1.0.0", "2.0.0", "3.0.0", "3.1.0", "4.0.0")
+    # 1.1.0-2.1.0 also need weights_initialization events, which this workload does not log.
+    RULESETS = ("0.7.0", "1.0.0", "3.0.0", "3.1.0", "4.0.0")
     DataConfig = config.DataConfig
     ModelConfig = config.ModelConfig
     OptimizerConfig = config.OptimizerConfig
@@ -45,6 +46,10 @@ class ResNetWorkload(Workload):
         self.bn_group = span // self.per_replica_batch
         if self.bn_group > runtime.num_replicas:
             raise HarnessError(f"model.bn_span={span} exceeds the global batch {gbs}")
+        if runtime.kind != "mesh" and self.bn_group not in (1, runtime.num_replicas):
+            raise HarnessError(f"model.bn_span={span} spans {self.bn_group} of {runtime.num_replicas} replicas; "
+                               f"the {runtime.kind} runtime supports one replica's batch "
+                               f"({self.per_replica_batch}) or the global batch ({gbs})")
 
     def closed_target(self, ruleset: str) -> float:
         return 0.759

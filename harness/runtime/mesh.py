@@ -150,6 +150,9 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
         raise HarnessError(f"runtime.mesh={cfg.mesh}: every mesh dimension needs a size >= 1")
     layout = dict(cfg.layout) or {BATCH: "data"}
     layout.setdefault(BATCH, "data")
+    if layout[BATCH] not in sizes:
+        raise HarnessError(f"runtime.layout.batch={layout[BATCH]!r} must name a mesh dimension "
+                           f"({', '.join(sizes)}): the batch is what data parallelism splits")
     for name, mesh_dim in layout.items():
         if mesh_dim not in sizes and mesh_dim != REPLICATED:
             raise HarnessError(f"runtime.layout.{name}={mesh_dim!r} is not a mesh dimension "

@@ -1,0 +1,33 @@
+"""The default weight-decay / adaptation exclusions match the variable paths the models really create."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from benchmarks import registry
+from harness import config as config_lib
+from harness.runtime import make_runtime
+
+from conftest import REPO
+
+
+def built(config: str):
+    cfg = config_lib.load_config(os.path.join(REPO, config))
+    runtime = make_runtime(cfg.runtime)
+    workload = registry.get(cfg.workload)(cfg, runtime)
+    with runtime.scope():
+        workload.build()
+    return workload.optimizer
+
+
+@pytest.mark.parametrize("config", ["configs/resnet/smoke.yaml", "configs/bert/smoke.yaml"])
+def test_norm_and_bias_weights_are_excluded_and_only_they(config):
+    opt = built(config)
+    paths = [p.path for p in opt.params]
+    excluded = {p for p in paths if opt.excluded(p)}
+    norm_or_bias = {p for p in paths
+                    if "/bn/" in p or "LayerNorm" in p or p.endswith("bias")}
+    assert norm_or_bias and excluded == norm_or_bias, sorted(excluded ^ norm_or_bias)
+    kernels = [p for p in paths if p.endswith(("kernel", "embeddings"))]
+    assert kernels and not any(opt.excluded(p) for p in kernels)
