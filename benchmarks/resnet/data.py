@@ -211,10 +211,19 @@ class SyntheticSource:
         noise = tf.random.stateless_normal([c.image_size, c.image_size, 3], seed + 3, stddev=c.synthetic_noise)
         return {"image": tf.gather(self.prototypes, shown) + noise, "label": label}
 
+    CACHE_BYTES = 1 << 30
+
     def train(self, ctx: InputContext) -> tf.data.Dataset:
-        ds = tf.data.Dataset.range(self.cfg.train_samples).shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(min(self.cfg.train_samples, self.cfg.shuffle_buffer), seed=ctx.seed,
-                        reshuffle_each_iteration=True).repeat()
+        c = self.cfg
+        ds = tf.data.Dataset.range(c.train_samples).shard(ctx.num_hosts, ctx.host_id)
+        per_host = -(-c.train_samples // ctx.num_hosts)
+        if per_host * c.image_size ** 2 * 3 * 4 <= self.CACHE_BYTES:
+            # Small sets are generated once (during the first epoch) and replayed from memory, so later
+            # epochs leave the CPU to the model, as a real input pipeline on its own hosts would.
+            ds = ds.map(self.example, num_parallel_calls=tf.data.AUTOTUNE).cache()
+            return ds.shuffle(min(per_host, c.shuffle_buffer), seed=ctx.seed,
+                              reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(min(per_host, c.shuffle_buffer), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
         return ds.map(self.example, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_records(self) -> tf.data.Dataset:
