@@ -49,7 +49,8 @@ class RuntimeConfig:
     gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible)")
     tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = local / env)")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
-    precision: str = field("float32", choices=("float32", "bfloat16", "mixed_float16"))
+    precision: str = field("float32", choices=("float32", "bfloat16"),
+                           doc="compute dtype; variables stay float32 (float16 would need loss scaling)")
     jit_compile: bool | None = field(None, doc="XLA; null = on for GPU/TPU, off on CPU (slower there)")
     mesh: dict[str, int] = field(default_factory=lambda: {"data": 1, "model": 1},
                                  doc="kind=mesh: mesh dimension sizes")

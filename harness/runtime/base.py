@@ -43,8 +43,7 @@ class Runtime(abc.ABC):
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
         self.precision = precision
-        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16,
-                              "mixed_float16": tf.float16}[precision]
+        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
         self.jit_compile = on_accelerator if jit_compile is None else jit_compile
 
