@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
-import glob
 import json
 import os
 import re

@@ -50,20 +50,21 @@ class Workload(abc.ABC):
     def target(self) -> float:
         return self.cfg.schedule.target or self.closed_target(self.cfg.ruleset)
 
+    # Workloads whose `data` section has train_samples / eval_samples / source get these for free.
     @property
-    @abc.abstractmethod
     def train_samples(self) -> int:
         """Samples in one epoch of the training set (MLPerf `train_samples`)."""
+        return self.cfg.data.train_samples
 
     @property
-    @abc.abstractmethod
     def eval_samples(self) -> int:
         """Samples in the eval set; every eval counts exactly these (MLPerf `eval_samples`)."""
+        return self.cfg.data.eval_samples
 
     @property
-    @abc.abstractmethod
     def data_source(self) -> str:
         """'synthetic', 'tfrecord' or 'tfds'."""
+        return self.cfg.data.source
 
     @property
     def is_synthetic(self) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from harness import campaign, package
 from harness.errors import HarnessError
 
-from conftest import REPO, run_cli, sets
+from conftest import REPO, run_cli
 
 CONFIG = os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml")
 # As short as a run can be while still reaching the real 0.759 target: half the train set, a small

@@ -7,7 +7,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.integrity import check_integrity, check_seeds
-from harness.logparse import LogEvent, parse_lines, parse_log, summarize, TARGETS
+from harness.logparse import parse_lines, parse_log, summarize, TARGETS
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 PUBLIC_SSD = os.path.join(DATA, "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd")

@@ -58,18 +58,6 @@ class BertWorkload(Workload):
             return 0.712 if self.cfg.schedule.global_batch_size < 8192 else 0.706
         return 0.720
 
-    @property
-    def train_samples(self) -> int:
-        return self.cfg.data.train_samples
-
-    @property
-    def eval_samples(self) -> int:
-        return self.cfg.data.eval_samples
-
-    @property
-    def data_source(self) -> str:
-        return self.cfg.data.source
-
     # ----------------------------------------------------------------------------- schedule
     @property
     def eval_every_samples(self) -> int:

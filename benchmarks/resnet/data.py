@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from harness.datafiles import list_files
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -74,14 +75,7 @@ class TFRecordSource:
         self.cfg = cfg
 
     def files(self, pattern: str) -> list[str]:
-        if not self.cfg.data_dir:
-            raise HarnessError("data.source=tfrecord needs data.data_dir (the folder of ImageNet shards)")
-        if not os.path.isdir(self.cfg.data_dir):
-            raise HarnessError(f"data.data_dir {self.cfg.data_dir} does not exist")
-        files = sorted(tf.io.gfile.glob(os.path.join(self.cfg.data_dir, pattern)))
-        if not files:
-            raise HarnessError(f"no files match {os.path.join(self.cfg.data_dir, pattern)}")
-        return files
+        return list_files(self.cfg.data_dir, pattern, "ImageNet shards")
 
     def validate(self) -> None:
         self.files(self.cfg.train_pattern)

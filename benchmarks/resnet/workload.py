@@ -54,18 +54,6 @@ class ResNetWorkload(Workload):
     def closed_target(self, ruleset: str) -> float:
         return 0.759
 
-    @property
-    def train_samples(self) -> int:
-        return self.cfg.data.train_samples
-
-    @property
-    def eval_samples(self) -> int:
-        return self.cfg.data.eval_samples
-
-    @property
-    def data_source(self) -> str:
-        return self.cfg.data.source
-
     def validate(self) -> None:
         self.source.validate()
 
