@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 
 from harness.errors import HarnessError
+from harness.runtime.base import InputContext
 
 
 def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
@@ -18,3 +19,19 @@ def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
     if not files:
         raise HarnessError(f"no files match {os.path.join(data_dir, pattern)}")
     return files
+
+
+def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cycle_length: int,
+                    deterministic: bool) -> tf.data.Dataset:
+    """This host's share of the training files as an endless, shuffled stream of raw records.
+
+    Whole files go to hosts (so no record is read twice), file order is reshuffled every pass, and
+    records from `cycle_length` files are interleaved and shuffled again.
+    """
+    if len(files) < ctx.num_hosts:
+        raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
+    ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
+    ds = ds.shuffle(len(files), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return ds.shuffle(shuffle_buffer, seed=ctx.seed)

@@ -153,12 +153,13 @@ def evaluate(steps: CompiledSteps, dist_eval: Any, num_steps: int) -> dict[str, 
 
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
               progress: Callable[[str], None] = print) -> RunResult:
-    """Initializes, warms up, then runs blocks of training and evaluation until target or budget."""
+    """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
+
+    Inputs are validated by the caller (harness.run.execute) before the log file is created.
+    """
     cfg = workload.cfg
     gbs = cfg.schedule.global_batch_size
     ebs = cfg.schedule.eval_batch_size or gbs
-    runtime.check_batch(gbs)
-    runtime.check_batch(ebs, "schedule.eval_batch_size")
     target = workload.target
 
     log.event(K.CACHE_CLEAR, True)

@@ -353,17 +353,6 @@ def system_description(runs: list[Run], system: str, ruleset: str, overrides: di
     return ordered, unknown
 
 
-def _git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (rev or "unknown") + (" (with uncommitted changes)" if rev and dirty else "")
-
-
 RUN_AND_TIME = """#!/usr/bin/env bash
 # Reproduces one {benchmark} result of this package with mlperf-harness (packaged at commit {commit}).
 # usage: ./run_and_time.sh SEED [DATA_DIR] [OUTPUT_DIR]
@@ -440,7 +429,7 @@ def write_tree(runs: list[Run], out_dir: str, org: str, system: str, benchmark: 
         shutil.copyfile(r.log, target)
         mapping[target] = os.path.abspath(r.log)
 
-    commit = _git_commit()
+    commit = sysinfo.harness_commit_label()
     config = dict(next((r.config for r in sorted(runs, key=_seed) if r.config), None) or {})
     data_dir = ""
     if config:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import time
 from typing import Any
 
@@ -12,7 +11,7 @@ import tensorflow as tf
 
 from benchmarks import registry
 from harness import config as config_lib
-from harness import integrity, logparse
+from harness import integrity, logparse, sysinfo
 from harness.errors import HarnessError
 from harness.loop import RunResult, run_timed
 from harness.mlperf import KEYS as K
@@ -49,8 +48,7 @@ def new_run_dir(cfg: config_lib.Config) -> str:
     return path
 
 
-def check_log(path: str, rulesets: list[str], eval_every: float | None = None,
-              aborted_ok: bool = False) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
+def check_log(path: str, rulesets: list[str], eval_every: float | None = None) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
     """The official checker for each ruleset plus the harness's own integrity checks."""
     verdicts = {r: run_compliance_checker(path, r) for r in rulesets}
     findings = integrity.check_integrity(logparse.parse_log(path), eval_every=eval_every)
@@ -131,7 +129,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "config": os.path.abspath(os.path.join(run_dir, "config.yaml")),
         "host": {"python": platform.python_version(), "tensorflow": tf.__version__,
                  "machine": platform.machine()},
-        "harness_commit": _harness_commit(),
+        "harness_commit": sysinfo.harness_commit(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -153,17 +151,6 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
     if not compliant:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
-
-
-def _harness_commit() -> str | None:
-    """The harness's git commit, so a result can be traced to the code that produced it."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _looks_like_bad_data(message: str) -> bool:

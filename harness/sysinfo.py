@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 
 UNKNOWN = "unknown"
 
@@ -28,6 +29,31 @@ REQUIRED_FIELDS = (
     "accelerator_interconnect", "accelerator_interconnect_topology", "cooling", "hw_notes", "framework",
     "other_software_stack", "operating_system", "sw_notes",
 )
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def harness_commit() -> str | None:
+    """The harness's git commit, so a result can be traced to the code that produced it."""
+    return _git("rev-parse", "HEAD") or None
+
+
+def harness_commit_label() -> str:
+    """The commit for people to read: 'unknown' outside a checkout, marked when the tree is dirty."""
+    rev = harness_commit()
+    if not rev:
+        return UNKNOWN
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return rev + (" (with uncommitted changes)" if dirty else "")
 
 
 def _read(path: str) -> str:

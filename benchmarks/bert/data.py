@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from harness.datafiles import list_files
+from harness.datafiles import list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -60,14 +60,8 @@ class TFRecordSource:
         return to_model_features(tf.io.parse_single_example(record, self.spec))
 
     def train(self, ctx: InputContext) -> tf.data.Dataset:
-        files = self.files(self.cfg.train_pattern)
-        if len(files) < ctx.num_hosts:
-            raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
-        ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(len(files), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
-        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(files)),
-                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=ctx.seed)
+        ds = sharded_records(self.files(self.cfg.train_pattern), ctx, self.cfg.shuffle_buffer,
+                             cycle_length=8, deterministic=True)
         return ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_records(self) -> tf.data.Dataset:
