@@ -129,6 +129,11 @@ class Workload(abc.ABC):
     def mllog_hparams(self) -> dict[str, Any]:
         """Hyperparameter keys and values this benchmark must log for the configured ruleset."""
 
+    def weights_initialization_map(self) -> dict[str, str]:
+        """MLPerf tensor name -> this model's variable path, for rulesets that require one
+        `weights_initialization` event per named tensor (empty: the workload names none)."""
+        return {}
+
 
 def _tidy(x: float) -> float | int:
     return int(x) if float(x).is_integer() else round(float(x), 6)

@@ -12,7 +12,7 @@ from harness.errors import HarnessError
 from harness.optim import LAMB
 from harness.workload import EvalPoint, Workload
 
-from benchmarks.bert import checkpoint, config, data
+from benchmarks.bert import tensor_names, checkpoint, config, data
 from benchmarks.bert.model import Bert
 
 
@@ -181,4 +181,5 @@ class BertWorkload(Workload):
             "eval_every_samples": self.eval_every_samples,
         }
 
-
+    def weights_initialization_map(self) -> dict[str, str]:
+        return tensor_names.weights_initialization_map(self.cfg)

@@ -10,7 +10,7 @@ from harness.errors import HarnessError
 from harness.optim import LARS, SGDMomentum, poly_warmup_schedule
 from harness.workload import Workload
 
-from benchmarks.resnet import config, data
+from benchmarks.resnet import tensor_names, config, data
 from benchmarks.resnet.model import ResNet
 
 
@@ -147,3 +147,6 @@ class ResNetWorkload(Workload):
                 "opt_learning_rate_warmup_epochs": o.warmup_epochs,
             })
         return keys
+
+    def weights_initialization_map(self) -> dict[str, str]:
+        return tensor_names.weights_initialization_map(self.cfg)
