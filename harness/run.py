@@ -1,6 +1,7 @@
 """One run, top to bottom: config -> runtime -> workload -> loop -> MLPerf log -> compliance -> summary."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -11,7 +12,7 @@ import tensorflow as tf
 
 from benchmarks import registry
 from harness import config as config_lib
-from harness import integrity, logparse, sysinfo
+from harness import integrity, logparse, sysinfo, weights_init
 from harness.errors import HarnessError
 from harness.loop import RunResult, run_timed
 from harness.mlperf import KEYS as K
@@ -21,8 +22,10 @@ from harness.runtime import make_runtime
 EXIT_SUCCESS, EXIT_ABORTED, EXIT_NONCOMPLIANT = 0, 1, 3
 
 
-def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any) -> None:
-    """Submission keys, seed, sample counts and the workload's hyperparameters (all before init_stop)."""
+def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
+                        initialized: dict[str, str] | None = None) -> None:
+    """Submission keys, seed, sample counts, the workload's hyperparameters and the
+    `weights_initialization` events the checked rulesets require (all before init_stop)."""
     sub = cfg.submission
     log.event(K.SUBMISSION_ORG, sub.org)
     log.event(K.SUBMISSION_PLATFORM, sub.platform)
@@ -36,14 +39,24 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any) -
     log.event(K.EVAL_SAMPLES, workload.eval_samples)
     for key, value in workload.mllog_hparams().items():
         log.event(key, value)
+    weights_init.log_events(log, initialized or {})
     # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
     log.event("harness_data_source", workload.data_source)
 
 
-def new_run_dir(cfg: config_lib.Config) -> str:
+def run_rulesets(cfg: config_lib.Config) -> list[str]:
+    """The configured ruleset first, then every other `check_rulesets` entry: one log must pass them all."""
+    return [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
+
+
+def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
+    """The run's directory; only the chief decides whether it is taken.
+
+    A non-chief host that looked could see the chief's fresh result file and quit; it writes nothing there.
+    """
     run_id = cfg.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-seed{cfg.seed}"
     path = os.path.join(cfg.output_dir, cfg.workload, run_id)
-    if os.path.exists(os.path.join(path, f"result_{cfg.seed}.txt")):
+    if chief and os.path.exists(os.path.join(path, f"result_{cfg.seed}.txt")):
         raise HarnessError(f"{path} already holds a result for seed {cfg.seed}; choose another run_id")
     return path
 
@@ -69,9 +82,11 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
                            f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
     workload.validate()
+    # A ruleset that names the reference model's tensors must find all of them in this model, now.
+    initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
 
     chief = runtime.is_chief
-    run_dir = new_run_dir(cfg)
+    run_dir = new_run_dir(cfg, chief)
     log_path = os.path.join(run_dir, f"result_{cfg.seed}.txt")
     if chief:
         os.makedirs(run_dir, exist_ok=True)
@@ -82,7 +97,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
               f"target {workload.target}{synthetic}", flush=True)
     log = MLPerfLog(log_path if chief else None)
     try:
-        result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload),
+        result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
                            progress=(lambda line: print(line, flush=True)) if chief else (lambda line: None))
     except BaseException as e:
         log.close()
@@ -103,8 +118,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
 
 def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
-    rulesets = [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
-    verdicts, findings = check_log(log_path, rulesets, eval_every=workload.eval_cadence)
+    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_cadence)
     errors = [f for f in findings if f.severity == "error"]
     aborted = result.status != "success"
     compliant = all(v.passed or (aborted and v.only_target_missed) for v in verdicts.values()) and not errors
@@ -124,6 +138,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "num_hosts": runtime.num_hosts, "traces": result.traces,
         "compliance": {r: {"verdict": v.label, "passed": v.passed, "errors": v.errors}
                        for r, v in verdicts.items()},
+        "checker": {"package": "mlperf-logging", "version": checker_version()},
         "integrity": [{"severity": f.severity, "code": f.code, "message": f.message} for f in findings],
         "compliant": compliant, "log": os.path.abspath(log_path),
         "config": os.path.abspath(os.path.join(run_dir, "config.yaml")),
@@ -151,6 +166,14 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
     if not compliant:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+
+
+def checker_version() -> str:
+    """The installed mlperf-logging version: verdicts are only meaningful together with it."""
+    try:
+        return importlib.metadata.version("mlperf-logging")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _looks_like_bad_data(message: str) -> bool:

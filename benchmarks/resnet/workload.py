@@ -17,8 +17,8 @@ from benchmarks.resnet.model import ResNet
 class ResNetWorkload(Workload):
     NAME = "resnet"
     MLPERF_KEY = "resnet"
-    # 1.1.0-2.1.0 also need weights_initialization events, which this workload does not log.
-    RULESETS = ("0.7.0", "1.0.0", "3.0.0", "3.1.0", "4.0.0")
+    # 1.1.0-2.1.0 need weights_initialization events for the ResNet-50 tensors (tensor_names.py).
+    RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0")
     DataConfig = config.DataConfig
     ModelConfig = config.ModelConfig
     OptimizerConfig = config.OptimizerConfig
