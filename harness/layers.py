@@ -35,11 +35,16 @@ def normal(stddev: float, path: str, run_seed: int) -> Initializer:
                                                            dtype=dtype)
 
 
-def he_normal_fan_out(path: str, run_seed: int) -> Initializer:
-    """Variance scaling 2.0 over fan-out, truncated: the MLPerf ResNet reference's conv init."""
+def he_normal_fan_in(path: str, run_seed: int) -> Initializer:
+    """Variance scaling 2.0 over fan-in (kernel height x width x input channels), truncated normal.
+
+    The MLPerf ResNet TF2 reference's conv init (Keras `he_normal`, as in Google's v0.7 TF2 code).
+    As in Keras, the truncated normal's stddev is divided by 0.8796..., the stddev of a unit normal
+    truncated at two standard deviations, so the kept values have variance 2 / fan_in.
+    """
     def init(shape: Sequence[int], dtype: tf.DType) -> tf.Tensor:
-        fan_out = shape[-1] * math.prod(shape[:-2])
-        stddev = math.sqrt(2.0 / fan_out) / 0.87962566103423978  # undo truncation's variance loss
+        fan_in = math.prod(shape[:-1])
+        stddev = math.sqrt(2.0 / fan_in) / 0.87962566103423978
         return tf.random.stateless_truncated_normal(shape, _seed(path, run_seed), stddev=stddev, dtype=dtype)
     return init
 
@@ -89,7 +94,7 @@ class Conv2D(Block):
         self.stride = stride
         self.size = size
         self.kernel = self.var("kernel", (size, size, in_ch, out_ch), (None, None, None, "channels"),
-                               he_normal_fan_out(f"{path}/kernel", seed))
+                               he_normal_fan_in(f"{path}/kernel", seed))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         kernel = tf.cast(self.kernel, self.dtype)

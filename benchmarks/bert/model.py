@@ -19,6 +19,16 @@ def gelu(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.gelu(x, approximate=True)
 
 
+def site_seed(seed: tf.Tensor, index: int) -> tf.Tensor:
+    """A distinct stateless seed for dropout site `index` under `seed`.
+
+    The reference draws every `tf.nn.dropout` mask independently. Hashing the index into both seed
+    words (stateless_fold_in) keeps that: adding offsets to one word, as before, made layer i at step t
+    reuse layer i-1's masks from step t+16.
+    """
+    return tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), index)
+
+
 class EncoderLayer(Block):
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg: ModelConfig) -> None:
         super().__init__(runtime, path, seed)
@@ -33,8 +43,9 @@ class EncoderLayer(Block):
         self.output_norm = LayerNorm(runtime, f"{path}/output/LayerNorm", seed, h, eps)
 
     def __call__(self, x: tf.Tensor, mask: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        """`seed` is this layer's own seed; each dropout site folds in its index (see `site_seed`)."""
         p = self.cfg.hidden_dropout
-        seeds = [None] * 3 if seed is None else [seed + [0, k] for k in (1, 2, 3)]
+        seeds = [None] * 3 if seed is None else [site_seed(seed, k) for k in (0, 1, 2)]
         a = dropout(self.attention(x, mask, seeds[0]), p, seeds[1])
         x = self.attention_norm(x + a)
         y = dropout(self.output(gelu(self.intermediate(x))), p, seeds[2])
@@ -68,18 +79,24 @@ class Bert(Block):
 
     def __call__(self, batch: dict[str, tf.Tensor], training: bool,
                  seed: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-        """Returns masked-LM logits (batch, predictions, vocab) and next-sentence logits (batch, 2)."""
+        """Returns masked-LM logits (batch, predictions, vocab) and next-sentence logits (batch, 2).
+
+        `seed` (shape [2], training only) should differ per step and per replica; every dropout mask
+        of the model is derived from it, distinct per layer and site.
+        """
         ids, mask = batch["input_ids"], batch["input_mask"]
         seq = ids.shape[1]
-        seed = seed if training and seed is not None else None
+        dropout_on = self.cfg.hidden_dropout > 0 or self.cfg.attention_dropout > 0
+        seed = seed if training and seed is not None and dropout_on else None
         # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
         x = tf.cast(tf.gather(self.word.embeddings.read_value(), ids), self.dtype)
         x = x + self.token_type(batch["segment_ids"])
         # Broadcast, not [None]: a new-axis strided slice of a DVariable crashes DTensor's SPMD pass.
         x = x + tf.cast(self.position.embeddings[:seq], self.dtype)
-        x = dropout(self.embed_norm(x), self.cfg.hidden_dropout, None if seed is None else seed + [0, 0])
+        # Per-layer seeds: the embeddings are site 0 of the step's seed, encoder layer i folds in i + 1.
+        x = dropout(self.embed_norm(x), self.cfg.hidden_dropout, None if seed is None else site_seed(seed, 0))
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if seed is None else seed + [0, 16 * (i + 1)])
+            x = layer(x, mask, None if seed is None else site_seed(seed, i + 1))
         # Masked-LM logits only where predictions are asked for.
         picked = tf.gather(x, batch["masked_lm_positions"], batch_dims=1)
         t = self.mlm_norm(gelu(self.mlm_transform(picked)))

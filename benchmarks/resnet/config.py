@@ -19,6 +19,12 @@ class DataConfig:
     train_samples: int = field(1281167, min=1)
     eval_samples: int = field(50000, min=1)
     shuffle_buffer: int = field(10000, min=1)
+    preprocessing: str = field(
+        "reference", choices=("reference", "google_tpu"),
+        doc="tfrecord/tfds image steps. reference: the MLPerf TF reference's (crop area 5%-100%, 100 "
+        "attempts, dataset boxes; eval resize shorter side to 256 then central 224; mean subtraction). "
+        "google_tpu: Google's accepted v0.7 TPU submission's (area 8%-100%, 10 attempts, whole image; "
+        "eval central 224/256 crop then resize; mean/stddev)")
     synthetic_seed: int = field(0, doc="fixes the synthetic dataset itself; the run seed fixes the order")
     synthetic_noise: float = field(1.0, min=0.0, doc="pixel noise stddev of synthetic images")
     synthetic_label_noise: float = field(0.2, min=0.0, max=0.9,
@@ -34,7 +40,9 @@ class ModelConfig:
     bn_momentum: float = field(0.9, min=0.0, max=1.0)
     bn_epsilon: float = field(1e-5, min=0.0)
     bn_span: int = field(0, min=0, doc="samples per batch-norm statistic (0 = one replica's batch)")
-    zero_init_residual: bool = field(True, doc="last batch norm of each block starts at gamma 0")
+    zero_init_residual: bool = field(
+        False, doc="last batch norm of each block starts at gamma 0 (Google's TPU code, NVIDIA's BNZeroInit); "
+        "false = gamma 1, as both TF references")
     label_smoothing: float = field(0.1, min=0.0, max=1.0)
 
 
@@ -50,5 +58,16 @@ class OptimizerConfig:
     weight_decay: float = field(5e-5, min=0.0)
     lars_eta: float = field(0.001, min=0.0)
     lars_epsilon: float = field(0.0, min=0.0)
-    exclude_from_decay: list[str] = field(default_factory=lambda: [r"/bn\d*/", r"/bias$"],
-                                          doc="regexes of variable paths without weight decay/LARS")
+    exclude_from_decay: list[str] | None = field(
+        None, doc="regexes of variable paths without weight decay (and, for LARS, adaptation); "
+        "null = the reference's list for the optimizer (lars: batch norm and biases; sgd: batch norm only)")
+
+    def __post_init__(self) -> None:
+        if self.exclude_from_decay is None:
+            self.exclude_from_decay = list(REFERENCE_EXCLUDE[self.name])
+
+
+# The references' skip lists, as variable-path regexes. LARS (lars_optimizer.py) skips names containing
+# 'batch_normalization', 'bn' or 'bias'; the SGD path adds an L2 loss over every trainable variable whose
+# name lacks 'bn', so the FC bias is decayed there.
+REFERENCE_EXCLUDE = {"lars": (r"/bn\d*/", r"/bias$"), "sgd": (r"/bn\d*/",)}

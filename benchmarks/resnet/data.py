@@ -5,6 +5,7 @@ raw records in a fixed order; the harness pads, shards and parses them so each e
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -17,49 +18,114 @@ from harness.runtime.base import InputContext
 
 from benchmarks.resnet.config import DataConfig
 
+# The TF reference subtracts per-channel means from 0..255 pixels (imagenet_preprocessing.py
+# CHANNEL_MEANS); Google's TPU pipeline also divides by per-channel stddevs.
+REFERENCE_MEAN_RGB = (123.68, 116.78, 103.94)
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CROP_PADDING = 32
 
 
-def normalize(image: tf.Tensor) -> tf.Tensor:
-    return (tf.cast(image, tf.float32) - MEAN_RGB) / STDDEV_RGB
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """One named set of ImageNet preprocessing steps (`data.preprocessing`)."""
+
+    area_range: tuple[float, float]
+    aspect_ratio_range: tuple[float, float]
+    max_attempts: int
+    dataset_boxes: bool  # pass the records' image/object/bbox boxes to the crop sampler
+    eval_resize_then_crop: bool  # True: shorter side to size*8/7, central crop; False: crop 7/8, resize
+    divide_by_stddev: bool
+    v1_resize: bool  # tf.compat.v1.image.resize (no half-pixel centres), as the reference calls it
+
+
+PREPROCESSING = {
+    # The MLPerf TF reference (imagenet_preprocessing.py): sample_distorted_bounding_box over the
+    # dataset's boxes, min_object_covered 0.1, aspect 0.75-1.33, area 5%-100%, 100 attempts, flip,
+    # bilinear resize; eval: aspect-preserving resize of the shorter side to 256, central 224 crop;
+    # mean subtraction only.
+    "reference": Preprocessing((0.05, 1.0), (0.75, 1.33), 100, True, True, False, True),
+    # Google's accepted v0.7 TPU submission (resnet_preprocessing.py): whole-image box, area 8%-100%,
+    # aspect 3/4-4/3, 10 attempts; eval: central 224/256 of the shorter side, resized; mean and stddev.
+    "google_tpu": Preprocessing((0.08, 1.0), (3 / 4, 4 / 3), 10, False, False, True, False),
+}
+
+
+def normalize(image: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
+    image = tf.cast(image, tf.float32)
+    if prep.divide_by_stddev:
+        return (image - MEAN_RGB) / STDDEV_RGB
+    return image - REFERENCE_MEAN_RGB
+
+
+def _resize(image: tf.Tensor, height: tf.Tensor | int, width: tf.Tensor | int, prep: Preprocessing) -> tf.Tensor:
+    if prep.v1_resize:
+        return tf.compat.v1.image.resize(image, [height, width], method=tf.image.ResizeMethod.BILINEAR,
+                                         align_corners=False)
+    return tf.image.resize(image, [height, width], method="bilinear")
 
 
 # --------------------------------------------------------------------------------- preprocessing
 
-def random_resized_crop_jpeg(encoded: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
-    """MLPerf training crop: area 8%-100%, aspect 3/4-4/3, decoding only the crop window."""
-    shape = tf.io.extract_jpeg_shape(encoded)
+def _whole_image_box() -> tf.Tensor:
+    return tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
+
+
+def sample_crop(image_shape: tf.Tensor, boxes: tf.Tensor, seed: tf.Tensor,
+                prep: Preprocessing) -> tuple[tf.Tensor, tf.Tensor]:
+    """The random training crop window (begin, size); boxes is [1, N, 4] (ymin, xmin, ymax, xmax).
+
+    With no boxes (N = 0) the sampler uses the whole image, as the reference's
+    use_image_if_no_bounding_boxes=True does.
+    """
     begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
+        image_shape, boxes, seed=seed, min_object_covered=0.1, aspect_ratio_range=prep.aspect_ratio_range,
+        area_range=prep.area_range, max_attempts=prep.max_attempts, use_image_if_no_bounding_boxes=True)
+    return begin, crop
+
+
+def random_resized_crop_jpeg(encoded: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing,
+                             boxes: tf.Tensor | None = None) -> tf.Tensor:
+    """Training crop decoding only the crop window, then flip and resize (steps per `prep`)."""
+    shape = tf.io.extract_jpeg_shape(encoded)
+    begin, crop = sample_crop(shape, boxes if boxes is not None else _whole_image_box(), seed, prep)
     y, x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(crop)
     image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
-    image = tf.image.resize(image, [size, size], method="bilinear")
+    return _flip_and_resize(image, size, seed, prep)
+
+
+def random_resized_crop_decoded(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
+    """Training crop of a decoded image (TFDS imagenet2012 carries no boxes: whole-image box)."""
+    begin, crop = sample_crop(tf.shape(image), _whole_image_box(), seed, prep)
+    return _flip_and_resize(tf.slice(image, begin, crop), size, seed, prep)
+
+
+def _flip_and_resize(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
+    if prep.v1_resize:
+        # Reference order: flip the crop, then resize it.
+        image = tf.image.stateless_random_flip_left_right(image, seed + 1)
+        return _resize(image, size, size, prep)
+    image = _resize(image, size, size, prep)
     return tf.image.stateless_random_flip_left_right(image, seed + 1)
 
 
-def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
-    """MLPerf eval crop: central size/(size+32) of the shorter side, resized to size x size."""
+def eval_crop(image: tf.Tensor, size: int, prep: Preprocessing) -> tf.Tensor:
+    """The eval image: reference = resize the shorter side to size*8/7 (256 for 224) keeping the aspect
+    ratio, then the central size x size; google_tpu = central size/(size+32) of the shorter side, resized."""
     shape = tf.shape(image)
     h, w = shape[0], shape[1]
+    if prep.eval_resize_then_crop:
+        resize_min = round(size * 256 / 224)
+        scale = resize_min / tf.cast(tf.minimum(h, w), tf.float32)
+        new_h = tf.cast(tf.cast(h, tf.float32) * scale, tf.int32)
+        new_w = tf.cast(tf.cast(w, tf.float32) * scale, tf.int32)
+        image = _resize(image, new_h, new_w, prep)
+        top, left = (new_h - size) // 2, (new_w - size) // 2
+        return tf.ensure_shape(image[top:top + size, left:left + size, :], [size, size, 3])
     crop = tf.cast(size / (size + CROP_PADDING) * tf.cast(tf.minimum(h, w), tf.float32), tf.int32)
     y, x = (h - crop + 1) // 2, (w - crop + 1) // 2
-    image = image[y:y + crop, x:x + crop]
-    return tf.image.resize(image, [size, size], method="bilinear")
-
-
-def random_resized_crop_decoded(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
-    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    image = tf.slice(image, begin, crop)
-    image = tf.image.resize(image, [size, size], method="bilinear")
-    return tf.image.stateless_random_flip_left_right(image, seed + 1)
+    return _resize(image[y:y + crop, x:x + crop], size, size, prep)
 
 
 # ------------------------------------------------------------------------------------ TFRecords
@@ -68,11 +134,14 @@ FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
 }
+BOX_KEYS = ("ymin", "xmin", "ymax", "xmax")  # the reference's order for sample_distorted_bounding_box
+BOX_FEATURES = {f"image/object/bbox/{k}": tf.io.VarLenFeature(tf.float32) for k in BOX_KEYS}
 
 
 class TFRecordSource:
     def __init__(self, cfg: DataConfig) -> None:
         self.cfg = cfg
+        self.prep = PREPROCESSING[cfg.preprocessing]
 
     def files(self, pattern: str) -> list[str]:
         return list_files(self.cfg.data_dir, pattern, "ImageNet shards")
@@ -82,7 +151,19 @@ class TFRecordSource:
         self.files(self.cfg.eval_pattern)
 
     def parse(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        ex = tf.io.parse_single_example(record, FEATURES)
+        return self._parse(record, FEATURES)[:2]
+
+    def parse_with_boxes(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Image, label and the record's object boxes as [1, N, 4] (N = 0 when it has none)."""
+        return self._parse(record, {**FEATURES, **BOX_FEATURES})
+
+    def _parse(self, record: tf.Tensor, features: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        ex = tf.io.parse_single_example(record, features)
+        if BOX_FEATURES.keys() <= ex.keys():
+            coords = [tf.sparse.to_dense(ex[f"image/object/bbox/{k}"]) for k in BOX_KEYS]
+            boxes = tf.expand_dims(tf.stack(coords, axis=-1), 0)
+        else:
+            boxes = tf.zeros([1, 0, 4])
         label = tf.cast(ex["image/class/label"], tf.int32) - self.cfg.label_offset
         # A wrong label_offset would otherwise give all-zero one-hot targets and train on silently.
         check = tf.debugging.Assert(
@@ -90,7 +171,7 @@ class TFRecordSource:
             ["corrupt or mislabeled record: image/class/label minus data.label_offset is outside "
              "[0, data.num_classes):", label])
         with tf.control_dependencies([check]):
-            return tf.identity(ex["image/encoded"]), tf.identity(label)
+            return tf.identity(ex["image/encoded"]), tf.identity(label), boxes
 
     def train(self, ctx: InputContext) -> tf.data.Dataset:
         ds = sharded_records(self.files(self.cfg.train_pattern), ctx, self.cfg.shuffle_buffer,
@@ -98,10 +179,13 @@ class TFRecordSource:
         size = self.cfg.image_size
         base = tf.constant([ctx.seed, ctx.host_id], tf.int64)
 
+        prep = self.prep
+
         def preprocess(index: tf.Tensor, record: tf.Tensor) -> dict[str, tf.Tensor]:
-            encoded, label = self.parse(record)
+            encoded, label, boxes = self.parse_with_boxes(record)
             seed = tf.stack([base[0] * 1000003 + base[1], index])
-            return {"image": normalize(random_resized_crop_jpeg(encoded, size, seed)), "label": label}
+            image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None)
+            return {"image": normalize(image, prep), "label": label}
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
@@ -111,16 +195,21 @@ class TFRecordSource:
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         encoded, label = self.parse(record)
         image = tf.image.decode_jpeg(encoded, channels=3)
-        return {"image": normalize(center_crop(image, self.cfg.image_size)), "label": label}
+        return {"image": normalize(eval_crop(image, self.cfg.image_size, self.prep), self.prep), "label": label}
 
 
 # ----------------------------------------------------------------------------------------- TFDS
 
 class TFDSSource:
-    """imagenet2012 (or any image classification dataset) from a local TFDS data dir; no downloads."""
+    """imagenet2012 (or any image classification dataset) from a local TFDS data dir; no downloads.
+
+    TFDS imagenet2012 carries no object boxes, so the training crop samples over the whole image (what
+    the reference does for a record without boxes).
+    """
 
     def __init__(self, cfg: DataConfig) -> None:
         self.cfg = cfg
+        self.prep = PREPROCESSING[cfg.preprocessing]
 
     def builder(self) -> Any:
         import tensorflow_datasets as tfds
@@ -150,12 +239,12 @@ class TFDSSource:
 
     def train(self, ctx: InputContext) -> tf.data.Dataset:
         ds = self._load("train", True, ctx).repeat().shuffle(self.cfg.shuffle_buffer, seed=ctx.seed)
-        size = self.cfg.image_size
+        size, prep = self.cfg.image_size, self.prep
 
         def preprocess(index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             seed = tf.stack([tf.constant(ctx.seed * 1000003 + ctx.host_id, tf.int64), index])
-            image = random_resized_crop_decoded(ex["image"], size, seed)
-            return {"image": normalize(image), "label": tf.cast(ex["label"], tf.int32)}
+            image = random_resized_crop_decoded(ex["image"], size, seed, prep)
+            return {"image": normalize(image, prep), "label": tf.cast(ex["label"], tf.int32)}
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -163,7 +252,7 @@ class TFDSSource:
         return self._load("validation", False, None)
 
     def eval_parse(self, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return {"image": normalize(center_crop(ex["image"], self.cfg.image_size)),
+        return {"image": normalize(eval_crop(ex["image"], self.cfg.image_size, self.prep), self.prep),
                 "label": tf.cast(ex["label"], tf.int32)}
 
 
@@ -175,7 +264,9 @@ class SyntheticSource:
     Deterministic from `synthetic_seed` (the data) and the run seed (the order). A fraction
     `synthetic_label_noise` of images shows another class's prototype, which keeps accuracy below 1.0
     (the checker rejects 1.0) while a small ResNet still passes 0.759 within a few epochs. Train and
-    eval images come from disjoint index streams.
+    eval images come from disjoint index streams. Images are generated at the model's size and already
+    centred, so `data.preprocessing` does not apply: crops of a smooth random prototype would only
+    make a smoke run slower, not closer to the reference.
     """
 
     EVAL_STREAM = 1 << 40
