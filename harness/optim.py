@@ -104,7 +104,13 @@ class Optimizer:
 
 
 class SGDMomentum(Optimizer):
-    """Heavy-ball momentum with L2 weight decay folded into the gradient (MLPerf ResNet SGD)."""
+    """Momentum SGD as the MLPerf ResNet TF2 reference runs it (Keras SGD plus an L2 loss term).
+
+    The reference adds `weight_decay * 2 * sum(tf.nn.l2_loss(w))` = wd * sum(w^2) to the loss for every
+    variable not excluded (its rule: names without 'bn'), so the gradient gains 2 * wd * w; the logged
+    `sgd_opt_weight_decay` is that wd. Keras SGD folds the learning rate into the velocity:
+    v = m * v + lr * g, w -= v (not PyTorch's v = m * v + g, w -= lr * v, which differs while lr changes).
+    """
 
     slot_names = ("momentum",)
 
@@ -115,10 +121,10 @@ class SGDMomentum(Optimizer):
     def update(self, i, p, g, lr) -> None:
         w = p.variable.read_value()
         if self.weight_decay and not self.excluded(p.path):
-            g = g + self.weight_decay * w
-        v = self.momentum * self.slots["momentum"][i].read_value() + g
+            g = g + 2.0 * self.weight_decay * w
+        v = self.momentum * self.slots["momentum"][i].read_value() + lr * g
         self.slots["momentum"][i].assign(v)
-        p.variable.assign(w - lr * v)
+        p.variable.assign(w - v)
 
 
 class LARS(Optimizer):
