@@ -19,6 +19,8 @@ flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.
 flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
 flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the log's own "
                           "benchmark's usual ruleset 4.0.0 or 0.7.0 for transformer)")
+flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
+                  "against the RCP mean for their batch size, with the official RCP checker's verdict")
 flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "
                    "integrity checks (default: inferred from the log)")
 flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
@@ -32,6 +34,7 @@ flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementa
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
+  check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
   list                                                  workloads and configs
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
   package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
@@ -69,6 +72,10 @@ def cmd_run(args: list[str]) -> int:
 
 
 def cmd_check(args: list[str]) -> int:
+    if FLAGS.rcp:
+        from harness import rcp
+
+        return rcp.main(args, FLAGS.ruleset)
     if not args:
         raise HarnessError("check takes one or more MLPerf log files")
     from harness import checklog

@@ -1,0 +1,240 @@
+"""Reference convergence points (RCPs): where a set of result logs sits against the RCP mean for its batch.
+
+MLPerf (rules >= 1.0) compares a submission's olympic mean of epochs to converge (samples for BERT) with
+the RCP runs at the same global batch size (interpolated between batch sizes, otherwise). The RCP files
+and the verdict come from the installed mlperf-logging package (`mlperf_logging.rcp_checker`): its JSON
+files, its log reader and its `check_directory`, the same call the package checker makes. This module
+adds the per-run positions, the margin to the fastest allowed mean, and the hyperparameters of the
+matching RCP entry next to the ones the logs (or a config) use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+from harness.errors import HarnessError
+
+USAGE = "training"
+RCP_BENCHMARKS = ("resnet", "bert")
+
+
+def rcp_path(benchmark: str, ruleset: str) -> str:
+    """The RCP JSON that mlperf-logging ships for `benchmark` under `ruleset`."""
+    from mlperf_logging import rcp_checker as pkg
+
+    return os.path.join(os.path.dirname(pkg.__file__), f"{USAGE}_{ruleset}", f"rcps_{benchmark}.json")
+
+
+def load_rcps(benchmark: str, ruleset: str) -> dict[str, dict[str, Any]]:
+    """Every RCP entry of `benchmark` for `ruleset`; HarnessError when mlperf-logging has none."""
+    if int(ruleset.split(".")[0]) < 1:
+        raise HarnessError(f"ruleset {ruleset} has no reference convergence points (RCPs start at 1.0.0)")
+    path = rcp_path(benchmark, ruleset)
+    if not os.path.isfile(path):
+        raise HarnessError(f"mlperf-logging has no RCPs for {benchmark} under ruleset {ruleset} ({path})")
+    with open(path) as f:
+        return json.load(f)
+
+
+def rcp_entry(benchmark: str, ruleset: str, batch: int) -> tuple[str, dict[str, Any]] | None:
+    """The RCP entry measured at exactly `batch`, as (name, entry), or None."""
+    for name, entry in load_rcps(benchmark, ruleset).items():
+        if entry.get("BS") == batch:
+            return name, entry
+    return None
+
+
+def logged_key(rcp_key: str, logged: dict[str, Any]) -> str | None:
+    """The MLPerf log key holding RCP hyperparameter `rcp_key` (RCPs drop the lars_/sgd_ prefixes)."""
+    candidates = ["opt_name"] if rcp_key == "optimizer" else [rcp_key, f"lars_{rcp_key}", f"sgd_{rcp_key}"]
+    return next((k for k in candidates if k in logged), None)
+
+
+def hparam_mismatches(entry: dict[str, Any], logged: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """Hyperparameters of an RCP entry that the logged values do not match (missing ones included)."""
+    out = []
+    for key, want in entry.get("Hyperparams", {}).items():
+        if key in skip:
+            continue
+        name = logged_key(key, logged)
+        if name is None:
+            out.append(f"{key}: RCP {want!r}, not logged")
+            continue
+        got = logged[name]
+        same = (got == want if isinstance(want, str) or isinstance(got, str)
+                else abs(float(got) - float(want)) <= 1e-9 * max(1.0, abs(float(want))))
+        if not same:
+            out.append(f"{key}: RCP {want!r}, logged {name}={got!r}")
+    return out
+
+
+# ----------------------------------------------------------------------------------- check --rcp
+
+@dataclasses.dataclass
+class RunPoint:
+    path: str
+    converged: bool
+    value: float | None  # epochs (samples for BERT) to converge
+
+
+@dataclasses.dataclass
+class RcpReport:
+    benchmark: str
+    ruleset: str
+    batch: int
+    runs: list[RunPoint]
+    record: str  # 'resnet_ref_3264', or how the RCP was found ('interpolated between ...')
+    rcp_mean: float | None
+    fastest_allowed: float | None
+    olympic_mean: float | None
+    verdict: str  # 'PASS' | 'FAIL' | 'n/a'
+    detail: str
+    mismatches: list[str]
+
+    @property
+    def unit(self) -> str:
+        return "samples" if self.benchmark == "bert" else "epochs"
+
+
+def result_logs(paths: list[str]) -> list[str]:
+    """Result logs named by `paths`: files as given, directories searched for result_*.txt."""
+    found: list[str] = []
+    for p in paths:
+        if os.path.isfile(p):
+            found.append(p)
+        elif os.path.isdir(p):
+            for root, _, files in sorted(os.walk(p)):
+                found += [os.path.join(root, f) for f in sorted(files)
+                          if f.startswith("result_") and f.endswith(".txt")]
+        else:
+            raise HarnessError(f"{p}: no such file or directory")
+    if not found:
+        raise HarnessError(f"no result_*.txt logs under {', '.join(paths)}")
+    return found
+
+
+def _olympic(values: list[float]) -> float:
+    values = sorted(values)
+    return sum(values[1:-1]) / (len(values) - 2)
+
+
+def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
+    """Reads the logs with mlperf-logging's RCP reader and runs its RCP test on them (pruned RCPs, as the
+    package checker does). The test needs at least 3 runs (MLPerf asks for 5 ResNet / 10 BERT runs);
+    with fewer, only the positions are reported."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    from harness import logparse
+
+    logs = result_logs(paths)
+    first = logparse.parse_log(logs[0])
+    benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
+    if benchmark not in RCP_BENCHMARKS:
+        raise HarnessError(f"{logs[0]}: benchmark {benchmark!r} has no RCPs here (supported: "
+                           f"{', '.join(RCP_BENCHMARKS)})")
+    ruleset = ruleset or "4.0.0"
+    load_rcps(benchmark, ruleset)  # a clear error for rulesets without RCPs
+    runs, batches, logged = [], set(), {}
+    for path in logs:
+        not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
+        if bench != benchmark:
+            raise HarnessError(f"{path}: benchmark {bench!r}, but {logs[0]} is {benchmark!r}; "
+                               "give the logs of one benchmark")
+        batches.add(bs)
+        runs.append(RunPoint(path, not not_converged and value < 1e9, None if not_converged else float(value)))
+    if len(batches) != 1 or -1 in batches:
+        raise HarnessError(f"the logs must share one global_batch_size (found {sorted(batches)})")
+    batch = batches.pop()
+    logged = {e.key: e.value for e in first if e.event_type == "POINT_IN_TIME"}
+
+    with _quiet_logging():
+        checker = official.RCP_Checker(USAGE, ruleset, benchmark, False)
+        record = checker._find_rcp(batch, "pruned_rcps")
+        name = next((n for n, r in checker.pruned_rcp_data.items() if r is record), "")
+        if record is None:
+            low = checker._find_top_min_rcp(batch, "pruned_rcps")
+            high = checker._find_bottom_max_rcp(batch, "pruned_rcps")
+            if low is not None and high is not None:
+                _, record = checker._create_interp_rcp(batch, low, high)
+                name = f"interpolated between batch {low['BS']} and {high['BS']}"
+    exact = rcp_entry(benchmark, ruleset, batch)
+    mismatches = hparam_mismatches(exact[1], logged) if exact else []
+    rcp_mean = float(record["RCP Mean"]) if record else None
+    fastest = float(record["RCP Mean"] / record["Max Speedup"]) if record else None
+    values = [r.value for r in runs if r.converged]
+    olympic = _olympic(values) if len(values) >= 3 else None
+    if len(runs) < 3:
+        verdict = "n/a"
+        detail = (f"the RCP test needs at least 3 runs (MLPerf: "
+                  f"{official.submission_runs[USAGE][benchmark]}); positions only")
+    else:
+        verdict, detail = _official_verdict(logs, ruleset)
+    return RcpReport(benchmark, ruleset, batch, runs, name or "none at this batch", rcp_mean, fastest, olympic,
+                     verdict, detail, mismatches)
+
+
+def _official_verdict(logs: list[str], ruleset: str) -> tuple[str, str]:
+    """`check_directory` on a scratch folder holding the logs as result_<i>.txt (the name it globs)."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet_logging():
+        for i, path in enumerate(logs):
+            os.symlink(os.path.abspath(path), os.path.join(tmp, f"result_{i}.txt"))
+        passed, message, _ = official.check_directory(tmp, USAGE, ruleset, False, False, rcp_pass="pruned_rcps")
+    return ("PASS" if passed else "FAIL"), message
+
+
+class _quiet_logging:
+    """The official checker reports through the root logger; its lines would interleave with ours."""
+
+    def __enter__(self) -> None:
+        logging.disable(logging.CRITICAL)
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.disable(logging.NOTSET)
+
+
+def format_report(r: RcpReport) -> list[str]:
+    unit = r.unit
+
+    def num(x: float) -> str:
+        return f"{x:,.0f}" if unit == "samples" else f"{x:.2f}"
+
+    lines = [f"RCP check: {r.benchmark}, ruleset {r.ruleset}, global batch {r.batch}, {len(r.runs)} log(s)"]
+    if r.rcp_mean is None:
+        lines.append(f"  no RCP at or around batch {r.batch} in mlperf-logging's {r.benchmark} RCPs")
+    else:
+        lines.append(f"  RCP {r.record}: mean {num(r.rcp_mean)} {unit} to converge, fastest allowed olympic "
+                     f"mean {num(r.fastest_allowed)}")
+    for run in r.runs:
+        if not run.converged:
+            lines.append(f"  {run.path}: did not converge")
+            continue
+        rel = f" ({100 * (run.value / r.rcp_mean - 1):+.1f}% vs the RCP mean)" if r.rcp_mean else ""
+        lines.append(f"  {run.path}: {num(run.value)} {unit}{rel}")
+    if r.olympic_mean is not None and r.rcp_mean:
+        where = ("faster than allowed" if r.olympic_mean < r.fastest_allowed else
+                 "faster than the RCP mean, within the allowed speedup (score normalized)"
+                 if r.olympic_mean < r.rcp_mean else "at or slower than the RCP mean")
+        lines.append(f"  olympic mean {num(r.olympic_mean)} {unit} = {r.olympic_mean / r.rcp_mean:.3f} x the RCP "
+                     f"mean: {where}")
+    lines.append(f"  official rcp_checker: {r.verdict} ({r.detail})")
+    if r.mismatches:
+        lines.append("  hyperparameters differ from the RCP entry at this batch (the first log's values):")
+        lines += [f"      {m}" for m in r.mismatches]
+    return lines
+
+
+def main(paths: list[str], rulesets: list[str]) -> int:
+    """`check --rcp`: exit 0 unless the official RCP test fails (1)."""
+    if not paths:
+        raise HarnessError("check --rcp takes result logs or directories of one benchmark")
+    if len(rulesets) > 1:
+        raise HarnessError("check --rcp takes at most one --ruleset")
+    report = rcp_report(paths, rulesets[0] if rulesets else None)
+    print("\n".join(format_report(report)))
+    return 1 if report.verdict == "FAIL" else 0
