@@ -24,6 +24,8 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
                 print(f"      {e}")
             ok = ok and v.passed
         findings = integrity.check_integrity(events, eval_every=eval_every)
+        for r in chosen:  # each ruleset's eval schedule (closed ResNet / BERT logs)
+            findings += integrity.check_eval_schedule(events, r)
         errors = [f for f in findings if f.severity == "error"]
         print(f"  integrity checks: {'PASS' if not errors else 'FAIL'}")
         for f in findings:

@@ -180,10 +180,106 @@ def _check_eval_pairs(events: list[LogEvent]) -> list[Finding]:
     return bad
 
 
-def check_integrity(events: list[LogEvent], eval_every: float | None = None) -> list[Finding]:
-    """All single-log checks; an empty list means nothing suspicious was found."""
-    return (_check_run_markers(events) + _check_time_order(events)
-            + _check_cadence(events, eval_every) + _check_eval_pairs(events))
+def bert_eval_interval(global_batch: int) -> int:
+    """Rules >= 1.0: eval_interval_samples = FLOOR(0.05 * (230.23 * GBS + 3,000,000), 25,000)."""
+    return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000) * 25_000)
+
+
+BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7 rules: "Starting at 3M samples, then every 500K"
+RESNET_EVERY = 4  # "Every 4 epochs with offset 0 or 1 or 2 or 3" (every ruleset)
+
+
+def _value(events: list[LogEvent], key: str) -> object:
+    e = _first(events, key)
+    return None if e is None else e.value
+
+
+def _samples_before(events: list[LogEvent], acc: LogEvent) -> float | None:
+    """Training samples done when `acc` was logged: the last block_stop's samples_count before it."""
+    stops = [e for e in events if e.key == "block_stop" and e.line_no < acc.line_no
+             and isinstance(e.metadata.get("samples_count"), (int, float))]
+    return float(stops[-1].metadata["samples_count"]) if stops else None
+
+
+def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
+    """Closed ResNet and BERT logs must evaluate on the rules' schedule for `ruleset`.
+
+    From 1.0 the rules require "the same frequency" as the reference, "rounded up to the nearest batch
+    size" (training_rules.adoc); v0.7 asked for "at least as frequently". ResNet: every 4 epochs, the
+    first at epoch 1-4 (offset 0-3); every eval at or after the end of the epoch it is logged for (checked
+    when block_stop carries samples_count). BERT (positions in samples): from 1.0 every
+    FLOOR(0.05*(230.23*GBS+3e6), 25000) samples from that interval on; in v0.7 from 3M samples at most
+    500K apart. An off-schedule final eval is an error when the run claims success there. A log that
+    says it ran on synthetic data (`harness_data_source`) is a smoke test, never a result: warnings only.
+    """
+    if _value(events, "submission_division") != "closed":
+        return []
+    benchmark = _value(events, "submission_benchmark")
+    accs = [e for e in events if e.key == "eval_accuracy" and eval_position(e) is not None]
+    if benchmark not in ("resnet", "bert") or not accs:
+        return []
+    v07 = ruleset.startswith("0.")
+    run_stop = _first(events, "run_stop")
+    success = run_stop is not None and run_stop.metadata.get("status") == "success"
+    gbs = _value(events, "global_batch_size")
+    bad: list[Finding] = []
+
+    synthetic = _value(events, "harness_data_source") == "synthetic"
+
+    def flag(acc: LogEvent, why: str) -> None:
+        last_aborted = acc is accs[-1] and not success
+        bad.append(Finding("warning" if last_aborted or synthetic else "error", "eval_schedule",
+                           f"eval at {eval_position(acc):g} (line {acc.line_no}) {why} (closed {benchmark}, "
+                           f"ruleset {ruleset})"))
+
+    positions = [float(eval_position(a)) for a in accs]
+    if benchmark == "resnet":
+        if positions[0] > RESNET_EVERY or positions[0] < 1:
+            flag(accs[0], f"is the first eval; the first must come at epoch 1-{RESNET_EVERY} (offset 0-3)")
+        for prev, cur, acc in zip(positions, positions[1:], accs[1:]):
+            step = cur - prev
+            if (step > RESNET_EVERY + 1e-6) if v07 else not _close(step, RESNET_EVERY):
+                flag(acc, f"is {step:g} epochs after the previous one; the rules evaluate every {RESNET_EVERY}")
+        train_samples = _value(events, "train_samples")
+        if isinstance(train_samples, (int, float)):
+            for acc, pos in zip(accs, positions):
+                done = _samples_before(events, acc)
+                if done is not None and done < pos * train_samples - 1e-6:
+                    flag(acc, f"ran after {done:g} samples, before epoch {pos:g} ends "
+                              f"({pos * train_samples:g} samples); evals may only be rounded up")
+    else:
+        slack = float(gbs) if isinstance(gbs, (int, float)) and gbs > 0 else 0.0
+        if v07:
+            if positions[0] > BERT_V07_FIRST + slack:
+                flag(accs[0], f"is the first eval; v0.7 evaluates from {BERT_V07_FIRST:,} samples")
+            for prev, cur, acc in zip(positions, positions[1:], accs[1:]):
+                if cur - prev > BERT_V07_EVERY + slack:
+                    flag(acc, f"is {cur - prev:g} samples after the previous one; v0.7 evaluates at least "
+                              f"every {BERT_V07_EVERY:,}")
+        elif slack:
+            every = bert_eval_interval(int(gbs))
+            for k, (acc, pos) in enumerate(zip(accs, positions), start=1):
+                if not (k * every - 1e-6 <= pos < k * every + slack):
+                    flag(acc, f"is eval {k}; the rules put it at {k * every:,} samples (every {every:,} at "
+                              f"batch {int(gbs)}, rounded up to a batch)")
+    if len(bad) > MAX_EXAMPLES:
+        extra = len(bad) - MAX_EXAMPLES
+        bad = bad[:MAX_EXAMPLES] + [Finding(bad[-1].severity, "eval_schedule",
+                                            f"... and {extra} more evals off the rules' schedule")]
+    return bad
+
+
+def check_integrity(events: list[LogEvent], eval_every: float | None = None,
+                    ruleset: str | None = None) -> list[Finding]:
+    """All single-log checks; an empty list means nothing suspicious was found.
+
+    With a `ruleset`, closed ResNet/BERT logs are also held to that ruleset's eval schedule.
+    """
+    findings = (_check_run_markers(events) + _check_time_order(events)
+                + _check_cadence(events, eval_every) + _check_eval_pairs(events))
+    if ruleset is not None:
+        findings += check_eval_schedule(events, ruleset)
+    return findings
 
 
 def check_seeds(summaries: list[RunSummary]) -> list[Finding]:

@@ -1,12 +1,13 @@
 """Parsing and integrity checks on hand-made logs with known times and on real public v0.7 logs."""
 
 import json
+import math
 import os
 
 import pytest
 
 from harness.errors import HarnessError
-from harness.integrity import check_integrity, check_seeds
+from harness.integrity import bert_eval_interval, check_eval_schedule, check_integrity, check_seeds
 from harness.logparse import parse_lines, parse_log, summarize, TARGETS
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -21,11 +22,12 @@ def line(key, time_ms, value=None, **metadata):
 T0 = 1_600_000_000_000  # a realistic epoch-ms start; time_ms 0 means "untimed" to the checks
 
 
-def good_log(evals=(4, 8, 12, 16), t_init=T0, stop_status="success", seed=1):
+def good_log(evals=(4, 8, 12, 16), t_init=T0, stop_status="success", seed=1, benchmark="resnet",
+             division="closed", batch=1024):
     """A resnet-like run: init 0->60 s, run_start 60 s, 4-epoch blocks of 50 s, eval 10 s each."""
-    out = [line("submission_benchmark", t_init, "resnet"), line("submission_org", t_init, "Org"),
-           line("submission_platform", t_init, "sys"), line("submission_division", t_init, "closed"),
-           line("init_start", t_init), line("global_batch_size", t_init + 1, 1024),
+    out = [line("submission_benchmark", t_init, benchmark), line("submission_org", t_init, "Org"),
+           line("submission_platform", t_init, "sys"), line("submission_division", t_init, division),
+           line("init_start", t_init), line("global_batch_size", t_init + 1, batch),
            line("train_samples", t_init + 2, 1000)]
     if seed is not None:
         out.append(line("seed", t_init + 3, seed))
@@ -194,6 +196,87 @@ def test_check_seeds_duplicate_and_missing():
     assert len(dup) == 1 and dup[0].severity == "error" and "a.txt" in dup[0].message and "b.txt" in dup[0].message
     assert [f.message for f in found if f.code == "missing_seed"] == ["c.txt: no integer seed logged"]
     assert check_seeds([a, d]) == []
+
+
+# ---------------------------------------------------------------- the rules' eval schedule (closed runs)
+
+def schedule_findings(lines, ruleset):
+    return [(f.severity, f.message) for f in check_integrity(parse_lines(lines), ruleset=ruleset)
+            if f.code == "eval_schedule"]
+
+
+def test_closed_resnet_on_the_rules_schedule_passes_every_ruleset():
+    for evals in ((4, 8, 12, 16), (3, 7, 11, 15), (1, 5, 9)):
+        for ruleset in ("0.7.0", "4.0.0"):
+            assert schedule_findings(good_log(evals=evals), ruleset) == [], (evals, ruleset)
+
+
+def test_closed_resnet_off_the_rules_schedule():
+    every_epoch = good_log(evals=(1, 2, 3, 4, 5))
+    found = schedule_findings(every_epoch, "4.0.0")
+    assert found and all(sev == "error" for sev, _ in found) and "every 4" in found[0][1]
+    assert schedule_findings(every_epoch, "0.7.0") == []  # v0.7: "at least as frequently"
+    late_first = schedule_findings(good_log(evals=(5, 9, 13)), "4.0.0")
+    assert late_first and "epoch 1-4" in late_first[0][1]
+    assert "every 4" in schedule_findings(good_log(evals=(4, 8, 12, 14)), "4.0.0")[0][1]
+    # An off-cadence final eval is an error when the run claims success there, a warning otherwise.
+    assert schedule_findings(good_log(evals=(3, 7, 11, 13)), "4.0.0")[0][0] == "error"
+    assert schedule_findings(good_log(evals=(3, 7, 11, 13), stop_status="aborted"), "4.0.0")[0][0] == "warning"
+    # Open division and other benchmarks are not held to it; without a ruleset the check is off.
+    assert schedule_findings(good_log(evals=(1, 2, 3), division="open"), "4.0.0") == []
+    assert schedule_findings(good_log(evals=(1, 2, 3), benchmark="ssd"), "4.0.0") == []
+    assert schedule_findings(every_epoch, None) == []
+    # A synthetic-data smoke log is not a result: the same findings, as warnings.
+    smoke = every_epoch[:1] + [line("harness_data_source", T0, "synthetic")] + every_epoch[1:]
+    assert {sev for sev, _ in schedule_findings(smoke, "4.0.0")} == {"warning"}
+
+
+def with_block_samples(lines, samples_per_epoch, short_by):
+    """Adds samples_count to each block_stop: the samples trained when the block (and its eval) ended."""
+    out = []
+    for l in lines:
+        ev = json.loads(l.split(":::MLLOG ", 1)[1])
+        if ev["key"] == "block_stop":
+            end = ev["metadata"]["first_epoch_num"] + 4
+            ev["metadata"]["samples_count"] = end * samples_per_epoch - short_by
+            l = ":::MLLOG " + json.dumps(ev)
+        out.append(l)
+    return out
+
+
+def test_resnet_eval_before_the_end_of_its_epoch():
+    """Evals may be rounded up to a batch, never down (the harness once ran them 188 samples early)."""
+    on_time = with_block_samples(good_log(evals=(4, 8, 12)), 1000, short_by=0)
+    assert schedule_findings(on_time, "4.0.0") == []
+    early = schedule_findings(with_block_samples(good_log(evals=(4, 8, 12)), 1000, short_by=188), "4.0.0")
+    assert len(early) == 3 and all(sev == "error" for sev, _ in early)
+    assert "after 3812 samples, before epoch 4 ends (4000 samples)" in early[0][1]
+
+
+def bert_log(positions, stop_status="success"):
+    return good_log(evals=positions, benchmark="bert", batch=448, stop_status=stop_status)
+
+
+def test_bert_schedule_per_ruleset():
+    every = bert_eval_interval(448)
+    assert every == 150_000
+    v1 = [math.ceil(k * every / 448) * 448 for k in range(1, 6)]  # rounded up to a whole batch
+    assert schedule_findings(bert_log(v1), "4.0.0") == []
+    assert schedule_findings(bert_log(v1), "0.7.0") == []  # more often than v0.7 asked is allowed
+    v07 = [math.ceil(p / 448) * 448 for p in (3_000_000, 3_500_000, 4_000_000)]
+    assert schedule_findings(bert_log(v07), "0.7.0") == []
+    late = schedule_findings(bert_log(v07), "4.0.0")
+    assert late and late[0][0] == "error" and "150,000 samples" in late[0][1]
+    sparse = [math.ceil(p / 448) * 448 for p in (3_000_000, 4_000_000)]
+    assert "at least every 500,000" in schedule_findings(bert_log(sparse), "0.7.0")[0][1]
+    rounded_down = [k * every - 448 for k in range(1, 3)]
+    assert len(schedule_findings(bert_log(rounded_down), "4.0.0")) == 2
+
+
+def test_check_eval_schedule_is_what_check_integrity_adds():
+    events = parse_lines(good_log(evals=(1, 2, 3, 4, 5)))
+    extra = [f for f in check_integrity(events, ruleset="4.0.0") if f not in check_integrity(events)]
+    assert extra == check_eval_schedule(events, "4.0.0") != []
 
 
 # ---------------------------------------------------------------- real public v0.7 logs
