@@ -64,10 +64,16 @@ class ScheduleConfig:
     eval_batch_size: int = field(0, min=0, doc="global eval batch (0 = global_batch_size)")
     max_epochs: float = field(10.0, min=0.0, doc="training budget; the run aborts when it is spent")
     eval_every_epochs: float = field(1.0, min=0.0, doc="eval cadence in epochs (0 = workload default)")
-    eval_offset_epochs: float = field(0.0, min=0.0, doc="first eval after offset + cadence epochs")
+    eval_offset_epochs: float = field(0.0, min=0.0, doc="first eval at this epoch when > 0 (then every "
+                                      "eval_every_epochs); 0: first eval after eval_every_epochs")
+    eval_epochs: list[float] = field(default_factory=list,
+                                     doc="explicit eval epochs (replaces cadence and offset when given)")
     target: float = field(0.0, min=0.0, doc="quality target (0 = the ruleset's closed target)")
     steps_per_loop: int = field(100, min=1, doc="train steps per host round-trip (capped at a block)")
-    gradient_accumulation_steps: int = field(1, min=1, max=1)
+    log_every_steps: int = field(0, min=0, doc="print a progress line every N train steps (0 = only at "
+                                 "evals); chunks of steps_per_loop are cut to end on these steps")
+    gradient_accumulation_steps: int = field(1, min=1, doc="micro-batches per optimizer step; each "
+                                             "replica's batch is split this many ways")
 
 
 @dataclasses.dataclass
@@ -77,14 +83,29 @@ class Config:
     seed: int = field(0, min=0)
     output_dir: str = field("logs", doc="runs go to <output_dir>/<workload>/<run_id>/")
     run_id: str = field("", doc="'' = timestamp + seed")
+    tensorboard: bool = field(False, doc="write TensorBoard scalars under <run dir>/tensorboard (chief)")
     check_rulesets: list[str] = field(default_factory=list,
                                       doc="more rulesets to run the official checker for, besides `ruleset`")
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    data: Any = None
-    model: Any = None
-    optimizer: Any = None
+    # The workload's own sections (data, model, optimizer, ...), keyed by their top-level YAML name.
+    sections: dict[str, Any] = field(default_factory=dict, doc="internal")
+
+    @property
+    def data(self) -> Any:
+        return self.sections.get("data")
+
+    @property
+    def model(self) -> Any:
+        return self.sections.get("model")
+
+    @property
+    def optimizer(self) -> Any:
+        return self.sections.get("optimizer")
+
+    def section(self, name: str) -> Any:
+        return self.sections[name]
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -211,7 +232,7 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
     where = path or "(top level)"
     if not isinstance(data, dict):
         raise HarnessError(f"config {where}: expected a mapping, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("doc") != "internal"}
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
@@ -239,6 +260,10 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
 
 
 def to_dict(obj: Any) -> Any:
+    if isinstance(obj, Config):
+        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "sections"}
+        out.update({k: to_dict(v) for k, v in obj.sections.items()})
+        return out
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -257,18 +282,17 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
     if not isinstance(name, str):
         raise HarnessError(f"config {path}: 'workload' must name one of {', '.join(registry.names())}")
     workload_cls = registry.get(name)
-    sections = {"data": workload_cls.DataConfig, "model": workload_cls.ModelConfig,
-                "optimizer": workload_cls.OptimizerConfig}
+    sections = workload_cls.SECTIONS
     plain = {k: v for k, v in data.items() if k not in sections}
     cfg = from_dict(Config, plain)
-    for key, cls in sections.items():
-        setattr(cfg, key, from_dict(cls, data.get(key) or {}, key))
+    cfg.sections = {key: from_dict(cls, data.get(key) or {}, key) for key, cls in sections.items()}
     for i, ruleset in enumerate([cfg.ruleset] + list(cfg.check_rulesets)):
         where = "ruleset" if i == 0 else f"check_rulesets[{i - 1}]"
         if ruleset not in workload_cls.RULESETS:
             raise HarnessError(f"config {where}: {ruleset} is not supported for {name} "
                                f"(supported: {', '.join(workload_cls.RULESETS)})")
-    _check_regex_lists(cfg.optimizer, "optimizer")
+    for key, section in cfg.sections.items():
+        _check_regex_lists(section, key)
     return cfg
 
 

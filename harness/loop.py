@@ -5,6 +5,10 @@ run_start, then blocks of (block_start, train, block_stop, eval_start, eval_accu
 run_stop with a status. Compilation and a warm-up step on dummy tensors happen before run_start, and the
 variables are restored afterwards, so the timed run starts from the initial model and no training
 example is read before run_start.
+
+The loop owns the distribution protocol (see harness.workload): gradients, their reduction and
+accumulation, the eval reduction (sums, or per-example outputs gathered to the chief), and the stop
+decision, made on the chief and broadcast.
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ from absl import logging
 from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
+from harness.progress import Progress
 from harness.runtime.base import InputContext, Runtime
-from harness.workload import EvalPoint, Workload
+from harness.workload import EvalPoint, LossTerm, Workload, tidy
 
-MASK = "eval_mask"
+# Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
+MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
 
 
 @dataclasses.dataclass
@@ -31,7 +37,7 @@ class RunResult:
     status: str                      # "success" or "aborted"
     reason: str
     target: float
-    evals: list[dict[str, float]]    # epoch_num, score, elapsed_s, counted
+    evals: list[dict[str, Any]]      # epoch_num, score, metrics, elapsed_s, counted, loss, samples_per_s
     init_time_s: float
     run_time_s: float                # run_start -> run_stop: the MLPerf time to train
     train_time_s: float
@@ -41,6 +47,7 @@ class RunResult:
     epochs_done: float
     samples_per_s: float             # training samples per second of training time
     traces: dict[str, int]
+    converged_key: str = "epochs_to_converge"
 
     @property
     def converged_at(self) -> float | None:
@@ -76,21 +83,23 @@ def eval_input(runtime: Runtime, workload: Workload, global_batch: int, seed: in
 
     Every host builds the same ordered record stream, pads it, and keeps its contiguous share before
     parsing, so each replica sees the same number of batches and each real example is counted once.
+    Each example carries its position in the eval set (`eval_index`, -1 for padding).
     """
     n = workload.eval_samples
     padded = eval_steps_for(n, global_batch) * global_batch
 
     def dataset_fn(ctx: InputContext) -> tf.data.Dataset:
         records = workload.eval_records(ctx)
-        real = records.take(n).map(lambda r: (r, tf.constant(1.0)))
-        pad = records.take(1).repeat().map(lambda r: (r, tf.constant(0.0)))
+        real = records.take(n).enumerate().map(lambda i, r: (r, tf.constant(1.0), i))
+        pad = records.take(1).repeat().map(lambda r: (r, tf.constant(0.0), tf.constant(-1, tf.int64)))
         ds = real.concatenate(pad).take(padded)
         per_host = padded // ctx.num_hosts
         ds = ds.skip(ctx.host_id * per_host).take(per_host)
 
-        def parse(record: Any, mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        def parse(record: Any, mask: tf.Tensor, index: tf.Tensor) -> dict[str, tf.Tensor]:
             features = dict(workload.eval_parse(record))
             features[MASK] = mask
+            features[INDEX] = index
             return features
 
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -110,49 +119,134 @@ class CompiledSteps:
     def __init__(self, runtime: Runtime, workload: Workload) -> None:
         self.runtime = runtime
         self.workload = workload
+        self.accumulation = workload.cfg.schedule.gradient_accumulation_steps
         self.traces = {"train": 0, "eval": 0}
         self.train_loop = runtime.function(self._train_loop)
         self.eval_step = runtime.function(self._eval_step)
 
+    # ------------------------------------------------------------------------------------ train
     def _train_loop(self, iterator: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
         self.traces["train"] += 1
         loss = tf.constant(0.0)
+        lr = tf.constant(0.0)
         finite = tf.constant(True)
         for _ in tf.range(steps):
-            out = self.runtime.run(self.workload.train_step, (next(iterator),))
-            loss = tf.cast(self.runtime.mean(out["loss"]), tf.float32)
+            out = self.runtime.run(self.train_step, (next(iterator),))
+            # Each replica returns its share of the global loss, so the sum is the global loss.
+            loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
+            lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
             finite = tf.logical_and(finite, tf.math.is_finite(loss))
-        return {"loss": loss, "finite": finite}
+        return {"loss": loss, "lr": lr, "finite": finite}
 
-    def _eval_step(self, iterator: Any) -> dict[str, tf.Tensor]:
+    def _normalized(self, terms: dict[str, LossTerm]) -> tf.Tensor:
+        """sum over terms of total / (count summed over all replicas + epsilon), this replica's share."""
+        counts = self.runtime.replica_all_sum([tf.cast(t.count, tf.float32) for t in terms.values()],
+                                              self.runtime.num_replicas)
+        return tf.add_n([tf.cast(t.total, tf.float32) / (c + t.epsilon)
+                         for t, c in zip(terms.values(), counts)])
+
+    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """One optimizer step on this replica's batch, split into `accumulation` micro-batches.
+
+        Each micro-batch's loss is normalized by its own global counts and the gradients are averaged
+        over micro-batches, then summed over replicas once: k micro-batches of B/k give the update of
+        one batch of B whenever the micro-batches have equal counts (always, for per-example losses).
+        """
+        w, k = self.workload, self.accumulation
+        params = [p.variable for p in w.optimizer.params]
+        step_seed = tf.stack([tf.constant(w.cfg.seed, tf.int64), w.optimizer.step.read_value()])
+        replica_seed = tf.random.experimental.stateless_fold_in(step_seed, self.runtime.replica_id())
+        micro = tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0)),
+                                      batch) if k > 1 else None
+        total_loss, total_grads = tf.constant(0.0), None
+        for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
+            micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
+            seed = tf.random.experimental.stateless_fold_in(replica_seed, m)
+            with tf.GradientTape() as tape:
+                loss = self._normalized(w.loss(micro_batch, seed)) / k
+            grads = tape.gradient(loss, params)
+            missing = [p.path for p, g in zip(w.optimizer.params, grads) if g is None]
+            if missing:
+                raise HarnessError(f"{w.NAME}: the loss does not depend on {', '.join(missing[:5])}; a "
+                                   f"trainable variable without a gradient would never train")
+            grads = [tf.convert_to_tensor(g) for g in grads]  # embedding gathers give IndexedSlices
+            total_loss += loss
+            total_grads = grads if total_grads is None else [a + g for a, g in zip(total_grads, grads)]
+        grads = w.process_gradients(self.runtime.all_reduce_gradients(total_grads))
+        lr = w.optimizer.apply(grads)
+        return {"loss": total_loss, "lr": tf.cast(lr, tf.float32)}
+
+    # ------------------------------------------------------------------------------------- eval
+    def _eval_step(self, iterator: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
         self.traces["eval"] += 1
 
-        def replica_fn(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        def replica_fn(batch: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
             batch = dict(batch)
-            mask = batch.pop(MASK)
-            return self.workload.eval_step(batch, mask)
+            mask, index = batch.pop(MASK), batch.pop(INDEX)
+            out = dict(self.workload.eval_step(batch, mask))
+            clash = {MASK, INDEX, COUNT} & set(out)
+            if clash:
+                raise HarnessError(f"{self.workload.NAME}.eval_step returns reserved key(s) {sorted(clash)}")
+            sums = {k: tf.cast(v, tf.float32) for k, v in out.items() if v.shape.rank == 0}
+            sums[COUNT] = tf.reduce_sum(mask)
+            examples = {k: v for k, v in out.items() if v.shape.rank != 0}
+            for k, v in examples.items():
+                if v.shape[0] != mask.shape[0]:
+                    raise HarnessError(f"{self.workload.NAME}.eval_step output {k!r} has shape {v.shape}: "
+                                       f"a per-example output needs the batch ({mask.shape[0]}) as axis 0")
+            if examples:
+                examples[MASK], examples[INDEX] = mask, index
+            return sums, examples
 
-        return self.runtime.sum(self.runtime.run(replica_fn, (next(iterator),)))
+        sums, examples = self.runtime.run(replica_fn, (next(iterator),))
+        return self.runtime.sum(sums), self.runtime.gather(examples)
 
 
-def evaluate(steps: CompiledSteps, dist_eval: Any, num_steps: int) -> dict[str, float]:
-    """Runs the whole eval set; sums the replicas' partial sums in float64 on the host."""
+def evaluate(steps: CompiledSteps, dist_eval: Any, num_steps: int) -> tuple[dict[str, float] | None, int]:
+    """Runs the whole eval set; returns the metrics (on the chief; None elsewhere) and the count.
+
+    Scalar outputs are summed over replicas on device and in float64 over batches; per-example outputs
+    reach every host, padding dropped, and the chief folds them into the workload's state. Per-example
+    outputs must cover each eval index exactly once.
+    """
+    runtime, workload = steps.runtime, steps.workload
+    chief = runtime.is_chief
+    state: dict[str, Any] = {}
+    counted, indices = 0.0, []
     iterator = iter(dist_eval)
-    totals: dict[str, float] = {}
     try:
         for _ in range(num_steps):
-            for k, v in steps.eval_step(iterator).items():
-                totals[k] = totals.get(k, 0.0) + float(np.asarray(v, dtype=np.float64))
+            sums, examples = steps.eval_step(iterator)
+            outputs: dict[str, Any] = {k: np.float64(runtime.to_host(v)) for k, v in sums.items()}
+            counted += float(outputs.pop(COUNT))
+            if examples:
+                host = {k: runtime.to_host(v) for k, v in examples.items()}
+                real = host.pop(MASK) > 0
+                outputs.update({k: v[real] for k, v in host.items()})
+                indices.append(outputs[INDEX])
+            if chief:
+                workload.eval_accumulate(state, outputs)
     except (tf.errors.OutOfRangeError, StopIteration):
         raise HarnessError("the eval data ran out before the configured eval_samples were read: "
                            "check data paths and data.eval_samples") from None
-    return totals
+    if indices:
+        seen = np.sort(np.concatenate(indices))
+        if not np.array_equal(seen, np.arange(workload.eval_samples)):
+            raise HarnessError(f"per-example eval outputs covered {len(np.unique(seen))} distinct of "
+                               f"{workload.eval_samples} examples ({len(seen)} rows): each must appear once")
+    return (workload.eval_finalize(state) if chief else None), int(round(counted))
+
+
+def by_index(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per-example arrays accumulated by the default `eval_accumulate`, concatenated in eval-set order."""
+    order = np.argsort(np.concatenate(state[INDEX]), kind="stable")
+    return {k: np.concatenate(v)[order] for k, v in state.items() if isinstance(v, list)}
 
 
 # ---------------------------------------------------------------------------------- the controller
 
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
-              progress: Callable[[str], None] = print) -> RunResult:
+              progress: Progress | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
 
     Inputs are validated by the caller (harness.run.execute) before the log file is created.
@@ -161,6 +255,9 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     gbs = cfg.schedule.global_batch_size
     ebs = cfg.schedule.eval_batch_size or gbs
     target = workload.target
+    schedule = workload.eval_schedule()
+    progress = progress or Progress(enabled=False)
+    log_every = cfg.schedule.log_every_steps
 
     log.event(K.CACHE_CLEAR, True)
     log.start(K.INIT_START)
@@ -180,6 +277,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                             tf.constant(1))
     float(warm["loss"])
     steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
+    runtime.broadcast_from_chief(np.zeros(2))
     for v, value in zip(runtime.variables(), saved):
         v.variable.assign(value)
     del saved
@@ -191,66 +289,73 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     t_run = time.time()
     iterator = iter(dist_train)
 
-    points = workload.eval_points(gbs)
     status, reason = "aborted", ""
-    evals: list[dict[str, float]] = []
+    evals: list[dict[str, Any]] = []
     train_time = eval_time = 0.0
     prev = EvalPoint(0, 0, 0)
     done_steps = 0
-    for point in points:
-        block_meta = {"first_epoch_num": prev.epoch_num, "epoch_count": _num(point.epoch_num - prev.epoch_num),
-                      "samples_count": prev.samples}
-        log.start(K.BLOCK_START, metadata=block_meta)
+    for point in schedule.points:
+        first = schedule.first_epoch_num(prev)
+        log.start(K.BLOCK_START, metadata={"first_epoch_num": first,
+                                           "epoch_count": tidy(point.epoch_num - prev.epoch_num),
+                                           "samples_count": prev.samples})
         t0 = time.time()
         finite, loss = True, float("nan")
         while done_steps < point.step:
             n = min(cfg.schedule.steps_per_loop, point.step - done_steps)
+            if log_every:
+                n = min(n, log_every - done_steps % log_every)
+            t_chunk = time.time()
             out = steps.train_loop(iterator, tf.constant(n))
-            loss = float(out["loss"])
-            finite = bool(out["finite"])
+            loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
             done_steps += n
+            rate = n * gbs / max(time.time() - t_chunk, 1e-9)
+            progress.train(done_steps, schedule.position(done_steps * gbs), loss, lr, rate,
+                           (point.step - done_steps) * gbs / rate,
+                           print_line=bool(log_every) and done_steps % log_every == 0)
             if not finite:
                 break
         block_time = time.time() - t0
         train_time += block_time
-        here = point if finite else EvalPoint(done_steps, _num(done_steps * gbs / workload.train_samples)
-                                               if workload.EVAL_UNIT == "epoch" else done_steps * gbs,
+        here = point if finite else EvalPoint(done_steps, schedule.position(done_steps * gbs),
                                                done_steps * gbs)
-        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": prev.epoch_num,
-                                        "samples_count": here.samples})
+        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": here.samples})
 
         t1 = time.time()
         log.start(K.EVAL_START, metadata={"epoch_num": here.epoch_num})
-        totals = evaluate(steps, dist_eval, num_eval_steps)
-        counted = int(round(totals.get("count", -1)))
+        metrics, counted = evaluate(steps, dist_eval, num_eval_steps)
         if counted != workload.eval_samples:
             raise HarnessError(f"eval counted {counted} examples but eval_samples is "
                                f"{workload.eval_samples}: the eval data does not match the config")
-        score = float(workload.eval_score(totals))
+        # The chief judges; every host adopts its verdict, so all stop at the same eval.
+        verdict = np.zeros(2)
+        if metrics is not None:
+            verdict[:] = metrics[workload.METRIC], float(workload.reached_target(metrics))
+        score, reached = runtime.broadcast_from_chief(verdict).tolist()
         log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num})
         log.end(K.EVAL_STOP, metadata={"epoch_num": here.epoch_num})
         eval_time += time.time() - t1
         elapsed = time.time() - t_run
-        samples_in_block = (here.step - prev.step) * gbs
-        rate = samples_in_block / block_time if block_time > 0 else 0.0
-        evals.append({"epoch_num": here.epoch_num, "score": score, "elapsed_s": round(elapsed, 3),
-                      "counted": counted, "loss": loss, "samples_per_s": round(rate, 1)})
-        unit = "epoch" if workload.EVAL_UNIT == "epoch" else "samples"
-        progress(f"{unit} {here.epoch_num:>8} | loss {loss:8.4f} | {rate:9.1f} samples/s | "
-                 f"eval {workload.METRIC_NAME} {score:.4f} (target {target}) | elapsed {elapsed:7.1f} s")
+        rate = (here.step - prev.step) * gbs / block_time if block_time > 0 else 0.0
+        metrics = metrics or {workload.METRIC: score}
+        evals.append({"epoch_num": here.epoch_num, "score": score, "metrics": metrics,
+                      "elapsed_s": round(elapsed, 3), "counted": counted, "loss": loss,
+                      "samples_per_s": round(rate, 1)})
+        progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed)
         if not finite:
             reason = f"non-finite training loss ({loss}) at step {done_steps}"
             break
-        if score >= target:
-            status, reason = "success", f"reached {workload.METRIC_NAME} {score:.4f} >= {target}"
+        if reached:
+            status, reason = "success", f"reached {workload.METRIC} {score:.4f} >= {target}"
             break
         prev = here
     else:
-        reason = (f"budget of {cfg.schedule.max_epochs:g} epochs spent; best {workload.METRIC_NAME} "
+        reason = (f"budget of {cfg.schedule.max_epochs:g} epochs spent; best {workload.METRIC} "
                   f"{max(e['score'] for e in evals):.4f} < target {target}")
 
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run
+    progress.close()
     if steps.traces != traces_at_start:
         logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start,
                         steps.traces)
@@ -259,8 +364,4 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                      run_time_s=run_time, train_time_s=train_time, eval_time_s=eval_time, steps=done_steps,
                      samples=samples, epochs_done=samples / workload.train_samples,
                      samples_per_s=samples / train_time if train_time > 0 else 0.0,
-                     traces=dict(steps.traces))
-
-
-def _num(x: float) -> float | int:
-    return int(x) if float(x).is_integer() else round(float(x), 6)
+                     traces=dict(steps.traces), converged_key=schedule.converged_key)

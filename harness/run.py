@@ -15,9 +15,10 @@ from harness import config as config_lib
 from harness import integrity, logparse, sysinfo, weights_init
 from harness.errors import HarnessError
 from harness.loop import RunResult, run_timed
+from harness.progress import Progress
 from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog, Verdict, run_compliance_checker
-from harness.runtime import make_runtime
+from harness.runtime import distribute, make_runtime
 
 EXIT_SUCCESS, EXIT_ABORTED, EXIT_NONCOMPLIANT = 0, 1, 3
 
@@ -75,6 +76,11 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     runtime = make_runtime(cfg.runtime)
     workload = registry.get(cfg.workload)(cfg, runtime)
     runtime.check_batch(cfg.schedule.global_batch_size)
+    gbs, micro = cfg.schedule.global_batch_size, cfg.schedule.gradient_accumulation_steps
+    if gbs % (runtime.num_replicas * micro):
+        raise HarnessError(f"schedule.global_batch_size={gbs} does not split into {micro} micro-batches "
+                           f"(schedule.gradient_accumulation_steps) on each of {runtime.num_replicas} "
+                           f"replica(s); use a multiple of {runtime.num_replicas * micro}")
     runtime.check_batch(cfg.schedule.eval_batch_size or cfg.schedule.global_batch_size,
                         "schedule.eval_batch_size")
     closed = workload.closed_target(cfg.ruleset)
@@ -82,6 +88,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
                            f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
     workload.validate()
+    schedule = workload.eval_schedule()
     # A ruleset that names the reference model's tensors must find all of them in this model, now.
     initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
 
@@ -98,7 +105,8 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     log = MLPerfLog(log_path if chief else None)
     try:
         result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
-                           progress=(lambda line: print(line, flush=True)) if chief else (lambda line: None))
+                           progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
+                                             schedule.unit, workload.METRIC, workload.target))
     except BaseException as e:
         log.close()
         if chief and os.path.exists(log_path):
@@ -118,7 +126,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
 
 def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
-    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_cadence)
+    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_schedule().cadence)
     errors = [f for f in findings if f.severity == "error"]
     aborted = result.status != "success"
     compliant = all(v.passed or (aborted and v.only_target_missed) for v in verdicts.values()) and not errors
@@ -128,7 +136,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "data_source": workload.data_source, "synthetic_data": workload.is_synthetic,
         "time_to_train_s": round(result.run_time_s, 3),
         "time_to_train_min": round(result.run_time_s / 60, 4),
-        "epochs_to_converge" if workload.EVAL_UNIT == "epoch" else "samples_to_converge": result.converged_at,
+        result.converged_key: result.converged_at,
         "epochs_trained": round(result.epochs_done, 4), "samples_trained": result.samples,
         "train_samples_per_s": round(result.samples_per_s, 2),
         "init_time_s": round(result.init_time_s, 3), "train_time_s": round(result.train_time_s, 3),

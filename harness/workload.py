@@ -1,45 +1,147 @@
-"""The contract every benchmark implements (AlgoPerf-style): the loop knows nothing else about it."""
+"""The contract every benchmark implements (AlgoPerf-style): the loop knows nothing else about it.
+
+A workload says *what* to compute; the harness owns *how* it is distributed, so no workload repeats (or
+forgets) a gradient all-reduce, and no workload branches on the runtime's kind:
+
+- Training: `loss(batch, seed)` returns named `LossTerm`s, each a per-replica sum and the per-replica
+  count it is divided by (examples, tokens, matched boxes). The loop sums every count over all replicas,
+  differentiates, sums gradients over replicas, accumulates `gradient_accumulation_steps` micro-batches,
+  calls `process_gradients` (e.g. a global-norm clip) and then the workload's optimizer.
+- Evaluation, in three steps: `eval_step` on device returns per-replica outputs (a scalar is a partial
+  sum, added over replicas; an array with a leading batch axis is per-example output, gathered from
+  every replica and host to the chief with padding dropped, in eval-set order); `eval_accumulate` folds
+  one batch of them into host state; `eval_finalize` turns the state into named metrics. The chief alone
+  finalizes, `reached_target` judges the metrics, and the verdict is broadcast so every host stops at the
+  same eval.
+"""
 from __future__ import annotations
 
 import abc
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
+import numpy as np
 import tensorflow as tf
 
 from harness.config import Config
+from harness.errors import HarnessError
 from harness.runtime.base import InputContext, Runtime
 
+EPOCH, SAMPLE = "epoch", "sample"
 
-@dataclasses.dataclass
+
+# ------------------------------------------------------------------------------------ schedules
+
+@dataclasses.dataclass(frozen=True)
 class EvalPoint:
-    """One evaluation: after `step` train steps, logged as `epoch_num` (epochs or samples)."""
+    """One evaluation: after `step` optimizer steps (`samples` samples), logged at `epoch_num`."""
     step: int
-    epoch_num: float
+    epoch_num: float | int
     samples: int
 
 
-class Workload(abc.ABC):
-    """A benchmark: model, optimizer, inputs, loss, metric and MLPerf keys.
+@dataclasses.dataclass(frozen=True)
+class EvalSchedule:
+    """Where the evals fall and how their positions are logged.
 
-    Subclasses declare their config sections as dataclasses, their MLPerf key and rulesets, and fill
-    the methods below. `train_step` and `eval_step` run per replica inside the compiled loop.
+    `unit` EPOCH: positions count completed epochs and blocks number epochs from 1 (training rules: "epochs
+    should always be numbered from 1"); SAMPLE: positions count training samples (BERT).
+    `cadence` is the spacing of positions the integrity check expects (None: infer it from the log).
     """
+    points: tuple[EvalPoint, ...]
+    unit: str
+    samples_per_epoch: int
+    cadence: float | None = None
+
+    def position(self, samples: int) -> float | int:
+        """The logged position after `samples` training samples (for a block cut short)."""
+        return tidy(samples / self.samples_per_epoch) if self.unit == EPOCH else samples
+
+    def first_epoch_num(self, prev: EvalPoint) -> float | int:
+        """`first_epoch_num` of the block that starts after `prev`."""
+        if self.unit == EPOCH:
+            return int(math.floor(float(prev.epoch_num) + 1e-9)) + 1
+        return prev.epoch_num
+
+    @property
+    def converged_key(self) -> str:
+        return "epochs_to_converge" if self.unit == EPOCH else "samples_to_converge"
+
+
+def epoch_schedule(epochs: Iterable[float], train_samples: int, global_batch: int,
+                   cadence: float | None = None) -> EvalSchedule:
+    """Evals at the given epoch positions, each at the first step boundary at or after the end of its
+    epoch (training rules: an eval point "may be rounded up to the nearest batch size", never down)."""
+    points: list[EvalPoint] = []
+    for epoch in sorted(set(float(e) for e in epochs)):
+        step = max(1, math.ceil(epoch * train_samples / global_batch - 1e-9))
+        if not points or step > points[-1].step:
+            points.append(EvalPoint(step, tidy(epoch), step * global_batch))
+    if not points:
+        raise HarnessError("the eval schedule is empty: check schedule.max_epochs and the eval cadence")
+    return EvalSchedule(tuple(points), EPOCH, train_samples, cadence)
+
+
+def sample_schedule(samples: Iterable[int], train_samples: int, global_batch: int,
+                    cadence: float | None = None) -> EvalSchedule:
+    """Evals at the first step boundary at or past each sample count, logged as the samples trained."""
+    points: list[EvalPoint] = []
+    for s in sorted(set(int(x) for x in samples)):
+        step = max(1, math.ceil(s / global_batch))
+        if not points or step > points[-1].step:
+            points.append(EvalPoint(step, step * global_batch, step * global_batch))
+    if not points:
+        raise HarnessError("the eval schedule is empty: check schedule.max_epochs and the eval cadence")
+    return EvalSchedule(tuple(points), SAMPLE, train_samples, cadence)
+
+
+def cadence_epochs(every: float, offset: float, budget: float) -> list[float]:
+    """offset + k * every (k >= 0 when offset > 0, else k >= 1) up to the budget, which is added as a
+    last eval when it is off the cadence (closed workloads refuse such a budget in `validate`)."""
+    if every <= 0:
+        raise HarnessError(f"schedule.eval_every_epochs must be > 0, got {every}")
+    epochs, k = [], 0 if offset > 0 else 1
+    while offset + k * every <= budget + 1e-9:
+        epochs.append(offset + k * every)
+        k += 1
+    if budget > 0 and (not epochs or epochs[-1] < budget - 1e-9):
+        epochs.append(budget)
+    return epochs
+
+
+# ---------------------------------------------------------------------------------------- losses
+
+@dataclasses.dataclass
+class LossTerm:
+    """One additive part of the training loss: sum(total over all replicas) / (sum(count) + epsilon).
+
+    `total` is this replica's loss summed over its examples; `count` is this replica's share of the
+    normalizer. The loop adds `count` over replicas (and accumulated micro-batches), so a loss normalized
+    by tokens or matched boxes is exact on any number of devices.
+    """
+    total: tf.Tensor
+    count: tf.Tensor
+    epsilon: float = 0.0
+
+
+# ------------------------------------------------------------------------------------- workloads
+
+class Workload(abc.ABC):
+    """A benchmark: config sections, model and optimizer, inputs, loss, eval, target and MLPerf keys."""
 
     NAME: ClassVar[str]
     MLPERF_KEY: ClassVar[str]
     RULESETS: ClassVar[tuple[str, ...]]
-    DataConfig: ClassVar[type]
-    ModelConfig: ClassVar[type]
-    OptimizerConfig: ClassVar[type]
-    # 'epoch': eval cadence and epoch_num metadata count epochs; 'samples': they count training samples.
-    EVAL_UNIT: ClassVar[str] = "epoch"
-    METRIC_NAME: ClassVar[str] = "accuracy"
+    # Top-level config sections this workload reads, each a dataclass checked as strictly as the rest.
+    SECTIONS: ClassVar[dict[str, type]]
+    # The metric `eval_finalize` returns that is logged as eval_accuracy and judged against the target.
+    METRIC: ClassVar[str] = "accuracy"
 
     def __init__(self, cfg: Config, runtime: Runtime) -> None:
         self.cfg = cfg
         self.runtime = runtime
+        self.optimizer: Any = None  # a harness.optim.Optimizer, set by build()
 
     # ------------------------------------------------------------------------ facts about the run
     @abc.abstractmethod
@@ -49,6 +151,10 @@ class Workload(abc.ABC):
     @property
     def target(self) -> float:
         return self.cfg.schedule.target or self.closed_target(self.cfg.ruleset)
+
+    def reached_target(self, metrics: dict[str, float]) -> bool:
+        """Whether the run may stop; the MLPerf references stop at `>=` unless a workload says `>`."""
+        return metrics[self.METRIC] >= self.target
 
     # Workloads whose `data` section has train_samples / eval_samples / source get these for free.
     @property
@@ -71,33 +177,29 @@ class Workload(abc.ABC):
         return self.data_source == "synthetic"
 
     @property
-    def eval_cadence(self) -> float | None:
-        """The exact spacing of logged eval positions, for the integrity check (None: infer it)."""
-        return (self.cfg.schedule.eval_every_epochs or 1.0) if self.EVAL_UNIT == "epoch" else None
-
-    def eval_points(self, global_batch: int) -> list[EvalPoint]:
-        """Eval schedule in train steps: offset + k * cadence epochs, up to the epoch budget."""
+    def replica_batch(self) -> int:
+        """Examples one replica sees in one forward pass (a micro-batch under gradient accumulation)."""
         s = self.cfg.schedule
-        steps_per_epoch = self.train_samples / global_batch
+        return max(1, s.global_batch_size // (self.runtime.num_replicas * s.gradient_accumulation_steps))
+
+    def eval_schedule(self) -> EvalSchedule:
+        """Default: `schedule.eval_epochs` if given, else offset + k * cadence epochs up to the budget."""
+        s = self.cfg.schedule
         every = s.eval_every_epochs or 1.0
-        total_steps = max(1, math.ceil(s.max_epochs * steps_per_epoch - 1e-9))
-        points, k = [], 1
-        while True:
-            epoch = s.eval_offset_epochs + k * every
-            step = min(total_steps, max(1, round(epoch * steps_per_epoch)))
-            if not points or step > points[-1].step:
-                points.append(EvalPoint(step, _tidy(min(epoch, s.max_epochs)), step * global_batch))
-            if step >= total_steps:
-                return points
-            k += 1
+        epochs = s.eval_epochs or cadence_epochs(every, s.eval_offset_epochs, s.max_epochs)
+        if s.eval_epochs and max(epochs) > s.max_epochs + 1e-9:
+            raise HarnessError(f"schedule.eval_epochs goes to {max(epochs):g}, past schedule.max_epochs="
+                               f"{s.max_epochs:g}")
+        return epoch_schedule(epochs, self.train_samples, s.global_batch_size,
+                              None if s.eval_epochs else every)
 
     def validate(self) -> None:
-        """Checks inputs (data paths, sizes) before the log is created; raise HarnessError."""
+        """Checks inputs (data paths, sizes, rules) before the log is created; raise HarnessError."""
 
     # --------------------------------------------------------------------------- model and inputs
     @abc.abstractmethod
     def build(self) -> None:
-        """Creates the model and optimizer (variables through self.runtime), slots included."""
+        """Creates the model and `self.optimizer` (variables through self.runtime), slots included."""
 
     @abc.abstractmethod
     def train_dataset(self, ctx: InputContext) -> tf.data.Dataset:
@@ -113,16 +215,34 @@ class Workload(abc.ABC):
 
     # ---------------------------------------------------------------------- per-replica computation
     @abc.abstractmethod
-    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """One optimizer step on this replica's batch; returns scalars (at least 'loss')."""
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
+        """The training loss of this replica's (micro-)batch as named terms; runs with training=True.
+
+        `seed` is an int64 [2] stateless-RNG seed that differs per run seed, step, micro-batch and replica
+        (dropout draws from it).
+        """
+
+    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Hook on the summed gradients (identical on every replica) before the optimizer step."""
+        return grads
 
     @abc.abstractmethod
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        """Partial sums over this replica's batch, masked (mask 0 = padding). Must include 'count'."""
+        """Outputs on this replica's eval batch (mask 0 = padding): scalars are partial sums the workload
+        masks itself; arrays with a leading batch axis are per-example outputs (static shapes)."""
+
+    def eval_accumulate(self, state: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:
+        """Folds one eval batch (scalars summed over replicas, per-example arrays of real examples) into
+        `state`. Default: float64 sums of scalars and a list of each per-example array."""
+        for k, v in outputs.items():
+            if np.ndim(v) == 0:
+                state[k] = state.get(k, 0.0) + float(v)
+            else:
+                state.setdefault(k, []).append(v)
 
     @abc.abstractmethod
-    def eval_score(self, totals: dict[str, float]) -> float:
-        """The quality metric from the partial sums reduced over all replicas and batches."""
+    def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:
+        """Named metrics from the whole eval set's state, METRIC among them (run on the chief only)."""
 
     # ----------------------------------------------------------------------------------- logging
     @abc.abstractmethod
@@ -135,5 +255,6 @@ class Workload(abc.ABC):
         return {}
 
 
-def _tidy(x: float) -> float | int:
-    return int(x) if float(x).is_integer() else round(float(x), 6)
+def tidy(x: float) -> float | int:
+    """An integer-valued float as int, else rounded to 6 places (for log positions)."""
+    return int(round(x)) if abs(x - round(x)) < 1e-9 else round(float(x), 6)

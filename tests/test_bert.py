@@ -41,7 +41,7 @@ def test_eval_cadence_is_the_mlperf_formula_in_samples():
     assert wl.eval_every_samples == 150_000
     wl = workload_for(["data.eval_every_samples=1000", "schedule.global_batch_size=64",
                        "data.train_samples=3200", "schedule.max_epochs=1"])
-    points = wl.eval_points(64)
+    points = wl.eval_schedule().points
     assert [p.step for p in points] == [16, 32, 47, 50]           # ceil(k*1000/64), capped at the budget
     assert [p.epoch_num for p in points] == [1024, 2048, 3008, 3200]  # samples trained, not epochs
 
@@ -97,9 +97,9 @@ def test_tfrecord_source_reads_the_mlperf_format_split_over_hosts(tmp_path):
 def evaluate(wl: BertWorkload) -> float:
     steps = loop.CompiledSteps(wl.runtime, wl)
     dist = loop.eval_input(wl.runtime, wl, 16, 0)
-    totals = loop.evaluate(steps, dist, loop.eval_steps_for(wl.eval_samples, 16))
-    assert int(totals["count"]) == wl.eval_samples
-    return wl.eval_score(totals)
+    metrics, counted = loop.evaluate(steps, dist, loop.eval_steps_for(wl.eval_samples, 16))
+    assert counted == wl.eval_samples
+    return metrics[wl.METRIC]
 
 
 def test_checkpoint_round_trip_reproduces_eval_accuracy(tmp_path):

@@ -46,8 +46,8 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
             steps = loop.CompiledSteps(rt, wl)
             it = iter(loop.train_input(rt, wl, 64, cfg.seed))
             losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range({STEPS})]
-            totals = loop.evaluate(steps, loop.eval_input(rt, wl, 64, cfg.seed), 2)
-            return rt, losses, totals
+            metrics, counted = loop.evaluate(steps, loop.eval_input(rt, wl, 64, cfg.seed), 2)
+            return rt, losses, dict(counted=counted, accuracy=metrics[wl.METRIC])
 
         mesh, mesh_losses, mesh_totals = train({SMOKE_MESH!r})
         shards = {{v.path: [list(v.variable.shape), [list(s) for s in mesh.local_shapes(v.variable)], list(v.dims)]
@@ -61,8 +61,9 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
     assert np.all(np.isfinite(mesh)) and mesh[-1] < mesh[0]
     np.testing.assert_allclose(mesh, single, rtol=LOSS_RTOL)
     # The eval over the padded, split set counts exactly eval_samples on both.
-    assert out["mesh_totals"]["count"] == out["single_totals"]["count"] == 100
-    np.testing.assert_allclose(out["mesh_totals"]["correct"], out["single_totals"]["correct"], atol=1.0)
+    assert out["mesh_totals"]["counted"] == out["single_totals"]["counted"] == 100
+    # At most one masked-LM prediction (of ~500) may flip on float32 reduction order.
+    np.testing.assert_allclose(out["mesh_totals"]["accuracy"], out["single_totals"]["accuracy"], atol=2.5e-3)
 
     m, sharded = out["model"], 0
     assert m == 2 and out["replicas"] == 2

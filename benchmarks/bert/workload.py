@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.optim import LAMB
-from harness.workload import EvalPoint, Workload
+from harness.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.bert import tensor_names, checkpoint, config, data
 from benchmarks.bert.model import Bert
@@ -41,17 +41,13 @@ class BertWorkload(Workload):
     NAME = "bert"
     MLPERF_KEY = "bert"
     RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
-    DataConfig = config.DataConfig
-    ModelConfig = config.ModelConfig
-    OptimizerConfig = config.OptimizerConfig
-    EVAL_UNIT = "samples"
-    METRIC_NAME = "masked-LM accuracy"
+    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    METRIC = "masked-LM accuracy"
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
         self.source = data.make_source(cfg.data, cfg.model.vocab_size)
         self.model: Bert | None = None
-        self.optimizer: LAMB | None = None
 
     def closed_target(self, ruleset: str) -> float:
         if ruleset == "0.7.0":
@@ -70,18 +66,13 @@ class BertWorkload(Workload):
     def train_steps(self) -> int:
         return self.cfg.optimizer.train_steps or self.total_steps()
 
-    def eval_points(self, global_batch: int) -> list[EvalPoint]:
+    def eval_schedule(self) -> EvalSchedule:
         """An eval each time another `eval_every_samples` samples are trained (at the first step boundary
-        at or past it); `epoch_num` is the number of samples trained."""
-        total, every = self.total_steps(), self.eval_every_samples
-        points, k = [], 1
-        while True:
-            step = min(total, math.ceil(k * every / global_batch))
-            if not points or step > points[-1].step:
-                points.append(EvalPoint(step, step * global_batch, step * global_batch))
-            if step >= total:
-                return points
-            k += 1
+        at or past it) and at the budget; positions are the samples trained."""
+        gbs, every = self.cfg.schedule.global_batch_size, self.eval_every_samples
+        budget = self.total_steps() * gbs
+        marks = list(range(every, budget, every)) + [budget]
+        return sample_schedule(marks, self.train_samples, gbs, None)
 
     def validate(self) -> None:
         m = self.cfg.model
@@ -89,14 +80,9 @@ class BertWorkload(Workload):
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
             raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds model.max_position={m.max_position}")
-        shards = getattr(self.runtime, "shards", None)
-        if shards is not None:
-            for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
-                                    ("model.vocab_size", m.vocab_size, "vocab")):
-                n = shards(dim)
-                if size % n:
-                    raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim}="
-                                       f"{self.runtime.rules[dim]} of size {n})")
+        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
+                                ("model.vocab_size", m.vocab_size, "vocab")):
+            self.runtime.check_divides(what, size, dim)
         if m.init_checkpoint and not tf.io.gfile.glob(m.init_checkpoint + "*"):
             raise HarnessError(f"model.init_checkpoint {m.init_checkpoint} does not exist")
         self.source.validate()
@@ -133,32 +119,27 @@ class BertWorkload(Workload):
         nsp_ce = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["next_sentence_labels"], nsp)
         return tf.reduce_sum(ce * w), tf.reduce_sum(w), nsp_ce, mlm
 
-    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        params = [p.variable for p in self.optimizer.params]
-        gbs = self.cfg.schedule.global_batch_size
-        seed = tf.stack([tf.constant(self.cfg.seed, tf.int64), self.optimizer.step.read_value()])
-        with tf.GradientTape() as tape:
-            mlm_sum, w_sum, nsp_ce, _ = self.losses(batch, True, seed)
-            # Normalized by the global weight sum and batch, so summed replica gradients are exact.
-            w_global = self.runtime.replica_all_sum(w_sum, self.runtime.num_replicas)
-            loss = mlm_sum / (w_global + 1e-5) + tf.reduce_sum(nsp_ce) / gbs
-        # Embedding gathers give IndexedSlices; LAMB's moments are dense anyway.
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]
-        grads = self.runtime.all_reduce_gradients(grads)
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
+        """Masked-LM cross-entropy over the weighted predictions (the reference adds 1e-5 to the weight
+        sum) plus next-sentence cross-entropy over sequences."""
+        mlm_sum, w_sum, nsp_ce, _ = self.losses(batch, True, seed)
+        return {"masked_lm": LossTerm(mlm_sum, w_sum, epsilon=1e-5),
+                "next_sentence": LossTerm(tf.reduce_sum(nsp_ce), tf.shape(nsp_ce)[0])}
+
+    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         if self.cfg.optimizer.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
-        self.optimizer.apply(grads)
-        return {"loss": mlm_sum / (w_sum + 1e-5) + tf.reduce_mean(nsp_ce)}
+        return grads
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
         _, _, _, mlm = self.losses(batch, False)
         predicted = tf.argmax(mlm, -1, output_type=tf.int32)
         w = batch["masked_lm_weights"] * mask[:, None]
         correct = tf.cast(tf.equal(predicted, batch["masked_lm_ids"]), tf.float32) * w
-        return {"correct": tf.reduce_sum(correct), "weight": tf.reduce_sum(w), "count": tf.reduce_sum(mask)}
+        return {"correct": tf.reduce_sum(correct), "weight": tf.reduce_sum(w)}
 
-    def eval_score(self, totals: dict[str, float]) -> float:
-        return totals["correct"] / max(totals["weight"], 1e-9)
+    def eval_finalize(self, state: dict[str, float]) -> dict[str, float]:
+        return {self.METRIC: state["correct"] / max(state["weight"], 1e-9)}
 
     # ---------------------------------------------------------------------------------- logging
     def mllog_hparams(self) -> dict[str, Any]:

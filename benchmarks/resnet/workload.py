@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.optim import LARS, SGDMomentum, poly_warmup_schedule
-from harness.workload import Workload
+from harness.workload import LossTerm, Workload
 
 from benchmarks.resnet import tensor_names, config, data
 from benchmarks.resnet.model import ResNet
@@ -19,37 +19,16 @@ class ResNetWorkload(Workload):
     MLPERF_KEY = "resnet"
     # 1.1.0-2.1.0 need weights_initialization events for the ResNet-50 tensors (tensor_names.py).
     RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0")
-    DataConfig = config.DataConfig
-    ModelConfig = config.ModelConfig
-    OptimizerConfig = config.OptimizerConfig
-    EVAL_UNIT = "epoch"
-    METRIC_NAME = "top-1"
+    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    METRIC = "top-1"
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
         self.source = data.make_source(cfg.data)
         self.model: ResNet | None = None
-        self.optimizer = None
-        gbs = cfg.schedule.global_batch_size
-        self.per_replica_batch = max(1, gbs // runtime.num_replicas)
-        span = cfg.model.bn_span or self.per_replica_batch
-        if runtime.kind == "mesh":
-            # On a DTensor mesh the batch axis is sharded, so batch statistics cover the global batch.
-            if cfg.model.bn_span not in (0, gbs):
-                raise HarnessError(f"model.bn_span={cfg.model.bn_span}: on a mesh runtime batch norm spans "
-                                   f"the global batch ({gbs}); set bn_span to 0 or {gbs}")
-            span = self.per_replica_batch * runtime.num_replicas
-        if span % self.per_replica_batch:
-            raise HarnessError(f"model.bn_span={span} must be a multiple of the per-replica batch "
-                               f"{self.per_replica_batch}")
-        self.bn_span = span
-        self.bn_group = span // self.per_replica_batch
-        if self.bn_group > runtime.num_replicas:
-            raise HarnessError(f"model.bn_span={span} exceeds the global batch {gbs}")
-        if runtime.kind != "mesh" and self.bn_group not in (1, runtime.num_replicas):
-            raise HarnessError(f"model.bn_span={span} spans {self.bn_group} of {runtime.num_replicas} replicas; "
-                               f"the {runtime.kind} runtime supports one replica's batch "
-                               f"({self.per_replica_batch}) or the global batch ({gbs})")
+        # Batch-norm statistics pool this many replicas' (micro-)batches: MLPerf's model_bn_span.
+        self.bn_group = runtime.batch_norm_group(cfg.model.bn_span, self.replica_batch)
+        self.bn_span = self.bn_group * self.replica_batch
 
     def closed_target(self, ruleset: str) -> float:
         return 0.759
@@ -96,30 +75,25 @@ class ResNetWorkload(Workload):
         return self.source.eval_parse(record)
 
     # ------------------------------------------------------------------------------ computation
-    def loss(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    def cross_entropy(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """Per-example softmax cross-entropy with label smoothing."""
         onehot = tf.one_hot(labels, self.cfg.data.num_classes)
         return tf.nn.softmax_cross_entropy_with_logits(
             onehot * (1 - self.cfg.model.label_smoothing) + self.cfg.model.label_smoothing
             / self.cfg.data.num_classes, logits)
 
-    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        params = [p.variable for p in self.optimizer.params]
-        with tf.GradientTape() as tape:
-            logits = self.model(batch["image"], training=True)
-            per_example = self.loss(logits, batch["label"])
-            loss = tf.reduce_sum(per_example) / self.cfg.schedule.global_batch_size
-        grads = self.runtime.all_reduce_gradients(tape.gradient(loss, params))
-        self.optimizer.apply(grads)
-        return {"loss": tf.reduce_mean(per_example)}
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
+        logits = self.model(batch["image"], training=True)
+        per_example = self.cross_entropy(logits, batch["label"])
+        return {"cross_entropy": LossTerm(tf.reduce_sum(per_example), tf.shape(per_example)[0])}
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
         logits = self.model(batch["image"], training=False)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), batch["label"]), tf.float32)
-        return {"correct": tf.reduce_sum(correct * mask), "count": tf.reduce_sum(mask)}
+        return {"correct": tf.reduce_sum(correct * mask), "examples": tf.reduce_sum(mask)}
 
-    def eval_score(self, totals: dict[str, float]) -> float:
-        return totals["correct"] / max(totals["count"], 1.0)
+    def eval_finalize(self, state: dict[str, float]) -> dict[str, float]:
+        return {self.METRIC: state["correct"] / max(state["examples"], 1.0)}
 
     # ---------------------------------------------------------------------------------- logging
     def mllog_hparams(self) -> dict[str, Any]:

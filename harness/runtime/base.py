@@ -11,6 +11,7 @@ import abc
 import dataclasses
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
@@ -83,6 +84,29 @@ class Runtime(abc.ABC):
     def host_batch(self, global_batch: int) -> int:
         return global_batch // self.num_hosts
 
+    def shards(self, dim_name: str) -> int:
+        """How many ways tensors' dimension `dim_name` is split over devices (1: kept whole)."""
+        return 1
+
+    def check_divides(self, what: str, size: int, dim_name: str) -> None:
+        """A model size that a layout splits over devices must divide evenly (checked before the log).
+        Nothing to check where no dimension is split."""
+
+    def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
+        """How many replicas pool batch statistics for a requested span of examples (0: one replica's
+        batch). Data-parallel strategies pool one replica or all of them."""
+        span = span or replica_batch
+        if span % replica_batch:
+            raise HarnessError(f"{what}={span} must be a multiple of the per-replica batch {replica_batch}")
+        group = span // replica_batch
+        if group > self.num_replicas:
+            raise HarnessError(f"{what}={span} exceeds the global batch {replica_batch * self.num_replicas}")
+        if group not in (1, self.num_replicas):
+            raise HarnessError(f"{what}={span} spans {group} of {self.num_replicas} replicas; the {self.kind} "
+                               f"runtime supports one replica's batch ({replica_batch}) or the global batch "
+                               f"({replica_batch * self.num_replicas})")
+        return group
+
     # ------------------------------------------------------------------------------ variables
     @abc.abstractmethod
     def scope(self) -> Any:
@@ -128,8 +152,27 @@ class Runtime(abc.ABC):
         """Cross-replica sum of `run`'s results (nested structure of tensors), in cross-replica context."""
 
     def all_reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        """In replica context: sums gradients over replicas (losses are pre-divided by the global batch)."""
+        """In replica context: sums gradients over replicas (losses are pre-divided by global counts)."""
         return grads
+
+    def replica_id(self) -> tf.Tensor:
+        """In replica context: this replica's index (0 where one program sees the whole batch)."""
+        return tf.constant(0, tf.int32)
+
+    @abc.abstractmethod
+    def gather(self, per_replica: Any) -> Any:
+        """Cross-replica: per-example outputs (leading batch axis) of every replica and host, concatenated
+        in replica order, available on every host."""
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """A compiled function's output (reduced or gathered) as a numpy array on this host."""
+        return np.asarray(value)
+
+    def broadcast_from_chief(self, value: np.ndarray) -> np.ndarray:
+        """The chief's `value` on every host (a collective: every host must call it)."""
+        if self.num_hosts == 1:
+            return np.asarray(value)
+        raise HarnessError(f"the {self.kind} runtime cannot broadcast between {self.num_hosts} hosts")
 
     @abc.abstractmethod
     def mean(self, per_replica: Any) -> Any:

@@ -6,6 +6,7 @@ import os
 import threading
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -21,6 +22,7 @@ class StrategyRuntime(Runtime):
         self.kind = kind
         self.strategy = strategy
         self._device_type = device_type
+        self._broadcast_fn: Callable | None = None
         super().__init__(precision, jit_compile)
 
     @property
@@ -87,6 +89,28 @@ class StrategyRuntime(Runtime):
         if self.num_replicas == 1:
             return grads
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+    def replica_id(self) -> tf.Tensor:
+        return tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)
+
+    def gather(self, per_replica: Any) -> Any:
+        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica)
+
+    def broadcast_from_chief(self, value: np.ndarray) -> np.ndarray:
+        # Every replica contributes zeros except the chief's first (global replica 0): a sum over all
+        # replicas is then the chief's value, on every host.
+        value = np.asarray(value)
+        if self.num_hosts == 1:
+            return value
+        if self._broadcast_fn is None:
+            def replica_fn(x: tf.Tensor) -> tf.Tensor:
+                first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+                return x * tf.cast(first, x.dtype)
+
+            self._broadcast_fn = tf.function(lambda x: self.strategy.reduce(
+                tf.distribute.ReduceOp.SUM, self.strategy.run(replica_fn, (x,)), axis=None))
+        mine = value if self.is_chief else np.zeros_like(value)
+        return self._broadcast_fn(tf.constant(mine, tf.float64)).numpy()
 
     def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
         if group_size == 1:

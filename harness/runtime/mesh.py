@@ -12,6 +12,7 @@ import contextlib
 import math
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
@@ -58,9 +59,22 @@ class MeshRuntime(Runtime):
         return f"mesh {shape} on {math.prod(self.sizes.values())} {self.device_type} device(s)"
 
     def shards(self, dim_name: str) -> int:
-        """How many ways tensors' dimension `dim_name` is split (1 when replicated)."""
         mesh_dim = self.rules.get(dim_name)
         return self.sizes.get(mesh_dim, 1) if mesh_dim else 1
+
+    def check_divides(self, what: str, size: int, dim_name: str) -> None:
+        n = self.shards(dim_name)
+        if size % n:
+            raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim_name}="
+                               f"{self.rules[dim_name]} of size {n})")
+
+    def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
+        """Statistics over a sharded batch are global here: the only span is the global batch."""
+        global_batch = replica_batch * self.num_replicas
+        if span not in (0, global_batch):
+            raise HarnessError(f"{what}={span}: on a mesh runtime batch norm spans the global batch "
+                               f"({global_batch}); set it to 0 or {global_batch}")
+        return self.num_replicas
 
     def layout_for(self, dims: tuple[str | None, ...]) -> dtensor.Layout:
         """Named tensor dimensions -> a Layout; a mesh dimension is used at most once per tensor."""
@@ -128,6 +142,15 @@ class MeshRuntime(Runtime):
 
     def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
         return tensors  # batch statistics over a sharded batch are global already
+
+    def gather(self, per_replica: Any) -> Any:
+        return tf.nest.map_structure(
+            lambda t: dtensor.relayout(t, dtensor.Layout.replicated(self.mesh, t.shape.rank)), per_replica)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        if isinstance(value, tf.Tensor) and dtensor.is_dtensor(value):
+            return dtensor.unpack(value)[0].numpy()  # replicated: every device holds the whole value
+        return np.asarray(value)
 
     def function(self, fn: Callable) -> Callable:
         compiled = tf.function(fn, jit_compile=self.jit_compile or None)

@@ -1,0 +1,67 @@
+"""What a person watching a run sees: progress lines on stdout and TensorBoard scalars (chief only).
+
+Both are fed with values the loop has already fetched to the host at the end of a compiled chunk of
+steps, so they add no device synchronization to the timed run.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class Progress:
+    """Prints progress lines and, when `tensorboard_dir` is set, writes scalars there. A non-chief host
+    gets `Progress(enabled=False)`, which does nothing."""
+
+    def __init__(self, enabled: bool = True, tensorboard_dir: str | None = None, unit: str = "epoch",
+                 metric: str = "accuracy", target: float = 0.0) -> None:
+        self.enabled = enabled
+        self.unit = unit
+        self.metric = metric
+        self.target = target
+        self._writer: Any = None
+        if enabled and tensorboard_dir:
+            import tensorflow as tf
+
+            os.makedirs(tensorboard_dir, exist_ok=True)
+            self._writer = tf.summary.create_file_writer(tensorboard_dir)
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def train(self, step: int, position: float, loss: float, lr: float, samples_per_s: float,
+              to_next_eval_s: float | None, print_line: bool) -> None:
+        """One chunk of training finished at optimizer step `step` (`position` epochs or samples)."""
+        if not self.enabled:
+            return
+        if print_line:
+            eta = f"{to_next_eval_s:7.1f} s" if to_next_eval_s is not None else "      ?"
+            self.line(f"  step {step:>8} | {self.unit} {position:>10} | loss {loss:8.4f} | lr {lr:.4g} | "
+                      f"{samples_per_s:9.1f} samples/s | next eval in {eta}")
+        self._scalars(step, {"train/loss": loss, "train/learning_rate": lr,
+                             "train/samples_per_s": samples_per_s})
+
+    def eval(self, step: int, position: float, loss: float, samples_per_s: float, metrics: dict[str, float],
+             elapsed_s: float) -> None:
+        if not self.enabled:
+            return
+        score = metrics[self.metric]
+        self.line(f"{self.unit} {position:>8} | loss {loss:8.4f} | {samples_per_s:9.1f} samples/s | "
+                  f"eval {self.metric} {score:.4f} (target {self.target}) | elapsed {elapsed_s:7.1f} s")
+        self._scalars(step, {f"eval/{name}": value for name, value in metrics.items()})
+
+    def _scalars(self, step: int, values: dict[str, float]) -> None:
+        if self._writer is None:
+            return
+        import tensorflow as tf
+
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(name.replace(" ", "_"), float(value))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
