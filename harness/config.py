@@ -49,6 +49,10 @@ class RuntimeConfig:
     gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible)")
     tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = local / env)")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
+    collective_timeout_s: float = field(600.0, min=0.0, doc="multi_worker: a collective waiting longer than "
+                                        "this fails the run (a hung or stopped peer); must cover the "
+                                        "slowest legitimate wait, e.g. the chief scoring while others wait "
+                                        "(0 = wait forever)")
     precision: str = field("float32", choices=("float32", "bfloat16"),
                            doc="compute dtype; variables stay float32 (float16 would need loss scaling)")
     jit_compile: bool | None = field(None, doc="XLA; null = on for GPU/TPU, off on CPU (slower there)")

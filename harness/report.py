@@ -10,6 +10,7 @@ different systems can log the same platform string (e.g. Google's v0.7 TF and JA
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import re
@@ -125,6 +126,13 @@ def plot_convergence(summaries: list[RunSummary], target: float | None, title: s
     ax_time.set_title("accuracy vs time")
     fig.suptitle(title)
     return fig
+
+
+def _checker_version() -> str:
+    try:
+        return importlib.metadata.version("mlperf-logging")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _fmt(v: float | int | None, spec: str = ".3f") -> str:
@@ -254,6 +262,7 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
               "and eval_start->eval_stop intervals (they overlap when evals run asynchronously). "
               "Throughput = training samples in logged blocks / time inside blocks (see harness/logparse.py). "
               "Findings come from harness/integrity.py: checks the official compliance checker does not make.")
+    md.append(f"Official checker installed: mlperf-logging {_checker_version()} (verdicts depend on its version).")
     md.append("")
     for rs in sets:
         md += [f"## {rs.label}", ""]

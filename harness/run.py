@@ -112,6 +112,10 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         if chief and os.path.exists(log_path):
             # Keep what was written, under a name no tool mistakes for a result log.
             os.replace(log_path, os.path.join(run_dir, f"incomplete_result_{cfg.seed}.log"))
+        lost = (distribute.lost_peer_error(e, cfg.runtime.collective_timeout_s)
+                if runtime.kind == "multi_worker" else None)
+        if lost is not None:
+            raise lost from None
         if isinstance(e, tf.errors.DataLossError) or (isinstance(e, tf.errors.OpError)
                                                       and _looks_like_bad_data(str(e))):
             raise HarnessError(f"corrupt or unreadable input data: {_first_line(e)}") from None

@@ -144,32 +144,3 @@ def test_same_loss_trajectory_on_1_2_4_logical_devices():
     assert max(base) - min(base) > 1e-3, base  # the weights are actually moving
     for n in (2, 4):
         assert trajectories[n] == pytest.approx(base, rel=1e-4, abs=1e-5), (n, trajectories[n], base)
-
-
-def test_multi_worker_two_processes_only_chief_writes(tmp_out):
-    import socket
-
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = []
-    for i in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-                   TF_CPP_MIN_LOG_LEVEL="2")
-        cmd = [sys.executable, "-m", "harness", "run", SMOKE, "--output_dir", tmp_out, *QUICK,
-               *sets(runtime__kind="multi_worker", run_id="mw")]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    outputs = [p.communicate(timeout=300) for p in procs]
-    codes = [p.returncode for p in procs]
-    assert codes[0] in (0, 1) and codes[0] == codes[1], outputs
-    files = sorted(os.listdir(os.path.join(tmp_out, "resnet", "mw")))
-    assert files == ["config.yaml", "result_1.txt", "summary.json"]
-    summary = read_summary(tmp_out)
-    assert summary["num_replicas"] == 2 and "2 host(s)" in summary["runtime"]
-    assert "time to train" in outputs[0][0] and "time to train" not in outputs[1][0]
-    keys = event_keys(summary["log"])
-    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1  # one writer, no duplicates

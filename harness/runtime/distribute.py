@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from typing import Any, Callable
 
@@ -167,22 +168,80 @@ def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> Stra
     return StrategyRuntime("mirrored", strategy, device_type, precision, jit)
 
 
-def make_multi_worker(precision: str, jit: str) -> StrategyRuntime:
+def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 600.0) -> StrategyRuntime:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster.
+
+    A peer that dies is noticed by the coordination service's heartbeats; one that stops answering while
+    its process lives (hung, stopped, cut off) would leave the others waiting in a collective forever, so
+    every collective gets `collective_timeout_s` (TensorFlow raises DeadlineExceededError; it costs a
+    thread per collective, microseconds against a training step).
+    """
+    _cluster_from_env()
+    gpus = tf.config.list_physical_devices("GPU")
+    impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
+            else tf.distribute.experimental.CommunicationImplementation.RING)
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=impl, timeout_seconds=collective_timeout_s or None)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit)
+
+
+def _cluster_from_env() -> tuple[dict[str, list[str]], tuple[str, int]]:
+    """TF_CONFIG's cluster (job -> addresses) and this task (job, index)."""
     raw = os.environ.get("TF_CONFIG", "")
     if not raw:
         raise HarnessError("runtime.kind=multi_worker needs the TF_CONFIG environment variable "
                            "(cluster and task, see README)")
     try:
         tf_config = json.loads(raw)
-        tf_config["cluster"], tf_config["task"]["type"]
-    except (ValueError, KeyError, TypeError) as e:
+        cluster = {job: list(addresses) for job, addresses in tf_config["cluster"].items()}
+        me = (tf_config["task"]["type"], int(tf_config["task"].get("index", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise HarnessError(f"TF_CONFIG is not valid cluster JSON: {e}") from None
-    gpus = tf.config.list_physical_devices("GPU")
-    impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
-            else tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
-    return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit)
+    return cluster, me
+
+
+# What a collective raises when a peer died, stopped answering or cannot be reached.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                tf.errors.AbortedError)
+_TASK_NAME = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
+
+
+def lost_peer_error(error: BaseException, collective_timeout_s: float) -> HarnessError | None:
+    """A multi-worker failure caused by a lost peer, as one line naming it (from TF_CONFIG); None otherwise.
+
+    TensorFlow reports it as a long gRPC error whose text names tasks as /job:worker/replica:0/task:1;
+    the peer is the task named there other than this one, or the only other task of the cluster.
+    """
+    if not isinstance(error, tf.errors.OpError):
+        return None
+    text = error.message or str(error)
+    if not isinstance(error, _PEER_ERRORS) and not (
+            isinstance(error, tf.errors.InternalError)
+            and re.search(r"collective|coordination|heartbeat", text, re.IGNORECASE)):
+        return None
+    try:
+        cluster, me = _cluster_from_env()
+    except HarnessError:
+        return None
+    tasks = [(job, i) for job, addresses in cluster.items() for i in range(len(addresses))]
+    named = sorted({(job, int(i)) for job, i in _TASK_NAME.findall(text)} & set(tasks) - {me})
+    others = [t for t in tasks if t != me]
+    peers = named or (others if len(others) == 1 else [])
+
+    def name(task: tuple[str, int]) -> str:
+        return f"{task[0]} {task[1]} ({cluster[task[0]][task[1]]})"
+
+    who = ", ".join(name(t) for t in peers) if peers else f"a peer (one of {', '.join(name(t) for t in others)})"
+    if isinstance(error, tf.errors.DeadlineExceededError):
+        why = f"no answer within runtime.collective_timeout_s={collective_timeout_s:g}s"
+    elif "heartbeat" in text:
+        why = "it stopped sending heartbeats (crashed, stopped or cut off)"
+    elif re.search(r"coordination service|connect|socket closed|connection reset", text, re.IGNORECASE):
+        why = "it cannot be reached (crashed or cut off)"
+    else:
+        why = f"{type(error).__name__} in a collective"
+    return HarnessError(f"lost contact with {who}: {why}; this run is incomplete")
 
 
 def make_tpu(address: str, timeout_s: float, precision: str, jit: str) -> StrategyRuntime:

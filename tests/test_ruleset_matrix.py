@@ -1,0 +1,53 @@
+"""Every registered workload, every ruleset it accepts: one real tiny run whose log the official checker
+passes for all of them (an aborted run may miss only the quality target).
+
+One run per workload: the harness checks its log against `ruleset` and every `check_rulesets` entry and
+writes each verdict to summary.json. The runs use the smoke configs shrunk to one short epoch and one
+eval, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks, BERT-large's 24
+layers, at tiny widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for each of the
+reference model's tensors, and the harness refuses a model that cannot name them all.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import pytest
+
+from benchmarks import registry
+from harness import logparse, weights_init
+
+from conftest import REPO, read_summary, run_cli, sets
+
+MATRIX = {
+    "resnet": ("configs/resnet/smoke.yaml",
+               sets(model__blocks="[3,4,6,3]", model__width=4, data__image_size=16, data__train_samples=256,
+                    data__eval_samples=101, schedule__max_epochs=1)),
+    "bert": ("configs/bert/smoke.yaml",
+             sets(model__num_layers=24, model__hidden_size=32, model__num_heads=2, model__ff_size=64,
+                  data__train_samples=256, data__eval_samples=100, data__eval_every_samples=256,
+                  schedule__max_epochs=1, schedule__steps_per_loop=4)),
+}
+
+
+@pytest.mark.parametrize("workload", registry.names())
+def test_every_accepted_ruleset_passes_the_official_checker(workload, tmp_out):
+    assert workload in MATRIX, (f"add a tiny run for {workload} to MATRIX: every workload's accepted "
+                                f"rulesets must be proven by a real log")
+    config, overrides = MATRIX[workload]
+    rulesets = list(registry.get(workload).RULESETS)
+    proc = run_cli("run", os.path.join(REPO, config), "--output_dir", tmp_out, *overrides,
+                   *sets(ruleset=rulesets[-1], check_rulesets="[" + ",".join(rulesets[:-1]) + "]"))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary = read_summary(tmp_out, workload)
+    verdicts = {r: v["verdict"] for r, v in summary["compliance"].items()}
+    assert sorted(verdicts) == sorted(rulesets)
+    for ruleset, verdict in verdicts.items():
+        ok = ("PASS",) if summary["status"] == "success" else ("PASS", "FAIL (quality target")
+        assert verdict.startswith(ok), (ruleset, summary["compliance"][ruleset])
+    assert summary["compliant"] and summary["checker"]["version"] == importlib.metadata.version("mlperf-logging")
+    # The rulesets that name tensors got exactly one event per name.
+    logged = [e.metadata.get("tensor") for e in logparse.parse_log(summary["log"])
+              if e.key == weights_init.KEY]
+    required, _ = weights_init.required_for_run(summary["benchmark"], rulesets, "closed")
+    assert sorted(logged) == sorted(required)
