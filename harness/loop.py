@@ -113,6 +113,14 @@ def eval_input(runtime: Runtime, workload: Workload, global_batch: int, seed: in
 
 # ------------------------------------------------------------------------------ compiled functions
 
+def training_seed(run_seed: int, step: tf.Tensor, replica: tf.Tensor, micro_batch: int) -> tf.Tensor:
+    """The stateless seed a workload's loss draws from (dropout): distinct for every run seed, step,
+    replica and micro-batch, as the references' independent draws are."""
+    seed = tf.stack([tf.constant(run_seed, tf.int64), tf.cast(step, tf.int64)])
+    seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica, tf.int32))
+    return tf.random.experimental.stateless_fold_in(seed, micro_batch)
+
+
 class CompiledSteps:
     """Builds the train loop and eval step once; counts traces so a retrace after run_start shows."""
 
@@ -154,14 +162,13 @@ class CompiledSteps:
         """
         w, k = self.workload, self.accumulation
         params = [p.variable for p in w.optimizer.params]
-        step_seed = tf.stack([tf.constant(w.cfg.seed, tf.int64), w.optimizer.step.read_value()])
-        replica_seed = tf.random.experimental.stateless_fold_in(step_seed, self.runtime.replica_id())
+        step = w.optimizer.step.read_value()
         micro = tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0)),
                                       batch) if k > 1 else None
         total_loss, total_grads = tf.constant(0.0), None
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
             micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
-            seed = tf.random.experimental.stateless_fold_in(replica_seed, m)
+            seed = training_seed(w.cfg.seed, step, self.runtime.replica_id(), m)
             with tf.GradientTape() as tape:
                 loss = self._normalized(w.loss(micro_batch, seed)) / k
             grads = tape.gradient(loss, params)

@@ -46,6 +46,16 @@ def test_eval_cadence_is_the_mlperf_formula_in_samples():
     assert [p.epoch_num for p in points] == [1024, 2048, 3008, 3200]  # samples trained, not epochs
 
 
+def test_ruleset_0_7_0_cadence_starts_at_3m_samples_then_every_500k():
+    wl = workload_for(["ruleset=0.7.0", "check_rulesets=[]", "data.eval_every_samples=0",
+                       "schedule.global_batch_size=448", "data.train_samples=4000000", "schedule.max_epochs=1"])
+    # Marks 3.0M, 3.5M and the 4M budget, each rounded up to a whole batch of 448.
+    assert [p.epoch_num for p in wl.eval_schedule().points] == [3000256, 3500224, 4000192]
+    wl = workload_for(["ruleset=4.0.0", "data.eval_every_samples=0", "schedule.global_batch_size=448",
+                       "data.train_samples=600000", "schedule.max_epochs=1"])
+    assert [p.epoch_num for p in wl.eval_schedule().points][:2] == [150080, 300160]
+
+
 def test_closed_targets_and_keys_for_every_ruleset():
     wl = workload_for([])
     assert wl.closed_target("0.7.0") == 0.712 and wl.closed_target("4.0.0") == 0.720

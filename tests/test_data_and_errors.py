@@ -26,8 +26,8 @@ def imagenet_dir(tmp_path_factory):
 
 
 def tfrecord_sets(data_dir: str) -> list[str]:
-    return sets(data__source="tfrecord", data__data_dir=data_dir, data__train_samples=N_TRAIN,
-                data__eval_samples=N_EVAL, schedule__max_epochs=1, data__shuffle_buffer=256)
+    return sets(data__source="tfrecord", data__data_dir=data_dir, data__train_samples=N_TRAIN // 4,
+                data__eval_samples=N_EVAL, schedule__max_epochs=4, data__shuffle_buffer=256)
 
 
 def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):
@@ -38,7 +38,7 @@ def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):
     assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == tf.float32
     labels = batch["label"].numpy()
     assert labels.min() >= 0 and labels.max() < 10
-    assert abs(float(tf.reduce_mean(batch["image"]))) < 3.0  # normalized, not raw pixels
+    assert abs(float(tf.reduce_mean(batch["image"]))) < 40.0  # mean-subtracted (the reference), not 0-255
     # Two hosts read disjoint shards.
     host0 = source.train(InputContext(2, 0, 8, seed=3))
     assert host0.element_spec["image"].shape == (32, 32, 3)
@@ -67,8 +67,8 @@ def test_tfds_run_under_mock_data(tmp_out):
     from harness import run
 
     with tfds.testing.mock_data(num_examples=48):
-        code = run.execute(SMOKE, ["data.source=tfds", "data.data_dir=", "data.train_samples=256",
-                                   "data.eval_samples=48", "schedule.max_epochs=1", "schedule.global_batch_size=32",
+        code = run.execute(SMOKE, ["data.source=tfds", "data.data_dir=", "data.train_samples=64",
+                                   "data.eval_samples=48", "schedule.max_epochs=4", "schedule.global_batch_size=32",
                                    "data.shuffle_buffer=64"], tmp_out)
     summary = read_summary(tmp_out)
     assert code in (0, 1) and summary["status"] in ("success", "aborted")
@@ -140,3 +140,27 @@ def test_unreachable_tpu_times_out(tmp_out):
 def test_closed_division_target_below_closed_target_is_refused(tmp_out):
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *sets(schedule__target=0.5))
     assert_clean_error(proc, "schedule.target=0.5", "closed-division target 0.759", "division=open")
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["schedule.eval_every_epochs=1"], ["closed ResNet evaluates every 4 epochs", "eval_every_epochs=1"]),
+    (["schedule.eval_offset_epochs=5"], ["eval_offset_epochs=5", "one of 0, 1, 2, 3"]),
+    (["schedule.max_epochs=41", "schedule.eval_offset_epochs=3"], ["max_epochs=41 is off the eval cadence",
+                                                                    "use 39 or 43"]),
+    (["schedule.eval_epochs=[4, 8]"], ["not schedule.eval_epochs"]),
+])
+def test_closed_resnet_eval_schedule_breaking_the_rules_is_refused(tmp_out, overrides, fragments):
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *[a for o in overrides for a in ("--set", o)])
+    assert_clean_error(proc, *fragments, "division=open")
+    assert not os.path.exists(tmp_out) or not any(f.startswith("result_") for _, _, fs in os.walk(tmp_out)
+                                                   for f in fs)
+
+
+def test_closed_bert_eval_schedule_breaking_the_rules_is_refused(tmp_out):
+    bert = os.path.join(REPO, "configs", "bert", "smoke.yaml")
+    proc = run_cli("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed")
+    assert_clean_error(proc, "closed BERT evaluates at the rules' cadence", "eval_every_samples=0")
+    proc = run_cli("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed",
+                   "--set", "data.eval_every_samples=0", "--set", "data.train_samples=200000",
+                   "--set", "schedule.max_epochs=1")
+    assert_clean_error(proc, "budget of 200000 samples", "off the eval cadence", "end it at 150016 or 300032 samples")

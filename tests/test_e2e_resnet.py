@@ -13,7 +13,8 @@ from harness import logparse
 from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets
 
 # A shorter variant of the smoke run for tests that do not need to reach the target.
-QUICK = sets(data__train_samples=1024, data__eval_samples=301, schedule__max_epochs=1)
+# One eval, on the closed cadence (every 4 epochs), after 8 steps of 128.
+QUICK = sets(data__train_samples=256, data__eval_samples=301, schedule__max_epochs=4)
 
 
 def official_checker(path: str, ruleset: str) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from conftest import REPO
 from harness import logparse
-from harness.loop import CompiledSteps, run_timed, train_input
+from harness.loop import CompiledSteps, run_timed, train_input, training_seed
 from harness.mlperf import MLPerfLog
 from harness.runtime import make_runtime
 from harness.config import RuntimeConfig
@@ -99,6 +99,17 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     assert abs(trained_w(tmp_path, 3, global_batch_size=4) - one) > 1e-3
 
 
+def test_training_seeds_differ_per_step_replica_and_micro_batch():
+    seeds = {(r, st, rep, m): tuple(training_seed(r, tf.constant(st, tf.int64), tf.constant(rep), m).numpy())
+             for r in (1, 2) for st in (0, 1, 16) for rep in (0, 1) for m in (0, 1)}
+    assert len(set(seeds.values())) == len(seeds)
+    masks = {k: tf.random.experimental.stateless_uniform([64], v).numpy() < 0.5 for k, v in seeds.items()}
+    first = masks[(1, 0, 0, 0)]
+    assert all(not np.array_equal(first, m) for k, m in masks.items() if k != (1, 0, 0, 0))
+    # Deterministic: the same coordinates give the same seed.
+    assert tuple(training_seed(1, tf.constant(0, tf.int64), tf.constant(0), 0).numpy()) == seeds[(1, 0, 0, 0)]
+
+
 def run_py(script: str, env: dict | None = None, timeout: float = 300) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -172,3 +183,32 @@ def test_two_processes_stop_at_the_chief_verdict(tmp_path):
     assert chief["status"] == other["status"] == "success"
     assert chief["steps"] == other["steps"] and chief["evals"] == other["evals"]
     assert len(chief["evals"]) < 4  # stopped early, at the target, not at the budget
+
+
+def test_progress_lines_and_tensorboard_scalars(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from harness.progress import Progress
+
+    runtime = make_runtime(RuntimeConfig())
+    wl = toy.make(str(tmp_path), runtime, log_every_steps=2, steps_per_loop=5)
+    tb = str(tmp_path / "tensorboard")
+    log = MLPerfLog(str(tmp_path / "log.txt"))
+    result = run_timed(runtime, wl, log, lambda: None, Progress(True, tb, "epoch", wl.METRIC, wl.target))
+    log.close()
+    lines = capsys.readouterr().out.splitlines()
+    steps = [l for l in lines if l.strip().startswith("step ")]
+    # A line every 2 steps (chunks of 5 are cut to end on them), with loss, rate and learning rate.
+    assert [int(l.split()[1]) for l in steps] == list(range(2, result.steps + 1, 2))
+    assert all("loss" in l and "lr 0.3" in l and "samples/s" in l and "next eval in" in l for l in steps)
+    acc = EventAccumulator(tb, size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"])  # TF2 summaries store scalars as tensors of the scalars plugin
+    assert {"train/loss", "train/learning_rate", "train/samples_per_s", "eval/closeness",
+            "eval/mean_prediction"} <= tags
+    closeness = [float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("eval/closeness")]
+    assert len(closeness) == len(result.evals)
+    assert closeness[-1] == pytest.approx(result.evals[-1]["score"], rel=1e-6)
+    # One train point per compiled chunk (chunks end at log steps and at evals), the last at the end.
+    train_steps = [e.step for e in acc.Tensors("train/loss")]
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] == result.steps

@@ -79,8 +79,8 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
 def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
     proc = run_cli("run", os.path.join(REPO, "configs", "resnet", "smoke.yaml"), "--output_dir", tmp_out,
                    "--set", "runtime.kind=mesh", "--set", "runtime.cpu_devices=2",
-                   "--set", "runtime.mesh={data: 2, model: 1}", "--set", "schedule.max_epochs=1",
-                   "--set", "data.train_samples=1024", "--set", "data.eval_samples=101")
+                   "--set", "runtime.mesh={data: 2, model: 1}", "--set", "schedule.max_epochs=4",
+                   "--set", "data.train_samples=256", "--set", "data.eval_samples=101")
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = read_summary(tmp_out)
     assert summary["runtime"].startswith("mesh data=2 x model=1")

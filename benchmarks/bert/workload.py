@@ -16,6 +16,10 @@ from benchmarks.bert import tensor_names, checkpoint, config, data
 from benchmarks.bert.model import Bert
 
 
+# Training rules v0.7 for BERT: "Starting at 3M samples, then every 500K samples".
+V07_FIRST_EVAL, V07_EVAL_EVERY = 3_000_000, 500_000
+
+
 def mlperf_eval_every(global_batch: int) -> int:
     """The MLPerf BERT cadence: floor(0.05 * (230.23 * gbs + 3,000,000) / 25,000) * 25,000 samples."""
     return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000)) * 25_000
@@ -66,13 +70,38 @@ class BertWorkload(Workload):
     def train_steps(self) -> int:
         return self.cfg.optimizer.train_steps or self.total_steps()
 
+    def eval_cadence_samples(self) -> tuple[int, int]:
+        """(first eval, spacing) in samples: `data.eval_every_samples`, else the ruleset's rule (0.7.0: from
+        3M samples, every 500K; 1.0+: every FLOOR(0.05 * (230.23 * gbs + 3M), 25K) samples)."""
+        if self.cfg.data.eval_every_samples == 0 and self.cfg.ruleset == "0.7.0":
+            return V07_FIRST_EVAL, V07_EVAL_EVERY
+        return self.eval_every_samples, self.eval_every_samples
+
     def eval_schedule(self) -> EvalSchedule:
-        """An eval each time another `eval_every_samples` samples are trained (at the first step boundary
-        at or past it) and at the budget; positions are the samples trained."""
-        gbs, every = self.cfg.schedule.global_batch_size, self.eval_every_samples
+        """An eval at the first step boundary at or past each cadence mark, and at the budget; positions
+        are the samples trained."""
+        gbs = self.cfg.schedule.global_batch_size
+        first, every = self.eval_cadence_samples()
         budget = self.total_steps() * gbs
-        marks = list(range(every, budget, every)) + [budget]
-        return sample_schedule(marks, self.train_samples, gbs, None)
+        return sample_schedule(list(range(first, budget, every)) + [budget], self.train_samples, gbs, None)
+
+    def check_closed_eval_schedule(self) -> None:
+        """Closed BERT evaluates at the rules' cadence and its budget ends on it."""
+        if self.cfg.data.eval_every_samples:
+            raise HarnessError(f"closed BERT evaluates at the rules' cadence: set data.eval_every_samples=0 "
+                               f"(not {self.cfg.data.eval_every_samples}); or set submission.division=open")
+        gbs, total = self.cfg.schedule.global_batch_size, self.total_steps()
+        first, every = self.eval_cadence_samples()
+        k = max(0, math.ceil((total * gbs - first) / every))
+        marks = [first + j * every for j in range(max(0, k - 1), k + 2)]
+        if not any(math.ceil(m / gbs) == total for m in marks):
+            ends = [math.ceil(m / gbs) * gbs for m in marks]
+            below = [e for e in ends if e < total * gbs][-1:]
+            above = [e for e in ends if e > total * gbs][0]
+            raise HarnessError(f"closed BERT: the budget of {total * gbs} samples (schedule.max_epochs) is off "
+                               f"the eval cadence (first {first}, every {every} samples); end it at "
+                               f"{' or '.join(str(e) for e in below + [above])} samples; or set "
+                               f"submission.division=open")
 
     def validate(self) -> None:
         m = self.cfg.model
@@ -80,6 +109,8 @@ class BertWorkload(Workload):
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
             raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds model.max_position={m.max_position}")
+        if self.cfg.submission.division == "closed":
+            self.check_closed_eval_schedule()
         for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
                                 ("model.vocab_size", m.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)

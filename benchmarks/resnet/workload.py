@@ -34,7 +34,27 @@ class ResNetWorkload(Workload):
         return 0.759
 
     def validate(self) -> None:
+        if self.cfg.submission.division == "closed":
+            self.check_closed_eval_schedule()
         self.source.validate()
+
+    def check_closed_eval_schedule(self) -> None:
+        """Training rules for closed ResNet: an eval every 4 epochs, the first after 1, 2, 3 or 4 epochs
+        (offset 1-3, or 0 for 4), and a budget that ends on that cadence (as the reference rounds it)."""
+        s = self.cfg.schedule
+        fix = "; or set submission.division=open"
+        if s.eval_epochs:
+            raise HarnessError(f"closed ResNet evaluates every 4 epochs: use schedule.eval_every_epochs=4 and "
+                               f"eval_offset_epochs 0-3, not schedule.eval_epochs{fix}")
+        if s.eval_every_epochs != 4 or s.eval_offset_epochs not in (0, 1, 2, 3):
+            raise HarnessError(f"closed ResNet evaluates every 4 epochs from epoch 1-4: schedule.eval_every_epochs="
+                               f"{s.eval_every_epochs:g} and eval_offset_epochs={s.eval_offset_epochs:g} must be 4 "
+                               f"and one of 0, 1, 2, 3{fix}")
+        first = s.eval_offset_epochs or 4
+        if s.max_epochs < first or (s.max_epochs - first) % 4:
+            below = first + 4 * math.floor(max(s.max_epochs - first, 0) / 4)
+            raise HarnessError(f"closed ResNet: schedule.max_epochs={s.max_epochs:g} is off the eval cadence "
+                               f"(evals at {first:g}, {first + 4:g}, ...); use {below:g} or {below + 4:g}{fix}")
 
     # ----------------------------------------------------------------------------- schedule
     def steps_per_epoch(self) -> float:
