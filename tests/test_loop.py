@@ -103,7 +103,7 @@ def test_training_seeds_differ_per_step_replica_and_micro_batch():
     seeds = {(r, st, rep, m): tuple(training_seed(r, tf.constant(st, tf.int64), tf.constant(rep), m).numpy())
              for r in (1, 2) for st in (0, 1, 16) for rep in (0, 1) for m in (0, 1)}
     assert len(set(seeds.values())) == len(seeds)
-    masks = {k: tf.random.experimental.stateless_uniform([64], v).numpy() < 0.5 for k, v in seeds.items()}
+    masks = {k: tf.random.stateless_uniform([64], v).numpy() < 0.5 for k, v in seeds.items()}
     first = masks[(1, 0, 0, 0)]
     assert all(not np.array_equal(first, m) for k, m in masks.items() if k != (1, 0, 0, 0))
     # Deterministic: the same coordinates give the same seed.
