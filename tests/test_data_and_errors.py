@@ -13,7 +13,7 @@ from benchmarks.resnet.data import TFRecordSource
 from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
 from harness.runtime.base import InputContext
 
-from conftest import SMOKE, read_summary, run_cli, run_dir, sets, stderr_error_lines
+from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets, stderr_error_lines
 
 N_TRAIN, N_EVAL = 512, 130
 
