@@ -267,7 +267,7 @@ def check_compliance(runs: list[Run], ruleset: str) -> list[Verdict]:
         raise HarnessError(f"refusing to package: {len(failed)} runs did not reach the quality target "
                            f"({_names(failed)}); olympic scoring accepts at most one failed run")
     for r in runs:
-        errors = [f for f in integrity.check_integrity(r.events) if f.severity == "error"]
+        errors = [f for f in integrity.check_integrity(r.events, ruleset=ruleset) if f.severity == "error"]
         if errors:
             raise HarnessError(f"refusing to package: {r.log} fails the harness integrity checks: "
                                f"{errors[0].message}")

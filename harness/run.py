@@ -65,7 +65,11 @@ def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
 def check_log(path: str, rulesets: list[str], eval_every: float | None = None) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
     """The official checker for each ruleset plus the harness's own integrity checks."""
     verdicts = {r: run_compliance_checker(path, r) for r in rulesets}
-    findings = integrity.check_integrity(logparse.parse_log(path), eval_every=eval_every)
+    events = logparse.parse_log(path)
+    # The rules' eval schedule is checked for every ruleset the log claims (closed ResNet and BERT).
+    findings = integrity.check_integrity(events, eval_every=eval_every, ruleset=rulesets[0])
+    for r in rulesets[1:]:
+        findings += [f for f in integrity.check_eval_schedule(events, r) if f not in findings]
     return verdicts, findings
 
 
