@@ -18,11 +18,13 @@ from harness import logparse
 
 from conftest import REPO, SMOKE, read_summary, sets
 
-# A short two-process run: one eval at the end of one epoch.
-QUICK = sets(data__train_samples=512, data__eval_samples=101, schedule__max_epochs=1)
+# A short two-process run: 4 epochs of 2 steps, one eval at the end (the closed ResNet cadence).
+QUICK = sets(data__train_samples=256, data__eval_samples=101, schedule__max_epochs=4,
+             schedule__eval_every_epochs=4)
 # A run that cannot end by itself before the fault: target out of reach (open division), long budget.
-ENDLESS = sets(data__train_samples=512, data__eval_samples=101, schedule__max_epochs=1000,
-               submission__division="open", schedule__target=0.999, runtime__collective_timeout_s=20)
+ENDLESS = sets(data__train_samples=256, data__eval_samples=101, schedule__max_epochs=1000,
+               schedule__eval_every_epochs=4, submission__division="open", schedule__target=0.999,
+               runtime__collective_timeout_s=20)
 WAIT_S = 300  # generous: only a hang reaches it
 
 

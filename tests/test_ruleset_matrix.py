@@ -2,8 +2,8 @@
 passes for all of them (an aborted run may miss only the quality target).
 
 One run per workload: the harness checks its log against `ruleset` and every `check_rulesets` entry and
-writes each verdict to summary.json. The runs use the smoke configs shrunk to one short epoch and one
-eval, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks, BERT-large's 24
+writes each verdict to summary.json. The runs use the smoke configs shrunk to a few steps and one eval,
+in the closed division, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks, BERT-large's 24
 layers, at tiny widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for each of the
 reference model's tensors, and the harness refuses a model that cannot name them all.
 """
@@ -19,14 +19,20 @@ from harness import logparse, weights_init
 
 from conftest import REPO, read_summary, run_cli, sets
 
+# Closed division: its rules are the strict superset (hyperparameters, weights_initialization).
 MATRIX = {
     "resnet": ("configs/resnet/smoke.yaml",
-               sets(model__blocks="[3,4,6,3]", model__width=4, data__image_size=16, data__train_samples=256,
-                    data__eval_samples=101, schedule__max_epochs=1)),
+               sets(submission__division="closed", model__blocks="[3,4,6,3]", model__width=4,
+                    data__image_size=16, data__train_samples=128, data__eval_samples=101,
+                    schedule__max_epochs=4, schedule__eval_every_epochs=4)),
+    # Closed BERT evaluates at the rules' cadence, 150,000 samples at this batch: 74 steps of a model
+    # small enough (width 8, 8 tokens) that they cost less than compiling its 24 layers.
     "bert": ("configs/bert/smoke.yaml",
-             sets(model__num_layers=24, model__hidden_size=32, model__num_heads=2, model__ff_size=64,
-                  data__train_samples=256, data__eval_samples=100, data__eval_every_samples=256,
-                  schedule__max_epochs=1, schedule__steps_per_loop=4)),
+             sets(submission__division="closed", model__num_layers=24, model__hidden_size=8,
+                  model__num_heads=2, model__ff_size=8, model__max_position=8, model__vocab_size=16,
+                  data__seq_length=8, data__max_predictions=1, data__train_samples=150000,
+                  data__eval_samples=100, data__eval_every_samples=0, schedule__global_batch_size=2048,
+                  schedule__max_epochs=1, schedule__steps_per_loop=100)),
 }
 
 

@@ -66,10 +66,10 @@ def test_smaller_model_is_refused_naming_the_missing_tensors():
 
 
 def test_refusal_is_one_error_line_before_any_log(tmp_out):
-    proc = run_cli("run", os.path.join(REPO, "configs", "bert", "smoke.yaml"), "--output_dir", tmp_out,
-                   *sets(ruleset="1.1.0"))
+    proc = run_cli("run", os.path.join(REPO, "configs", "resnet", "smoke.yaml"), "--output_dir", tmp_out,
+                   *sets(ruleset="2.1.0", submission__division="closed"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = stderr_error_lines(proc)
     assert len(lines) == 1 and "weights_initialization" in lines[0]
-    assert "398 tensors" in lines[0] and "cannot name 352 of them (bert/encoder/layer_" in lines[0]
+    assert "161 tensors" in lines[0] and "cannot name 120 of them (stage1_unit2_" in lines[0]
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_out)
