@@ -94,8 +94,9 @@ def plan(workload: Any, rulesets: Iterable[str], division: str) -> dict[str, str
     if missing:
         shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN
                                                else "")
+        who = f"rulesets {', '.join(asking)} require" if len(asking) > 1 else f"ruleset {asking[0]} requires"
         raise HarnessError(
-            f"ruleset{'s' if len(asking) > 1 else ''} {', '.join(asking)} require{'' if len(asking) > 1 else 's'} a {KEY} event for each of the {len(names)} tensors of "
+            f"{who} a {KEY} event for each of the {len(names)} tensors of "
             f"the reference {workload.MLPERF_KEY} model, but this {workload.NAME} model cannot name "
             f"{len(missing)} of them ({shown}); use the reference architecture or another ruleset")
     return {n: mapping[n] for n in names}

@@ -3,9 +3,9 @@ passes for all of them (an aborted run may miss only the quality target).
 
 One run per workload: the harness checks its log against `ruleset` and every `check_rulesets` entry and
 writes each verdict to summary.json. The runs use the smoke configs shrunk to a few steps and one eval,
-in the closed division, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks, BERT-large's 24
-layers, at tiny widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for each of the
-reference model's tensors, and the harness refuses a model that cannot name them all.
+in the closed division, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks,
+BERT-large's 24 layers, at tiny widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for
+each of the reference model's tensors, and the harness refuses a model that cannot name them all.
 """
 from __future__ import annotations
 
