@@ -1,0 +1,1 @@
+"""Transformer (WMT En-De), the MLPerf `transformer` benchmark."""
