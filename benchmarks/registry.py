@@ -10,6 +10,7 @@ from harness.errors import HarnessError
 _WORKLOADS = {
     "resnet": "benchmarks.resnet.workload:ResNetWorkload",
     "bert": "benchmarks.bert.workload:BertWorkload",
+    "transformer": "benchmarks.transformer.workload:TransformerWorkload",
 }
 
 

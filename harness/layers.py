@@ -49,6 +49,15 @@ def he_normal_fan_in(path: str, run_seed: int) -> Initializer:
     return init
 
 
+def glorot_uniform(fan_in: int, fan_out: int, path: str, run_seed: int) -> Initializer:
+    """Uniform in +-sqrt(6 / (fan_in + fan_out)): tf.layers.dense's default, which the MLPerf Transformer
+    reference's attention and feed-forward layers use. Fans are explicit because a per-head kernel
+    (hidden, heads, head_dim) is one (hidden, hidden) matrix to the reference."""
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return lambda shape, dtype: tf.random.stateless_uniform(shape, _seed(path, run_seed), -limit, limit,
+                                                            dtype=dtype)
+
+
 def constant(value: float) -> Initializer:
     return lambda shape, dtype: tf.fill(shape, tf.cast(value, dtype))
 
@@ -173,45 +182,75 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None) -> tf.Tensor:
     return tf.nn.experimental.stateless_dropout(x, rate, seed)
 
 
+NEG_INF = -1e9  # additive attention bias of a masked key (exp underflows to exactly 0 in float32)
+
+
+def padding_bias(key_mask: tf.Tensor, value: float = NEG_INF) -> tf.Tensor:
+    """(batch, keys) 1/0 mask -> additive bias (batch, 1, 1, keys)."""
+    return (1.0 - tf.cast(key_mask, tf.float32))[:, None, None, :] * value
+
+
 class MultiHeadAttention(Block):
-    """Self-attention with per-head weights (hidden, heads, head_dim), so heads shard over a mesh.
+    """Attention with per-head weights (hidden, heads, head_dim), so heads shard over a mesh.
 
     Each device computes its heads end to end; only the output projection sums over heads (one
-    all-reduce on the model dimension), as in Megatron-style tensor parallelism.
+    all-reduce on the model dimension), as in Megatron-style tensor parallelism. Self- or cross-attention
+    (`memory`), any additive `bias` (padding, causal, packed segments), and incremental decoding through
+    `project_kv` + `attend` with key/value caches the caller keeps.
     """
 
     def __init__(self, runtime: Runtime, path: str, seed: int, hidden: int, heads: int,
-                 stddev: float = 0.02, dropout_rate: float = 0.0) -> None:
+                 stddev: float = 0.02, dropout_rate: float = 0.0, use_bias: bool = True,
+                 glorot: bool = False) -> None:
         super().__init__(runtime, path, seed)
         if hidden % heads:
             raise ValueError(f"{path}: hidden {hidden} is not a multiple of heads {heads}")
         self.heads, self.head_dim = heads, hidden // heads
         self.dropout_rate = dropout_rate
+        self.use_bias = use_bias
+
+        def init(name: str) -> Initializer:
+            where = f"{path}/{name}/kernel"
+            return glorot_uniform(hidden, hidden, where, seed) if glorot else truncated_normal(stddev, where, seed)
+
         shape = (hidden, heads, self.head_dim)
         dims = (None, "heads", None)
         for name in ("query", "key", "value"):
-            setattr(self, f"{name}_kernel",
-                    self.var(f"{name}/kernel", shape, dims, truncated_normal(stddev, f"{path}/{name}/kernel", seed)))
-            setattr(self, f"{name}_bias",
-                    self.var(f"{name}/bias", (heads, self.head_dim), ("heads", None), constant(0.0)))
+            setattr(self, f"{name}_kernel", self.var(f"{name}/kernel", shape, dims, init(name)))
+            setattr(self, f"{name}_bias", self.var(f"{name}/bias", (heads, self.head_dim), ("heads", None),
+                                                   constant(0.0)) if use_bias else None)
         self.output_kernel = self.var("output/kernel", (heads, self.head_dim, hidden), ("heads", None, None),
-                                      truncated_normal(stddev, f"{path}/output/kernel", seed))
-        self.output_bias = self.var("output/bias", (hidden,), (None,), constant(0.0))
+                                      init("output"))
+        self.output_bias = self.var("output/bias", (hidden,), (None,), constant(0.0)) if use_bias else None
 
-    def __call__(self, x: tf.Tensor, key_mask: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
-        """x: (batch, seq, hidden); key_mask: (batch, seq), 1 for real tokens, 0 for padding."""
+    def _project(self, x: tf.Tensor, kernel: tf.Variable, bias: tf.Variable | None) -> tf.Tensor:
+        y = tf.einsum("bsh,hnd->bsnd", tf.cast(x, self.dtype), tf.cast(kernel, self.dtype))
+        return y if bias is None else y + tf.cast(bias, self.dtype)
+
+    def project_kv(self, memory: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Keys and values (batch, keys, heads, head_dim) of `memory`: computed once per decode for an
+        encoder output, or per new position for a decoder cache."""
+        return (self._project(memory, self.key_kernel, self.key_bias),
+                self._project(memory, self.value_kernel, self.value_bias))
+
+    def attend(self, x: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor,
+               seed: tf.Tensor | None = None) -> tf.Tensor:
+        """Queries from x (batch, q, hidden) over given keys/values; `bias` broadcasts to (b, heads, q, k)."""
         dt = self.dtype
-        x = tf.cast(x, dt)
-
-        def project(kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
-            return tf.einsum("bsh,hnd->bsnd", x, tf.cast(kernel, dt)) + tf.cast(bias, dt)
-
-        q = project(self.query_kernel, self.query_bias) * tf.cast(self.head_dim ** -0.5, dt)
-        k = project(self.key_kernel, self.key_bias)
-        v = project(self.value_kernel, self.value_bias)
-        scores = tf.cast(tf.einsum("bsnd,btnd->bnst", q, k), tf.float32)
-        scores += (1.0 - tf.cast(key_mask, tf.float32))[:, None, None, :] * -10000.0
+        q = self._project(x, self.query_kernel, self.query_bias) * tf.cast(self.head_dim ** -0.5, dt)
+        scores = tf.cast(tf.einsum("bsnd,btnd->bnst", q, k), tf.float32) + bias
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), dt)
         probs = dropout(probs, self.dropout_rate, seed)
         context = tf.einsum("bnst,btnd->bsnd", probs, v)
-        return tf.einsum("bsnd,ndh->bsh", context, tf.cast(self.output_kernel, dt)) + tf.cast(self.output_bias, dt)
+        y = tf.einsum("bsnd,ndh->bsh", context, tf.cast(self.output_kernel, dt))
+        return y if self.output_bias is None else y + tf.cast(self.output_bias, dt)
+
+    def __call__(self, x: tf.Tensor, key_mask: tf.Tensor | None = None, seed: tf.Tensor | None = None, *,
+                 memory: tf.Tensor | None = None, bias: tf.Tensor | None = None) -> tf.Tensor:
+        """x: (batch, seq, hidden) attends to `memory` (default x). Masking: `bias` if given, else
+        `key_mask` (batch, keys), 1 for real tokens and 0 for padding."""
+        k, v = self.project_kv(x if memory is None else memory)
+        if bias is None:
+            # -10000: BERT's reference value (any large value gives the same softmax in float32).
+            bias = padding_bias(key_mask, -10000.0) if key_mask is not None else tf.zeros([1, 1, 1, 1])
+        return self.attend(x, k, v, bias, seed)

@@ -21,6 +21,13 @@ from mlperf_logging.mllog import constants as K
 from harness.errors import HarnessError
 
 
+@dataclasses.dataclass(frozen=True)
+class Logged:
+    """A hyperparameter a workload logs with metadata (e.g. max_sequence_length's `method`)."""
+    value: Any
+    metadata: dict
+
+
 class MLPerfLog:
     """One run's MLPerf log file; a no-op on non-chief hosts."""
 

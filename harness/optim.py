@@ -33,10 +33,13 @@ def poly_warmup_schedule(base_lr: float, warmup_steps: int, decay_steps: int, en
 
 
 def rsqrt_warmup_schedule(base_lr: float, warmup_steps: int, hidden_size: int) -> Schedule:
-    """Transformer's schedule: base * hidden^-0.5 * min(step * warmup^-1.5, step^-0.5)."""
+    """Transformer's schedule, C * d^-0.5 * min(1, s / W) * max(s, W)^-0.5 (the MLPerf reference's
+    `get_learning_rate`; the Noam form). `s` is the number of the update being made, counted from 1:
+    the reference's first update reads step 0 and so has rate 0, a wasted step this skips."""
     def lr(step: tf.Tensor) -> tf.Tensor:
-        step = tf.maximum(tf.cast(step, tf.float32), 1.0)
-        return base_lr * hidden_size ** -0.5 * tf.minimum(step * warmup_steps ** -1.5, tf.math.rsqrt(step))
+        s = tf.cast(step, tf.float32) + 1.0
+        w = float(max(warmup_steps, 1))
+        return base_lr * hidden_size ** -0.5 * tf.minimum(1.0, s / w) * tf.math.rsqrt(tf.maximum(s, w))
     return lr
 
 
@@ -200,3 +203,34 @@ class LAMB(Optimizer):
         w_norm, u_norm = tf.norm(w), tf.norm(u)
         trust = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
         p.variable.assign(w - lr * trust * u)
+
+
+class Adam(Optimizer):
+    """Adam as the MLPerf Transformer reference runs it (TF1 LazyAdam, which is plain Adam for dense
+    gradients), in TF1's "epsilon hat" form: lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t),
+    w -= lr_t * m / (sqrt(v) + eps). No weight decay.
+    """
+
+    slot_names = ("m", "v")
+
+    def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.997, epsilon: float = 1e-9,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        step = self.step.read_value()
+        lr = self.schedule(step)
+        t = tf.cast(step + 1, tf.float32)
+        self._lr_t = lr * tf.sqrt(1.0 - tf.pow(self.beta_2, t)) / (1.0 - tf.pow(self.beta_1, t))
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            self.update(i, p, tf.cast(g, tf.float32), lr)
+        self.step.assign(step + 1)
+        return lr
+
+    def update(self, i, p, g, lr) -> None:
+        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
+        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
+        self.slots["m"][i].assign(m)
+        self.slots["v"][i].assign(v)
+        p.variable.assign(p.variable.read_value() - self._lr_t * m / (tf.sqrt(v) + self.epsilon))

@@ -17,7 +17,7 @@ from harness.errors import HarnessError
 from harness.loop import RunResult, run_timed
 from harness.progress import Progress
 from harness.mlperf import KEYS as K
-from harness.mlperf import MLPerfLog, Verdict, run_compliance_checker
+from harness.mlperf import Logged, MLPerfLog, Verdict, run_compliance_checker
 from harness.runtime import distribute, make_runtime
 
 EXIT_SUCCESS, EXIT_ABORTED, EXIT_NONCOMPLIANT = 0, 1, 3
@@ -39,7 +39,10 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
     log.event(K.TRAIN_SAMPLES, workload.train_samples)
     log.event(K.EVAL_SAMPLES, workload.eval_samples)
     for key, value in workload.mllog_hparams().items():
-        log.event(key, value)
+        if isinstance(value, Logged):
+            log.event(key, value.value, metadata=value.metadata)
+        else:
+            log.event(key, value)
     weights_init.log_events(log, initialized or {})
     # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
     log.event("harness_data_source", workload.data_source)

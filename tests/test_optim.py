@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from harness.config import RuntimeConfig
 from harness.layers import constant
-from harness.optim import LARS, SGDMomentum, poly_warmup_schedule, rsqrt_warmup_schedule
+from harness.optim import LARS, Adam, SGDMomentum, poly_warmup_schedule, rsqrt_warmup_schedule
 from harness.runtime import make_runtime
 
 
@@ -27,9 +27,12 @@ def test_poly_warmup_schedule_by_hand():
 
 
 def test_rsqrt_schedule_by_hand():
+    # C * d^-0.5 * min(1, s/W) * max(s, W)^-0.5 with s = optimizer step + 1 (the update's number).
     s = rsqrt_warmup_schedule(base_lr=2.0, warmup_steps=100, hidden_size=16)
-    assert lr_at(s, 50) == pytest.approx(2.0 / 4 * 50 * 100 ** -1.5)
-    assert lr_at(s, 400) == pytest.approx(2.0 / 4 / 20)
+    assert lr_at(s, 0) == pytest.approx(2.0 / 4 * (1 / 100) / 10)   # the first update is not wasted at 0
+    assert lr_at(s, 49) == pytest.approx(2.0 / 4 * 50 * 100 ** -1.5)
+    assert lr_at(s, 99) == pytest.approx(2.0 / 4 / 10)              # the peak C / sqrt(d W)
+    assert lr_at(s, 399) == pytest.approx(2.0 / 4 / 20)
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +111,20 @@ def test_sgd_momentum_matches_the_reference_update(runtime):
                               wd=0.025, momentum=0.9)
     assert np.abs(w.numpy() - w_half).max() > 1e-3
     assert int(opt.step.numpy()) == 4
+
+
+def test_adam_matches_numpy_tf1_form(runtime):
+    """TF1 Adam (the Transformer reference's LazyAdam on dense gradients), epsilon-hat form, 3 steps."""
+    w = runtime.variable("adam/dense/kernel", (3,), (None,), lambda s, d: tf.constant([0.5, -1.0, 2.0]))
+    opt = Adam(runtime, [runtime.variables()[-1]], lambda step: tf.constant(0.1), beta_1=0.9, beta_2=0.997,
+               epsilon=1e-9, name="opt_adam")
+    opt.build()
+    ref, m, v = np.array([0.5, -1.0, 2.0]), np.zeros(3), np.zeros(3)
+    for t, g in enumerate(([0.1, -0.2, 0.3], [0.0, 0.5, -0.1], [1.0, 1.0, 1.0]), start=1):
+        g = np.array(g)
+        opt.apply([tf.constant(g, tf.float32)])
+        m = 0.9 * m + 0.1 * g
+        v = 0.997 * v + 0.003 * g * g
+        ref = ref - 0.1 * np.sqrt(1 - 0.997 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-9)
+        np.testing.assert_allclose(w.numpy(), ref, rtol=1e-5)
+    assert int(opt.step.numpy()) == 3

@@ -1,0 +1,240 @@
+"""Transformer inputs: the reference's encoded TFRecords, TFDS wmt14_translate from a local data dir, or
+a learnable synthetic translation language; all three end in the same packed (or padded) rows.
+
+Training ids end in EOS (1) and pad with 0, as in the reference's files. The eval set is small (3003
+sentences of newstest2014), so it is read and encoded on the host once: source ids for the decoder and
+the raw reference sentences for BLEU, which is computed on detokenized text as the reference does.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.datafiles import list_files, sharded_records
+from harness.errors import HarnessError
+from harness.runtime.base import InputContext
+
+from benchmarks.transformer import packing
+from benchmarks.transformer.config import DataConfig
+from benchmarks.transformer.subword import EOS_ID, Subtokenizer
+from benchmarks.transformer.synthetic_language import SyntheticLanguage
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def with_eos(ids: Sequence[int]) -> list[int]:
+    return list(ids) + [EOS_ID]
+
+
+def cut_at_eos(ids: Sequence[int]) -> list[int]:
+    """A hypothesis up to (not including) its first EOS; padding zeros dropped."""
+    out = []
+    for t in ids:
+        if t == EOS_ID:
+            break
+        if t:
+            out.append(int(t))
+    return out
+
+
+def ragged_pairs(inputs: list[list[int]], targets: list[list[int]]) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices({"inputs": tf.ragged.constant(inputs, tf.int32),
+                                               "targets": tf.ragged.constant(targets, tf.int32)})
+
+
+class Source:
+    """What the workload needs from any source: a tokenizer, training pairs and the eval set."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def row_length(self) -> int:
+        return self.cfg.row_length or self.cfg.max_sequence_length
+
+    tokenizer: Tokenizer
+
+    def validate(self) -> None:
+        """Checks files and the eval set before the log is created."""
+
+    def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    def counted_rows(self) -> int | None:
+        """Rows in one epoch when the source can count them exactly (a fixed corpus), else None."""
+        return None
+
+    @functools.cached_property
+    def eval_set(self) -> tuple[list[list[int]], list[str]]:
+        """(source ids with EOS, reference sentences), in eval-set order."""
+        raise NotImplementedError
+
+    def _rows(self, pairs: tf.data.Dataset, flush_at_end: bool = False) -> tf.data.Dataset:
+        pairs = pairs.filter(packing.within_length(self.cfg.max_sequence_length))
+        return packing.to_rows(pairs, self.row_length, self.cfg.packing, flush_at_end)
+
+
+class SyntheticSource(Source):
+    """The synthetic language (spec section 9): a fixed corpus, packed once into a fixed set of rows, so
+    an epoch is exactly one pass over them; the run seed only changes their order."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        super().__init__(cfg)
+        self.language = SyntheticLanguage(cfg.synthetic_seed)
+        self.tokenizer = self.language
+
+    @functools.cached_property
+    def rows(self) -> dict[str, np.ndarray]:
+        pairs = self.language.pairs("train", self.cfg.synthetic_train_pairs)
+        ds = ragged_pairs([with_eos(self.tokenizer.encode(s)) for s, _ in pairs],
+                          [with_eos(self.tokenizer.encode(t)) for _, t in pairs])
+        rows = list(self._rows(ds, flush_at_end=True).batch(4096).as_numpy_iterator())
+        if not rows:
+            raise HarnessError(f"no synthetic training pair fits data.max_sequence_length="
+                               f"{self.cfg.max_sequence_length}")
+        return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+
+    def counted_rows(self) -> int:
+        return len(self.rows["inputs"])
+
+    def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices(self.rows).shard(ctx.num_hosts, ctx.host_id)
+        return ds.shuffle(self.counted_rows(), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+
+    @functools.cached_property
+    def eval_set(self) -> tuple[list[list[int]], list[str]]:
+        pairs = self.language.pairs("eval", self.cfg.eval_samples)
+        return [with_eos(self.tokenizer.encode(s)) for s, _ in pairs], [t for _, t in pairs]
+
+
+def _read_lines(path: str, what: str) -> list[str]:
+    if not path:
+        raise HarnessError(f"data.{what} is required for data.source=tfrecord")
+    if not os.path.isfile(path):
+        raise HarnessError(f"data.{what} {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+class TFRecordSource(Source):
+    """The reference's files: `*encoded-train*` shards of tf.Examples with int64 `inputs`/`targets`
+    (subword ids + EOS), the subword vocab they were encoded with, and raw newstest2014 for the eval."""
+
+    SPEC = {"inputs": tf.io.VarLenFeature(tf.int64), "targets": tf.io.VarLenFeature(tf.int64)}
+
+    def __init__(self, cfg: DataConfig) -> None:
+        super().__init__(cfg)
+        self._tokenizer: Subtokenizer | None = None
+
+    @property
+    def tokenizer(self) -> Subtokenizer:
+        if self._tokenizer is None:
+            if not self.cfg.vocab_file:
+                raise HarnessError(f"data.vocab_file is required for data.source={self.cfg.source}")
+            self._tokenizer = Subtokenizer.from_file(self.cfg.vocab_file)
+        return self._tokenizer
+
+    def files(self) -> list[str]:
+        return list_files(self.cfg.data_dir, self.cfg.train_pattern, "the reference's encoded TFRecords")
+
+    def validate(self) -> None:
+        files = self.files()
+        first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
+        if first is None:
+            raise HarnessError(f"{files[0]} holds no records")
+        try:
+            example = tf.train.Example.FromString(first.numpy())
+        except Exception:  # noqa: BLE001 - any parse failure is a corrupt file
+            raise HarnessError(f"{files[0]}: the first record is not a tf.Example") from None
+        missing = [k for k in self.SPEC if k not in example.features.feature]
+        if missing:
+            raise HarnessError(f"{files[0]}: records lack feature(s) {', '.join(missing)} (expected int64 "
+                               f"'inputs' and 'targets', the reference's encoded format)")
+        if not self.cfg.train_samples:
+            raise HarnessError("data.train_samples (training rows per epoch) is required for "
+                               f"data.source={self.cfg.source}")
+
+    def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
+        ex = tf.io.parse_single_example(record, self.SPEC)
+        return {k: tf.cast(tf.sparse.to_dense(ex[k]), tf.int32) for k in self.SPEC}
+
+    def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        ds = sharded_records(self.files(), ctx, self.cfg.shuffle_buffer, cycle_length=8, deterministic=True)
+        return self._rows(ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE))
+
+    @functools.cached_property
+    def eval_set(self) -> tuple[list[list[int]], list[str]]:
+        sources = _read_lines(self.cfg.eval_source_file, "eval_source_file")
+        references = _read_lines(self.cfg.eval_reference_file, "eval_reference_file")
+        if len(references) != len(sources):
+            raise HarnessError(f"data.eval_reference_file has {len(references)} lines but data.eval_source_file "
+                               f"has {len(sources)}: they must be the same sentences")
+        return [with_eos(self.tokenizer.encode(s)) for s in sources], references
+
+
+class TFDSSource(TFRecordSource):
+    """`wmt14_translate/de-en` (features 'en', 'de') from a local TFDS data dir, encoded on the host with
+    the reference subword vocab; nothing is downloaded."""
+
+    def builder(self) -> Any:
+        import tensorflow_datasets as tfds
+        if not self.cfg.data_dir:
+            raise HarnessError("data.source=tfds needs data.data_dir (a local TFDS data dir)")
+        try:
+            builder = tfds.builder(self.cfg.tfds_name, data_dir=self.cfg.data_dir)
+            builder.info  # noqa: B018 - touches the prepared metadata
+        except Exception as e:  # noqa: BLE001 - tfds raises many kinds for a missing dataset
+            raise HarnessError(f"TFDS dataset {self.cfg.tfds_name} is not prepared under {self.cfg.data_dir} "
+                               f"({type(e).__name__}); nothing is downloaded at run time") from None
+        return builder
+
+    def load(self, split: str, shuffle: bool = False) -> tf.data.Dataset:
+        import tensorflow_datasets as tfds
+        try:
+            return tfds.load(self.cfg.tfds_name, split=split, data_dir=self.cfg.data_dir, download=False,
+                             shuffle_files=shuffle)
+        except Exception as e:  # noqa: BLE001
+            raise HarnessError(f"cannot read TFDS {self.cfg.tfds_name} split {split!r} from {self.cfg.data_dir}: "
+                               f"{str(e).splitlines()[0][:200]}") from None
+
+    def validate(self) -> None:
+        self.tokenizer  # noqa: B018 - a missing vocab file fails here
+        if not self.cfg.train_samples:
+            raise HarnessError("data.train_samples (training rows per epoch) is required for data.source=tfds")
+        self.load(self.cfg.tfds_train_split)
+
+    def _encode(self, text: tf.Tensor) -> tf.Tensor:
+        def encode(t: bytes) -> np.ndarray:
+            return np.asarray(with_eos(self.tokenizer.encode(t.decode("utf-8"))), np.int32)
+        ids = tf.numpy_function(encode, [text], tf.int32, stateful=False)
+        ids.set_shape([None])
+        return ids
+
+    def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        ds = self.load(self.cfg.tfds_train_split, shuffle=True).shard(ctx.num_hosts, ctx.host_id)
+        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=ctx.seed).repeat()
+        ds = ds.map(lambda ex: {"inputs": self._encode(ex["en"]), "targets": self._encode(ex["de"])},
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        return self._rows(ds)
+
+    @functools.cached_property
+    def eval_set(self) -> tuple[list[list[int]], list[str]]:
+        sources, references = [], []
+        for ex in self.load(self.cfg.tfds_eval_split).as_numpy_iterator():
+            sources.append(with_eos(self.tokenizer.encode(ex["en"].decode("utf-8"))))
+            references.append(ex["de"].decode("utf-8"))
+        return sources, references
+
+
+def make_source(cfg: DataConfig) -> Source:
+    return {"synthetic": SyntheticSource, "tfrecord": TFRecordSource, "tfds": TFDSSource}[cfg.source](cfg)
