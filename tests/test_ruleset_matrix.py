@@ -33,6 +33,11 @@ MATRIX = {
                   data__seq_length=8, data__max_predictions=1, data__train_samples=150000,
                   data__eval_samples=100, data__eval_every_samples=0, schedule__global_batch_size=2048,
                   schedule__max_epochs=1, schedule__steps_per_loop=100)),
+    # Transformer-big's 6+6 layers at width 16; a few hundred pairs make a 2-step epoch, one eval.
+    "transformer": ("configs/transformer/smoke.yaml",
+                    sets(submission__division="closed", model__num_layers=6, model__hidden_size=16,
+                         model__num_heads=2, model__filter_size=16, data__synthetic_train_pairs=300,
+                         data__eval_samples=24, schedule__eval_batch_size=24, schedule__max_epochs=1)),
 }
 
 

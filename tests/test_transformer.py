@@ -224,7 +224,48 @@ def test_smoke_reaches_bleu_target_with_a_compliant_log(smoke_run):
     assert summary["evals"][-1]["metrics"]["bleu"] >= 0.25
     assert summary["compliance"]["0.7.0"]["verdict"] == "PASS"
     assert not [f for f in summary["integrity"] if f["severity"] == "error"]
-    assert all(e["counted"] == 1000 for e in summary["evals"])
+    assert all(e["counted"] == 400 for e in summary["evals"])
     with open(summary["log"]) as f:
         text = f.read()
     assert '"key": "max_sequence_length", "value": 32' in text and '"method": "discard"' in text
+
+
+def test_training_on_a_2x2_mesh_matches_one_device():
+    """Heads, ff and vocab split over `model`, rows over `data`: the first steps' losses equal one device's
+    (to float32 reduction order). The eval on a mesh is refused (see the workload's validate)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    script = f"""
+        import json
+        import tensorflow as tf
+        from harness import config as C, loop
+        from harness.runtime import make_runtime
+        from benchmarks.transformer.workload import TransformerWorkload
+
+        def train(extra):
+            cfg = C.load_config({SMOKE!r}, ["data.synthetic_train_pairs=400", "model.layer_postprocess_dropout=0",
+                                            "model.attention_dropout=0", "model.relu_dropout=0"] + extra)
+            rt = make_runtime(cfg.runtime)
+            wl = TransformerWorkload(cfg, rt)
+            wl.build()
+            steps = loop.CompiledSteps(rt, wl)
+            it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
+            return rt, [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(5)]
+
+        mesh, mesh_losses = train(["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={{data: 2, model: 2}}",
+                                   "runtime.layout={{batch: data, heads: model, ff: model, vocab: model}}"])
+        split = sum(len(set(map(tuple, mesh.local_shapes(v.variable)))) == 1 and
+                    list(mesh.local_shapes(v.variable)[0]) != list(v.variable.shape) for v in mesh.variables())
+        _, single_losses = train([])
+        print("RESULT " + json.dumps(dict(mesh=mesh_losses, single=single_losses, split=split)))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["mesh"][-1] < out["mesh"][0]
+    np.testing.assert_allclose(out["mesh"], out["single"], rtol=1e-4)
+    assert out["split"] >= 20  # embeddings, attention and feed-forward kernels and their Adam slots

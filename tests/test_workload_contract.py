@@ -25,6 +25,10 @@ SMALL = {
                "schedule.eval_batch_size=16", "model.bn_span=32"],
     "bert": ["data.train_samples=512", "data.eval_samples=45", "schedule.global_batch_size=16",
              "schedule.eval_batch_size=16"],
+    # Dropout off: each replica draws its own masks, so one device and two would differ.
+    "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=45", "schedule.global_batch_size=8",
+                    "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0", "model.attention_dropout=0",
+                    "model.relu_dropout=0", "eval.extra_decode_length=4"],
 }
 
 SCRIPT = """

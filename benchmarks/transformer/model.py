@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from harness.layers import NEG_INF, Block, Dense, LayerNorm, MultiHeadAttention, dropout, glorot_uniform, normal
@@ -26,23 +25,29 @@ def site_seed(seed: tf.Tensor | None, index: int) -> tf.Tensor | None:
     return None if seed is None else tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), index)
 
 
-def sinusoid_table(length: int, hidden: int) -> np.ndarray:
-    """The reference's position encoding: timescales 1..1e4, [sin, cos] concatenated (not interleaved)."""
+def position_encoding(positions: tf.Tensor, hidden: int) -> tf.Tensor:
+    """The reference's position encoding: timescales 1..1e4, [sin, cos] concatenated (not interleaved).
+
+    Computed in the graph from the position ids: a captured table would be a tensor a DTensor mesh
+    refuses as a function input.
+    """
     half = hidden // 2
     increment = math.log(1.0e4) / max(half - 1, 1)
-    inv = np.exp(np.arange(half, dtype=np.float64) * -increment)
-    scaled = np.arange(length, dtype=np.float64)[:, None] * inv[None, :]
-    return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
+    inv = tf.exp(tf.range(half, dtype=tf.float32) * -increment)
+    scaled = tf.cast(positions, tf.float32)[..., None] * inv
+    return tf.concat([tf.sin(scaled), tf.cos(scaled)], axis=-1)
 
 
 def segment_bias(q_seg: tf.Tensor, k_seg: tf.Tensor, causal: bool = False) -> tf.Tensor:
     """Additive bias (batch, 1, q, k): a query sees keys of its own segment (never padding), and with
-    `causal` only keys at or before it."""
-    allowed = tf.logical_and(tf.equal(q_seg[:, :, None], k_seg[:, None, :]), (k_seg > 0)[:, None, :])
+    `causal` only keys at or before it. Written with expand_dims and products: DTensor's SPMD pass
+    crashes on new-axis slices and scalar-broadcast selects here."""
+    same = tf.cast(tf.equal(tf.expand_dims(q_seg, 2), tf.expand_dims(k_seg, 1)), tf.float32)
+    allowed = same * tf.expand_dims(tf.cast(k_seg > 0, tf.float32), 1)
     if causal:
         n = tf.shape(q_seg)[1]
-        allowed = tf.logical_and(allowed, tf.linalg.band_part(tf.ones([n, n], tf.bool), -1, 0)[None])
-    return tf.where(allowed, 0.0, NEG_INF)[:, None]
+        allowed = allowed * tf.expand_dims(tf.linalg.band_part(tf.ones([n, n]), -1, 0), 0)
+    return tf.expand_dims((1.0 - allowed) * NEG_INF, 1)
 
 
 class FeedForward(Block):
@@ -111,19 +116,19 @@ class Transformer(Block):
                         for i in range(cfg.num_layers)]
         self.encoder_norm = LayerNorm(runtime, "transformer/encoder/layer_norm", seed, h, cfg.layer_norm_epsilon)
         self.decoder_norm = LayerNorm(runtime, "transformer/decoder/layer_norm", seed, h, cfg.layer_norm_epsilon)
-        self.positions = tf.constant(sinusoid_table(cfg.max_position, h))
 
     # ------------------------------------------------------------------------------- pieces
     def embed(self, ids: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
         # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
         x = tf.gather(self.embeddings.read_value(), ids) * (self.cfg.hidden_size ** 0.5)
         x = x * tf.cast(tf.not_equal(ids, 0), x.dtype)[..., None]
-        return tf.cast(x + tf.gather(self.positions, positions), self.dtype)
+        return tf.cast(x + position_encoding(positions, self.cfg.hidden_size), self.dtype)
 
     def logits(self, x: tf.Tensor) -> tf.Tensor:
         """Pre-softmax projection through the shared embedding (logits = x E^T), float32."""
-        return tf.cast(tf.einsum("...h,vh->...v", tf.cast(x, self.dtype), tf.cast(self.embeddings, self.dtype)),
-                       tf.float32)
+        # Explicit ranks: DTensor's einsum has no broadcasting ("...").
+        equation = "bsh,vh->bsv" if x.shape.rank == 3 else "bh,vh->bv"
+        return tf.cast(tf.einsum(equation, tf.cast(x, self.dtype), tf.cast(self.embeddings, self.dtype)), tf.float32)
 
     def encode(self, inputs: tf.Tensor, segments: tf.Tensor, positions: tf.Tensor,
                seed: tf.Tensor | None = None) -> tf.Tensor:
