@@ -27,15 +27,9 @@ from harness.loop import CompiledSteps, train_input  # noqa: E402
 from harness.runtime import make_runtime  # noqa: E402
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config", nargs="?", default="configs/resnet/smoke.yaml")
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=40, help="train steps per timed round")
-    a = p.parse_args()
-
-    cfg = config_lib.load_config(a.config, a.overrides + [f"schedule.steps_per_loop={a.steps}"])
+def measure(config: str, overrides: list[str], rounds: int, steps: int):
+    """(harness samples/s per round, bare samples/s per round, runtime, workload), rounds alternating."""
+    cfg = config_lib.load_config(config, overrides + [f"schedule.steps_per_loop={steps}"])
     runtime = make_runtime(cfg.runtime)
     workload = registry.get(cfg.workload)(cfg, runtime)
     with runtime.scope():
@@ -64,24 +58,36 @@ def main() -> None:
 
     def harness_round() -> float:
         t = time.perf_counter()
-        float(compiled.train_loop(iterator, tf.constant(a.steps))["loss"])
-        return a.steps * gbs / (time.perf_counter() - t)
+        float(compiled.train_loop(iterator, tf.constant(steps))["loss"])
+        return steps * gbs / (time.perf_counter() - t)
 
     def bare_round() -> float:
         t = time.perf_counter()
         out = None
-        for _ in range(a.steps):
+        for _ in range(steps):
             out = bare_step(one_batch)
         float(out["loss"])
-        return a.steps * gbs / (time.perf_counter() - t)
+        return steps * gbs / (time.perf_counter() - t)
 
     if runtime.num_replicas != 1:
         raise SystemExit("the bare baseline is single-device: run with runtime.kind=default")
     harness_round(), bare_round()  # compile and warm both
     h, b = [], []
-    for _ in range(a.rounds):
+    for _ in range(rounds):
         h.append(harness_round())
         b.append(bare_round())
+    return h, b, runtime, workload
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", nargs="?", default="configs/resnet/smoke.yaml")
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=40, help="train steps per timed round")
+    a = p.parse_args()
+    h, b, runtime, workload = measure(a.config, a.overrides, a.rounds, a.steps)
+    gbs = workload.cfg.schedule.global_batch_size
     hm, bm = statistics.median(h), statistics.median(b)
     paired = statistics.median(x / y for x, y in zip(h, b))
     data = "SYNTHETIC data" if workload.is_synthetic else f"{workload.data_source} data"
