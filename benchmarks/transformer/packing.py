@@ -41,10 +41,7 @@ def _features(row: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
 
 def pad_rows(pairs: tf.data.Dataset, length: int) -> tf.data.Dataset:
     """One pair per row (packing off): a single segment padded to `length`."""
-    def one_row(pair: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return _features(_place(_empty(length), pair, length))
-
-    return pairs.map(one_row, num_parallel_calls=tf.data.AUTOTUNE)
+    return pairs.map(lambda p: _features(_place(_empty(length), p, length)), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False) -> tf.data.Dataset:
@@ -52,11 +49,8 @@ def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False) -
 
     An endless stream needs no flush; a finite one (`flush_at_end`) also emits its last, partly filled row.
     """
-    def tagged(pair: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return {"inputs": tf.cast(pair["inputs"], tf.int32), "targets": tf.cast(pair["targets"], tf.int32),
-                "flush": tf.constant(False)}
-
-    pairs = pairs.map(tagged)
+    pairs = pairs.map(lambda p: {"inputs": tf.cast(p["inputs"], tf.int32), "targets": tf.cast(p["targets"], tf.int32),
+                                 "flush": tf.constant(False)})
     if flush_at_end:
         pairs = pairs.concatenate(tf.data.Dataset.from_tensors(
             {"inputs": tf.zeros([0], tf.int32), "targets": tf.zeros([0], tf.int32), "flush": tf.constant(True)}))
@@ -70,13 +64,8 @@ def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False) -
         new_row = tf.nest.map_structure(lambda a, b: tf.where(pair["flush"], a, b), _empty(length), placed)
         return new_row, (emit, _features(row))
 
-    def emitted(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> tf.Tensor:
-        return emit
-
-    def row_only(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return row
-
-    return pairs.scan(_empty(length), step).filter(emitted).map(row_only)
+    packed = pairs.scan(_empty(length), step)
+    return packed.filter(lambda emit, row: emit).map(lambda emit, row: row)
 
 
 def to_rows(pairs: tf.data.Dataset, length: int, packing: bool, flush_at_end: bool = False) -> tf.data.Dataset:
