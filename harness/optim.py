@@ -43,17 +43,23 @@ def rsqrt_warmup_schedule(base_lr: float, warmup_steps: int, hidden_size: int) -
     return lr
 
 
-def step_boundaries_schedule(base_lr: float, boundaries: Sequence[int], factors: Sequence[float],
-                             warmup_steps: int = 0, warmup_factor: float = 0.0) -> Schedule:
-    """Piecewise constant (SSD): lr = base * factors[i] after boundaries[i], with linear warmup."""
+def warmup_step_decay_schedule(base_lr: float, warmup_steps: int, warmup_factor: int,
+                               boundaries: Sequence[int], decay: float = 0.1) -> Schedule:
+    """MLPerf SSD's schedule: the "mlperf warmup rule" lr = base - (W - s) * base / (W * 2^factor) for
+    update s < W (factor 0 ramps from zero), then base times `decay` per boundary step passed.
+
+    `s` counts updates from 1, as `rsqrt_warmup_schedule` does: the reference's first update reads
+    iteration 0 and, with factor 0, has rate 0.
+    """
     def lr(step: tf.Tensor) -> tf.Tensor:
-        step = tf.cast(step, tf.float32)
+        s = tf.cast(step, tf.float32) + 1.0
         value = tf.constant(base_lr, tf.float32)
-        for b, f in zip(boundaries, factors):
-            value = tf.where(step >= b, base_lr * f, value)
+        for b in boundaries:
+            value = tf.where(s > b, value * decay, value)
         if warmup_steps:
-            frac = tf.minimum(step / warmup_steps, 1.0)
-            value = value * (warmup_factor + (1.0 - warmup_factor) * frac)
+            w = float(warmup_steps)
+            warm = base_lr - (w - s) * base_lr / (w * 2.0 ** warmup_factor)
+            value = tf.where(s < w, warm, value)
         return value
     return lr
 
@@ -128,6 +134,29 @@ class SGDMomentum(Optimizer):
         v = self.momentum * self.slots["momentum"][i].read_value() + lr * g
         self.slots["momentum"][i].assign(v)
         p.variable.assign(w - v)
+
+
+class TF1Momentum(Optimizer):
+    """tf.train.MomentumOptimizer with weight decay added to the gradient: g += wd * w,
+    v = m * v + g, w -= lr * v (Google's v0.7 TF SSD; the same update as the PyTorch reference's SGD).
+
+    The rules' allowed-optimizer table names this optimizer for TensorFlow. Unlike `SGDMomentum`, the
+    rate multiplies the velocity, and the decay term is wd * w (no L2-loss factor of 2).
+    """
+
+    slot_names = ("momentum",)
+
+    def __init__(self, *args, momentum: float = 0.9, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.momentum = momentum
+
+    def update(self, i, p, g, lr) -> None:
+        w = p.variable.read_value()
+        if self.weight_decay and not self.excluded(p.path):
+            g = g + self.weight_decay * w
+        v = self.momentum * self.slots["momentum"][i].read_value() + g
+        self.slots["momentum"][i].assign(v)
+        p.variable.assign(w - lr * v)
 
 
 class LARS(Optimizer):

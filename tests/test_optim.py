@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from harness.config import RuntimeConfig
 from harness.layers import constant
-from harness.optim import LARS, Adam, SGDMomentum, poly_warmup_schedule, rsqrt_warmup_schedule
+from harness.optim import (LARS, Adam, SGDMomentum, TF1Momentum, poly_warmup_schedule, rsqrt_warmup_schedule,
+                          warmup_step_decay_schedule)
 from harness.runtime import make_runtime
 
 
@@ -33,6 +34,19 @@ def test_rsqrt_schedule_by_hand():
     assert lr_at(s, 49) == pytest.approx(2.0 / 4 * 50 * 100 ** -1.5)
     assert lr_at(s, 99) == pytest.approx(2.0 / 4 / 10)              # the peak C / sqrt(d W)
     assert lr_at(s, 399) == pytest.approx(2.0 / 4 / 20)
+
+
+def test_ssd_warmup_step_decay_schedule_by_hand():
+    # Update s (from 1) during warmup: base - (W - s) * base / (W * 2^factor); then x0.1 per boundary passed.
+    s = warmup_step_decay_schedule(base_lr=0.08, warmup_steps=4, warmup_factor=0, boundaries=[10, 20])
+    assert lr_at(s, 0) == pytest.approx(0.02)                      # factor 0 ramps from zero: 1/4 of base
+    assert lr_at(s, 2) == pytest.approx(0.06)
+    assert lr_at(s, 3) == pytest.approx(0.08)                      # update W runs at base
+    assert lr_at(s, 9) == pytest.approx(0.08)                      # update 10 is the last before the drop
+    assert lr_at(s, 10) == pytest.approx(0.008)
+    assert lr_at(s, 20) == pytest.approx(0.0008)
+    half = warmup_step_decay_schedule(base_lr=0.08, warmup_steps=4, warmup_factor=1, boundaries=[])
+    assert lr_at(half, 0) == pytest.approx(0.08 - 3 * 0.08 / 8)   # factor 1 starts halfway up
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +125,25 @@ def test_sgd_momentum_matches_the_reference_update(runtime):
                               wd=0.025, momentum=0.9)
     assert np.abs(w.numpy() - w_half).max() > 1e-3
     assert int(opt.step.numpy()) == 4
+
+
+def test_tf1_momentum_matches_the_pytorch_reference_sgd(runtime):
+    infos, w, b = make_vars(runtime, "tf1m")
+    schedule = lambda step: 0.1 * tf.cast(step + 1, tf.float32)  # noqa: E731
+    opt = TF1Momentum(runtime, infos, schedule, weight_decay=0.05, momentum=0.9, name="opt_tf1m")
+    opt.build()
+    rng = np.random.default_rng(1)
+    grads = [(rng.normal(size=2), rng.normal(size=2)) for _ in range(4)]
+    for g_w, g_b in grads:
+        opt.apply([tf.constant(g_w, tf.float32), tf.constant(g_b, tf.float32)])
+    # torch.optim.SGD(momentum=0.9, weight_decay=0.05): g += wd * w; buf = m * buf + g; w -= lr * buf.
+    params, bufs = [np.array([3.0, 4.0]), np.array([1.0, 1.0])], [np.zeros(2), np.zeros(2)]
+    for lr, step_grads in zip([0.1, 0.2, 0.3, 0.4], grads):
+        for k, g in enumerate(step_grads):
+            bufs[k] = 0.9 * bufs[k] + g + 0.05 * params[k]
+            params[k] = params[k] - lr * bufs[k]
+    np.testing.assert_allclose(w.numpy(), params[0], rtol=1e-5)
+    np.testing.assert_allclose(b.numpy(), params[1], rtol=1e-5)   # decay on every variable, bn included
 
 
 def test_adam_matches_numpy_tf1_form(runtime):
