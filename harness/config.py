@@ -60,6 +60,11 @@ class RuntimeConfig:
                                  doc="kind=mesh: mesh dimension sizes")
     layout: dict[str, str] = field(default_factory=dict,
                                    doc="kind=mesh: named tensor dimension -> mesh dimension")
+    spatial_partition: list[int] = field(default_factory=list,
+                                         doc="kind=tpu: split image inputs [batch, height, width, channels] "
+                                         "this many ways per dimension over one replica's cores, e.g. "
+                                         "[1, 8, 1, 1] (height over 8 cores; replicas = cores / 8); only "
+                                         "dimension 1 may be split; [] = off")
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
-from harness.runtime.base import InputContext, Runtime, VariableInfo
+from harness.runtime.base import InputContext, Runtime, VariableInfo, check_spatial_partition
 
 __all__ = ["InputContext", "Runtime", "VariableInfo", "make_runtime"]
 
@@ -11,6 +11,8 @@ __all__ = ["InputContext", "Runtime", "VariableInfo", "make_runtime"]
 def make_runtime(cfg: RuntimeConfig) -> Runtime:
     from harness.runtime import distribute
 
+    # Before any device is touched, so a refused split costs nothing and no run directory exists yet.
+    spatial = check_spatial_partition(cfg.spatial_partition, cfg.kind)
     if cfg.kind == "default":
         if cfg.cpu_devices > 1:
             raise HarnessError("runtime.cpu_devices > 1 needs runtime.kind=mirrored (or mesh)")
@@ -20,7 +22,7 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
     if cfg.kind == "multi_worker":
         return distribute.make_multi_worker(cfg.precision, cfg.jit_compile, cfg.collective_timeout_s)
     if cfg.kind == "tpu":
-        return distribute.make_tpu(cfg.tpu, cfg.tpu_timeout_s, cfg.precision, cfg.jit_compile)
+        return distribute.make_tpu(cfg.tpu, cfg.tpu_timeout_s, cfg.precision, cfg.jit_compile, spatial)
     if cfg.kind == "mesh":
         try:
             from harness.runtime import mesh

@@ -38,8 +38,44 @@ class VariableInfo:
     trainable: bool
 
 
+# Spatial partitioning: logical devices per replica -> TPU computation shape [x, y, z, core] (the values
+# TensorFlow Model Garden uses on v2/v3 topologies, two cores per chip).
+SPATIAL_COMPUTATION_SHAPES = {2: [1, 1, 1, 2], 4: [1, 2, 1, 2], 8: [2, 2, 1, 2], 16: [4, 2, 1, 2]}
+
+
+def check_spatial_partition(dims: Sequence[int], kind: str) -> tuple[int, ...]:
+    """Validates runtime.spatial_partition before any device is touched; returns the dims (() when off).
+
+    Only the image height (dimension 1) may be split, as Google's v0.7 SSD does. Off TPU the split is
+    refused: DTensor's halo exchange for a height-sharded convolution exists only on TPU (measured on
+    CPU: "Halo exchange is only supported on TPU"), and nothing else splits one example over devices.
+    """
+    dims = tuple(int(d) for d in dims)
+    what = f"runtime.spatial_partition={list(dims)}"
+    if not dims:
+        return ()
+    if len(dims) != 4:
+        raise HarnessError(f"{what} must have rank 4 ([batch, height, width, channels]), e.g. [1, 8, 1, 1]")
+    if any(d < 1 for d in dims):
+        raise HarnessError(f"{what}: every entry must be >= 1 (1 = not split)")
+    if any(d > 1 for i, d in enumerate(dims) if i != 1):
+        raise HarnessError(f"{what}: only dimension 1 (image height) may be split, e.g. [1, {max(dims)}, 1, 1]")
+    if dims[1] == 1:
+        return ()
+    if kind != "tpu":
+        raise HarnessError(f"{what}: spatial partitioning needs a TPU (runtime.kind=tpu, here {kind}): the "
+                           f"halo exchange a height-split convolution needs exists only on TPU; remove "
+                           f"runtime.spatial_partition")
+    if dims[1] not in SPATIAL_COMPUTATION_SHAPES:
+        raise HarnessError(f"{what}: a TPU replica can span {', '.join(map(str, SPATIAL_COMPUTATION_SHAPES))} "
+                           f"cores, not {dims[1]}")
+    return dims
+
+
 class Runtime(abc.ABC):
     kind: str = ""
+    # runtime.spatial_partition once validated: () when each example stays on one device.
+    spatial_dims: tuple[int, ...] = ()
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
@@ -73,8 +109,16 @@ class Runtime(abc.ABC):
         """'CPU', 'GPU' or 'TPU'."""
 
     @property
+    def spatial_partition_ways(self) -> int:
+        """Devices each example's image height is split over (1: no spatial partitioning)."""
+        return self.spatial_dims[1] if self.spatial_dims else 1
+
+    @property
     def description(self) -> str:
-        return f"{self.kind}: {self.num_replicas} replica(s) on {self.device_type}, {self.num_hosts} host(s)"
+        split = (f", image height split {self.spatial_partition_ways} ways per replica"
+                 if self.spatial_partition_ways > 1 else "")
+        return (f"{self.kind}: {self.num_replicas} replica(s) on {self.device_type}, {self.num_hosts} "
+                f"host(s){split}")
 
     def check_batch(self, global_batch: int, what: str = "schedule.global_batch_size") -> None:
         if global_batch % self.num_replicas:
@@ -94,17 +138,15 @@ class Runtime(abc.ABC):
 
     def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
         """How many replicas pool batch statistics for a requested span of examples (0: one replica's
-        batch). Data-parallel strategies pool one replica or all of them."""
+        batch). Groups are consecutive replicas, so the group size must divide the replica count."""
+        n = self.num_replicas
         span = span or replica_batch
-        if span % replica_batch:
-            raise HarnessError(f"{what}={span} must be a multiple of the per-replica batch {replica_batch}")
         group = span // replica_batch
-        if group > self.num_replicas:
-            raise HarnessError(f"{what}={span} exceeds the global batch {replica_batch * self.num_replicas}")
-        if group not in (1, self.num_replicas):
-            raise HarnessError(f"{what}={span} spans {group} of {self.num_replicas} replicas; the {self.kind} "
-                               f"runtime supports one replica's batch ({replica_batch}) or the global batch "
-                               f"({replica_batch * self.num_replicas})")
+        if span % replica_batch or n % group:
+            valid = ", ".join(str(replica_batch * g) for g in range(1, n + 1) if n % g == 0)
+            raise HarnessError(f"{what}={span} with a per-replica batch of {replica_batch} on {n} replicas: "
+                               f"the span must be the per-replica batch times a divisor of {n} "
+                               f"(valid spans: {valid}; 0 = {replica_batch})")
         return group
 
     # ------------------------------------------------------------------------------ variables
@@ -179,10 +221,17 @@ class Runtime(abc.ABC):
         """Cross-replica mean of `run`'s results (for per-replica scalars such as the loss)."""
 
     def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
-        """In replica context: sums `tensors` over groups of `group_size` replicas (batch-norm span)."""
+        """In replica context: sums `tensors` over groups of `group_size` consecutive replicas (batch-norm
+        span; replica r is in group r // group_size). Differentiable: the gradient of each input is the
+        sum of the gradients of its group's outputs."""
         if group_size == 1:
             return tensors
         raise HarnessError(f"{self.kind} runtime cannot reduce over groups of {group_size} replicas")
+
+    def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
+        """In replica context, on an image input [batch, height, ...]: marks its height to be split over
+        the replica's devices (runtime.spatial_partition); identity when spatial partitioning is off."""
+        return t
 
     def function(self, fn: Callable) -> Callable:
         """Compiles a host-side loop function (XLA where the runtime says so)."""

@@ -12,16 +12,17 @@ import tensorflow as tf
 from absl import logging
 
 from harness.errors import HarnessError
-from harness.runtime.base import InputContext, Runtime
+from harness.runtime.base import SPATIAL_COMPUTATION_SHAPES, InputContext, Runtime
 
 
 class StrategyRuntime(Runtime):
     """Data parallelism through a tf.distribute.Strategy; variables are mirrored on every replica."""
 
     def __init__(self, kind: str, strategy: tf.distribute.Strategy, device_type: str, precision: str,
-                 jit_compile: bool | None) -> None:
+                 jit_compile: bool | None, spatial_dims: tuple[int, ...] = ()) -> None:
         self.kind = kind
         self.strategy = strategy
+        self.spatial_dims = tuple(spatial_dims)
         self._device_type = device_type
         self._broadcast_fn: Callable | None = None
         super().__init__(precision, jit_compile)
@@ -113,18 +114,55 @@ class StrategyRuntime(Runtime):
         mine = value if self.is_chief else np.zeros_like(value)
         return self._broadcast_fn(tf.constant(mine, tf.float64)).numpy()
 
+    @property
+    def _on_tpu(self) -> bool:
+        return isinstance(self.strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+
     def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
-        if group_size == 1:
+        n, k = self.num_replicas, group_size
+        if k == 1:
             return tensors
-        if group_size == self.num_replicas:
-            ctx = tf.distribute.get_replica_context()
+        if k < 1 or n % k:
+            raise HarnessError(f"cannot sum over groups of {k} replicas: {k} does not divide the {n} replicas")
+        ctx = tf.distribute.get_replica_context()
+        if k == n:
             return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
-        raise HarnessError(f"batch-norm span over {group_size} of {self.num_replicas} replicas is not "
-                           f"supported by the {self.kind} runtime: use a span of one replica's batch or "
-                           f"of the global batch")
+        if self._on_tpu:
+            # Written by construction, never run (no TPU here): XLA's grouped all-reduce, whose registered
+            # gradient is the same grouped sum of the incoming gradients.
+            groups = [list(range(g * k, (g + 1) * k)) for g in range(n // k)]
+            return tf.nest.map_structure(
+                lambda t: tf.compat.v1.tpu.cross_replica_sum(t, group_assignment=groups), tensors)
+        # Mirrored / multi-worker: gather every replica's values (one row each), keep this replica's group's
+        # rows and sum them. ReplicaContext.all_gather has a gradient (all-reduce of the incoming gradient,
+        # then this replica's row), so each input gets the sum of its group's output gradients. Its gradient
+        # fails on a list of differently shaped tensors (TF 2.21 packs them into one tensor), so the values
+        # go as one flat row per dtype: also one collective instead of one per tensor.
+        flat = tf.nest.flatten(tensors)
+        in_group = tf.equal(tf.range(n) // k, self.replica_id() // k)
+        summed: list[tf.Tensor | None] = [None] * len(flat)
+        for dtype in dict.fromkeys(t.dtype for t in flat):  # first-seen order: the same on every host
+            which = [i for i, t in enumerate(flat) if t.dtype == dtype]
+            row = tf.concat([tf.reshape(flat[i], [-1]) for i in which], axis=0)
+            rows = ctx.all_gather(row[None], axis=0)  # [n, row length]
+            # Others' rows are zeroed, so every group member adds the same numbers in the same order.
+            total = tf.reduce_sum(rows * tf.cast(in_group, dtype)[:, None], axis=0)
+            parts = tf.split(total, [tf.size(flat[i]) for i in which])
+            for i, part in zip(which, parts):
+                summed[i] = tf.reshape(part, tf.shape(flat[i]))
+        return tf.nest.pack_sequence_as(tensors, summed)
+
+    def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
+        ways = self.spatial_partition_ways
+        if ways == 1:
+            return t
+        if t.shape.rank is None or t.shape.rank < 2:
+            raise ValueError(f"split_spatially needs a [batch, height, ...] tensor, got shape {t.shape}")
+        # Never run (no TPU here): the height axis goes to the replica's `ways` logical devices.
+        return self.strategy.experimental_split_to_logical_devices(t, [1, ways] + [1] * (t.shape.rank - 2))
 
     def shutdown(self) -> None:
-        if isinstance(self.strategy, tf.distribute.experimental.TPUStrategy):
+        if self._on_tpu:
             try:
                 tf.tpu.experimental.shutdown_tpu_system()
             except Exception as e:  # noqa: BLE001 - shutdown is best effort
@@ -244,16 +282,34 @@ def lost_peer_error(error: BaseException, collective_timeout_s: float) -> Harnes
     return HarnessError(f"lost contact with {who}: {why}; this run is incomplete")
 
 
-def make_tpu(address: str, timeout_s: float, precision: str, jit: str) -> StrategyRuntime:
-    """Connects to a TPU, giving up after `timeout_s`: an unreachable address otherwise hangs forever."""
+def make_tpu(address: str, timeout_s: float, precision: str, jit: str,
+             spatial_dims: tuple[int, ...] = ()) -> StrategyRuntime:
+    """Connects to a TPU, giving up after `timeout_s`: an unreachable address otherwise hangs forever.
+
+    With spatial partitioning (`spatial_dims` from base.check_spatial_partition, height split k ways)
+    each replica spans k cores: the device assignment groups cores by Model Garden's computation shape for
+    k, and the replicas are cores / k. That path has never run (no TPU was available to the authors).
+    """
     result: dict[str, Any] = {}
+    ways = spatial_dims[1] if spatial_dims else 1
 
     def connect() -> None:
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address or None)
             tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            result["strategy"] = tf.distribute.TPUStrategy(resolver)
+            topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+            if ways == 1:
+                result["strategy"] = tf.distribute.TPUStrategy(resolver)
+                return
+            cores = topology.num_tasks * topology.num_tpus_per_task
+            if cores % ways:
+                raise HarnessError(f"runtime.spatial_partition splits each replica over {ways} cores, which "
+                                   f"does not divide this TPU's {cores} cores")
+            assignment = tf.tpu.experimental.DeviceAssignment.build(
+                topology, computation_shape=SPATIAL_COMPUTATION_SHAPES[ways], num_replicas=cores // ways)
+            # SPMD partitioning: TensorFlow's suggested mode for experimental_split_to_logical_devices.
+            result["strategy"] = tf.distribute.TPUStrategy(
+                resolver, experimental_device_assignment=assignment, experimental_spmd_xla_partitioning=True)
         except Exception as e:  # noqa: BLE001 - any failure to reach the TPU is the user's to fix
             result["error"] = e
 
@@ -263,7 +319,9 @@ def make_tpu(address: str, timeout_s: float, precision: str, jit: str) -> Strate
     where = address or "(local / TPU_NAME)"
     if thread.is_alive():
         raise HarnessError(f"could not reach TPU {where} within runtime.tpu_timeout_s={timeout_s:g}s")
+    if isinstance(result.get("error"), HarnessError):
+        raise result["error"]
     if "error" in result:
         first = str(result["error"]).strip().splitlines()[0] if str(result["error"]).strip() else ""
         raise HarnessError(f"could not connect to TPU {where}: {type(result['error']).__name__}: {first}")
-    return StrategyRuntime("tpu", result["strategy"], "TPU", precision, jit)
+    return StrategyRuntime("tpu", result["strategy"], "TPU", precision, jit, spatial_dims)
