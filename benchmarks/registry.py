@@ -11,6 +11,7 @@ _WORKLOADS = {
     "resnet": "benchmarks.resnet.workload:ResNetWorkload",
     "bert": "benchmarks.bert.workload:BertWorkload",
     "transformer": "benchmarks.transformer.workload:TransformerWorkload",
+    "ssd": "benchmarks.ssd.workload:SSDWorkload",
 }
 
 

@@ -298,8 +298,9 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
     for i, ruleset in enumerate([cfg.ruleset] + list(cfg.check_rulesets)):
         where = "ruleset" if i == 0 else f"check_rulesets[{i - 1}]"
         if ruleset not in workload_cls.RULESETS:
+            note = workload_cls.RULESET_NOTE
             raise HarnessError(f"config {where}: {ruleset} is not supported for {name} "
-                               f"(supported: {', '.join(workload_cls.RULESETS)})")
+                               f"(supported: {', '.join(workload_cls.RULESETS)}){'; ' + note if note else ''}")
     for key, section in cfg.sections.items():
         _check_regex_lists(section, key)
     return cfg

@@ -133,6 +133,8 @@ class Workload(abc.ABC):
     NAME: ClassVar[str]
     MLPERF_KEY: ClassVar[str]
     RULESETS: ClassVar[tuple[str, ...]]
+    # Said when a config asks for a ruleset outside RULESETS (e.g. the key means another model there).
+    RULESET_NOTE: ClassVar[str] = ""
     # Top-level config sections this workload reads, each a dataclass checked as strictly as the rest.
     SECTIONS: ClassVar[dict[str, type]]
     # The metric `eval_finalize` returns that is logged as eval_accuracy and judged against the target.

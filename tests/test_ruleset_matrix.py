@@ -38,6 +38,15 @@ MATRIX = {
                     sets(submission__division="closed", model__num_layers=6, model__hidden_size=16,
                          model__num_heads=2, model__filter_size=16, data__synthetic_train_pairs=300,
                          data__eval_samples=24, schedule__eval_batch_size=24, schedule__max_epochs=1)),
+    # SSD300's layout (ResNet-34's 3-4-6 blocks, 5 extras, 6 maps, 8732 anchors) at width 4; ruleset 1.1.0
+    # evaluates every 5 epochs, so 5 epochs of 32 images make 10 steps and one eval.
+    "ssd": ("configs/ssd/smoke.yaml",
+            sets(submission__division="closed", model__image_size=300, model__blocks="[3,4,6]", model__width=4,
+                 model__extra_channels="[[4,8],[4,8],[4,8],[4,8],[4,8]]", model__feature_sizes="[38,19,10,5,3,1]",
+                 model__steps="[8,16,32,64,100,300]", model__scales="[21,45,99,153,207,261,315]",
+                 model__aspect_ratios="[[2],[2,3],[2,3],[2,3],[2],[2]]", data__train_samples=32,
+                 data__eval_samples=16, schedule__global_batch_size=16, schedule__eval_batch_size=16,
+                 schedule__max_epochs=5)),
 }
 
 

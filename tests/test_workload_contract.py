@@ -29,6 +29,8 @@ SMALL = {
     "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=45", "schedule.global_batch_size=8",
                     "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0", "model.attention_dropout=0",
                     "model.relu_dropout=0", "eval.extra_decode_length=4"],
+    "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
+            "schedule.eval_batch_size=16", "model.bn_span=16"],
 }
 
 SCRIPT = """

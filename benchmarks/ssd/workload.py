@@ -1,0 +1,213 @@
+"""SSD-ResNet34 on COCO as an MLPerf workload (the `ssd` key of rulesets 0.7.0-1.1.0).
+
+Training matches each image's padded box list to the anchors on device, and the loss is the reference's:
+smooth-L1 on positives plus cross entropy on positives and 3:1 hard negatives, divided by each image's
+positives and averaged over images. The eval runs the detector, decode and per-class NMS on every replica;
+the chief converts the gathered detections to COCO rows and scores them with pycocotools COCOeval.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from harness.errors import HarnessError
+from harness.loop import INDEX
+from harness.optim import TF1Momentum, warmup_step_decay_schedule
+from harness.workload import LossTerm, Workload, epoch_schedule
+
+from benchmarks.ssd import anchors, boxes, coco_metric, config, data, postprocess, tensor_names
+from benchmarks.ssd.model import SSD, check_layout, load_backbone
+
+FIRST_EVAL_V07, EVERY = 40, 5
+BOUNDARY_BASE = (40, 50)
+
+
+def rules_eval_epochs(ruleset: str, max_epochs: float) -> list[float]:
+    """The rules' eval epochs: 0.7.0/1.0.0 "epochs=40, 50, 55, 60, ..."; 1.1.0 every 5."""
+    if ruleset.startswith("1.1"):
+        return [float(e) for e in range(EVERY, int(max_epochs) + 1, EVERY)]
+    return [float(e) for e in [FIRST_EVAL_V07, *range(50, int(max_epochs) + 1, EVERY)] if e <= max_epochs]
+
+
+class SSDWorkload(Workload):
+    NAME = "ssd"
+    MLPERF_KEY = "ssd"
+    # From 2.0.0 on the `ssd` key means RetinaNet on OpenImages (target 0.34): a different benchmark.
+    RULESETS = ("0.7.0", "1.0.0", "1.1.0")
+    RULESET_NOTE = "from 2.0.0 on, MLPerf's 'ssd' is RetinaNet on OpenImages, which this workload is not"
+    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    METRIC = "mAP"
+
+    def __init__(self, cfg, runtime) -> None:
+        super().__init__(cfg, runtime)
+        self.source = data.make_source(cfg.data, cfg.model)
+        self.model: SSD | None = None
+        self.bn_group = runtime.batch_norm_group(cfg.model.bn_span, self.replica_batch)
+        self.bn_span = self.bn_group * self.replica_batch
+        m = cfg.model
+        self.anchors_xywh = anchors.default_boxes(m.image_size, m.feature_sizes, m.steps, m.scales,
+                                                  m.aspect_ratios)
+        self._ground_truth = None
+
+    def closed_target(self, ruleset: str) -> float:
+        return 0.23
+
+    # ---------------------------------------------------------------------------------- schedule
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.train_samples / self.cfg.schedule.global_batch_size
+
+    @property
+    def learning_rate(self) -> float:
+        """The reference scales the rate linearly with the batch: base * gbs / 32."""
+        return self.cfg.optimizer.base_learning_rate * self.cfg.schedule.global_batch_size / 32
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.cfg.optimizer.warmup_epochs * self.steps_per_epoch)
+
+    @property
+    def boundary_steps(self) -> list[int]:
+        return [int(math.ceil(e * self.steps_per_epoch - 1e-9)) for e in self.cfg.optimizer.decay_boundary_epochs]
+
+    def eval_schedule(self):
+        s = self.cfg.schedule
+        if self.cfg.submission.division == "closed":
+            epochs = rules_eval_epochs(self.cfg.ruleset, s.max_epochs)
+            return epoch_schedule(epochs, self.train_samples, s.global_batch_size, None)
+        return super().eval_schedule()
+
+    # -------------------------------------------------------------------------------- validation
+    def validate(self) -> None:
+        c, m = self.cfg, self.cfg.model
+        check_layout(m)
+        if c.submission.division == "closed":
+            self.check_closed()
+        self.check_spatial_partition()
+        self.source.validate()
+        categories = self.source.category_map.num_classes
+        if m.num_classes != categories + 1:
+            raise HarnessError(f"model.num_classes={m.num_classes} but the data has {categories} categories "
+                               f"(+1 background = {categories + 1})")
+
+    def check_closed(self) -> None:
+        """Closed SSD: the rules' eval epochs, decay boundaries [40, 50] * (1 + k/10), a logged warmup."""
+        s, o = self.cfg.schedule, self.cfg.optimizer
+        fix = "; or set submission.division=open"
+        if s.eval_epochs:
+            raise HarnessError(f"closed SSD evaluates at the rules' epochs (0.7.0/1.0.0: 40, 50, 55, ...; 1.1.0: "
+                               f"every 5): drop schedule.eval_epochs{fix}")
+        rules = rules_eval_epochs(self.cfg.ruleset, s.max_epochs)
+        if not rules or abs(rules[-1] - s.max_epochs) > 1e-9:
+            near = rules[-1] if rules else (FIRST_EVAL_V07 if not self.cfg.ruleset.startswith("1.1") else EVERY)
+            raise HarnessError(f"closed SSD (ruleset {self.cfg.ruleset}): schedule.max_epochs={s.max_epochs:g} is "
+                               f"not one of the rules' eval epochs; use {near:g}{fix}")
+        b = o.decay_boundary_epochs
+        k = b[0] / BOUNDARY_BASE[0] * 10 - 10 if len(b) == 2 else -1
+        if (len(b) != 2 or k < -1e-9 or abs(k - round(k)) > 1e-6
+                or abs(b[1] - BOUNDARY_BASE[1] * (1 + round(k) / 10)) > 1e-6):
+            raise HarnessError(f"closed SSD: optimizer.decay_boundary_epochs={b} must be [40, 50] * (1 + k/10) for "
+                               f"an integer k >= 0 (e.g. [40, 50], [44, 55]){fix}")
+        if self.warmup_steps < 1:
+            raise HarnessError(f"closed SSD logs at least one warmup step: optimizer.warmup_epochs="
+                               f"{o.warmup_epochs:g} gives {self.warmup_steps} steps at this batch{fix}")
+        if not self.is_synthetic and not self.cfg.model.backbone_checkpoint:
+            raise HarnessError("closed SSD starts from an ImageNet-trained ResNet-34: set model.backbone_checkpoint"
+                               f"{fix}")
+
+    def check_spatial_partition(self) -> None:
+        """The image rows split evenly over a replica's cores (TPUStrategy's split needs divisible dims;
+        XLA pads the smaller feature maps itself). Off-TPU the runtime has refused the split already."""
+        ways = self.runtime.spatial_partition_ways
+        if ways == 1:
+            return
+        m = self.cfg.model
+        if m.image_size % ways:
+            raise HarnessError(f"runtime.spatial_partition splits image height {m.image_size} {ways} ways: pad "
+                               f"model.image_size to a multiple of {ways} or use fewer ways")
+
+    # ---------------------------------------------------------------------------- model and inputs
+    def build(self) -> None:
+        c, o = self.cfg, self.cfg.optimizer
+        self.model = SSD(self.runtime, c.seed, c.model, self.bn_group)
+        if c.model.backbone_checkpoint:
+            load_backbone(self.runtime, c.model)
+        schedule = warmup_step_decay_schedule(self.learning_rate, self.warmup_steps, o.warmup_factor,
+                                              self.boundary_steps)
+        self.optimizer = TF1Momentum(self.runtime, self.runtime.variables(trainable=True), schedule,
+                                     weight_decay=o.weight_decay, momentum=o.momentum)
+        self.optimizer.build()
+
+    def train_dataset(self, ctx) -> tf.data.Dataset:
+        return self.source.train(ctx)
+
+    def eval_records(self, ctx) -> tf.data.Dataset:
+        return self.source.eval_records()
+
+    def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
+        return self.source.eval_parse(record)
+
+    # ---------------------------------------------------------------------------------- training
+    def targets(self, gt_boxes: tf.Tensor, gt_labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Encoded offsets [B, N, 4] and labels [B, N] of every anchor, from the padded box lists."""
+        anchors_xywh = tf.constant(self.anchors_xywh)
+        anchors_ltrb = boxes.xywh_to_ltrb(anchors_xywh)
+
+        def one(args):
+            b, l = args
+            matched, labels = boxes.match(b, l, l > 0, anchors_ltrb)
+            return boxes.encode(matched, anchors_xywh), labels
+
+        return tf.map_fn(one, (gt_boxes, gt_labels),
+                         fn_output_signature=(tf.TensorSpec(self.anchors_xywh.shape, tf.float32),
+                                              tf.TensorSpec(self.anchors_xywh.shape[:1], tf.int32)))
+
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
+        images = self.runtime.split_spatially(batch["image"])
+        loc, logits = self.model(images, training=True)
+        gt_loc, gt_labels = self.targets(batch["boxes"], batch["labels"])
+        per_image, num_pos = boxes.ssd_loss(loc, logits, gt_loc, gt_labels, self.cfg.model.neg_ratio)
+        # The reference: each image's loss over its positives, averaged over images (none has zero boxes).
+        return {"ssd": LossTerm(tf.reduce_sum(tf.math.divide_no_nan(per_image, num_pos)),
+                                tf.shape(per_image)[0])}
+
+    # -------------------------------------------------------------------------------------- eval
+    def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        loc, logits = self.model(batch["image"], training=False)
+        return postprocess.postprocess(loc, logits, tf.constant(self.anchors_xywh))
+
+    def eval_accumulate(self, state: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:
+        """COCO detection rows of this batch's real images (pixel xywh of the original image, raw ids)."""
+        index = np.asarray(outputs[INDEX], np.int64)
+        rows = postprocess.to_coco_detections(
+            self.source.eval_image_ids[index], self.source.eval_image_sizes[index], outputs["boxes"],
+            outputs["scores"], outputs["classes"], outputs["num_detections"],
+            self.source.category_map.category_ids)
+        state.setdefault("detections", []).append(rows)
+        state["images"] = state.get("images", 0) + len(index)
+
+    def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:
+        detections = np.concatenate(state.get("detections") or [np.zeros((0, 7))], axis=0)
+        if self._ground_truth is None:
+            self._ground_truth = self.source.ground_truth()
+        return {self.METRIC: coco_metric.evaluate(self._ground_truth, detections)}
+
+    # ----------------------------------------------------------------------------------- logging
+    def mllog_hparams(self) -> dict[str, Any]:
+        o = self.cfg.optimizer
+        return {
+            "model_bn_span": self.bn_span,
+            "opt_base_learning_rate": self.learning_rate,
+            "opt_weight_decay": o.weight_decay,
+            "opt_learning_rate_warmup_steps": self.warmup_steps,
+            "opt_learning_rate_warmup_factor": o.warmup_factor,
+            "opt_learning_rate_decay_boundary_epochs": [int(e) if float(e).is_integer() else e
+                                                        for e in o.decay_boundary_epochs],
+            "max_samples": self.cfg.data.max_samples,
+        }
+
+    def weights_initialization_map(self) -> dict[str, str]:
+        return tensor_names.weights_initialization_map(self.cfg.model)

@@ -1,0 +1,117 @@
+"""SSD workload: the smoke run to mAP 0.23 with a compliant closed log, the TFRecord path end to end, the
+closed rules, and bad inputs refused before any log."""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness import config as config_lib
+from harness.config import RuntimeConfig
+from harness.errors import HarnessError
+from harness.run import execute
+from harness.runtime import make_runtime
+
+from benchmarks.ssd import boxes
+from benchmarks.ssd.tfrecord_writer import write_synthetic
+from benchmarks.ssd.workload import SSDWorkload, rules_eval_epochs
+
+from conftest import REPO, read_summary, run_cli, sets
+
+SMOKE = os.path.join(REPO, "configs", "ssd", "smoke.yaml")
+
+
+def refused(tmp_path, overrides: list[str], match: str, config: str = SMOKE) -> None:
+    out = str(tmp_path / "runs")
+    with pytest.raises(HarnessError, match=match):
+        execute(config, overrides + [f"output_dir={out}"])
+    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
+
+
+# ----------------------------------------------------------------------------------- the rules
+
+def test_rules_eval_epochs_per_ruleset():
+    assert rules_eval_epochs("0.7.0", 70) == [40, 50, 55, 60, 65, 70]
+    assert rules_eval_epochs("1.0.0", 45) == [40]
+    assert rules_eval_epochs("1.1.0", 20) == [5, 10, 15, 20]
+
+
+def test_ruleset_2_and_later_is_refused_as_another_benchmark(tmp_path):
+    with pytest.raises(HarnessError, match="RetinaNet"):
+        config_lib.load_config(SMOKE, ["ruleset=2.0.0"])
+
+
+def test_closed_rules_are_enforced_at_load(tmp_path):
+    refused(tmp_path, ["schedule.max_epochs=45"], "not one of the rules' eval epochs; use 40")
+    refused(tmp_path, ["schedule.eval_epochs=[1,2]"], "drop schedule.eval_epochs")
+    refused(tmp_path, ["optimizer.decay_boundary_epochs=[44,51]"], r"\[40, 50\] \* \(1 \+ k/10\)")
+    refused(tmp_path, ["optimizer.warmup_epochs=0"], "at least one warmup step")
+    refused(tmp_path, ["data.source=tfrecord", "data.data_dir=/nonexistent"], "backbone_checkpoint")
+
+
+def test_bad_model_and_ruleset_inputs_are_one_line(tmp_path):
+    refused(tmp_path, ["model.image_size=96"], "feature_sizes")
+    refused(tmp_path, ["model.num_classes=81"], "num_classes=81 but the data has 3 categories")
+    # 1.1.0 names the reference model's 119 tensors; the smoke model (one block a stage) has fewer.
+    refused(tmp_path, ["ruleset=1.1.0", "schedule.max_epochs=80"], "weights_initialization event for each of the 119")
+
+
+def test_training_targets_match_each_image_on_device():
+    """The workload's batched matching equals the per-image reference matcher, padding rows ignored."""
+    cfg = config_lib.load_config(SMOKE, [])
+    workload = SSDWorkload(cfg, make_runtime(RuntimeConfig(kind="default")))
+    gt = np.array([[[0.1, 0.1, 0.5, 0.6], [0.55, 0.5, 0.95, 0.9], [0, 0, 0, 0], [0, 0, 0, 0]],
+                   [[0.2, 0.3, 0.4, 0.5], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]], np.float32)
+    labels = np.array([[1, 3, 0, 0], [2, 0, 0, 0]], np.int32)
+    loc, cls = workload.targets(tf.constant(gt), tf.constant(labels))
+    a = tf.constant(workload.anchors_xywh)
+    for i in range(2):
+        n = int((labels[i] > 0).sum())
+        m_boxes, m_labels = boxes.match(gt[i, :n], labels[i, :n], np.ones(n, bool), boxes.xywh_to_ltrb(a))
+        np.testing.assert_array_equal(cls[i].numpy(), m_labels.numpy())
+        np.testing.assert_allclose(loc[i].numpy(), boxes.encode(m_boxes, a).numpy(), atol=1e-5)
+    assert (cls.numpy() > 0).sum(axis=1).min() >= 1   # every box is forced onto an anchor
+
+
+# ------------------------------------------------------------------------------------ smoke run
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ssd_smoke"))
+    proc = run_cli("run", SMOKE, "--output_dir", out, *sets(check_rulesets="[0.7.0]"), timeout=900)
+    return proc, read_summary(out, "ssd")
+
+
+def test_smoke_reaches_map_target_with_a_compliant_closed_log(smoke_run):
+    proc, summary = smoke_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["status"] == "success" and summary["synthetic_data"]
+    assert summary["evals"][-1]["metrics"]["mAP"] >= 0.23
+    for ruleset in ("0.7.0", "1.0.0"):
+        assert summary["compliance"][ruleset]["verdict"] == "PASS", summary["compliance"][ruleset]
+    assert not [f for f in summary["integrity"] if f["severity"] == "error"]
+    assert all(e["counted"] == 512 for e in summary["evals"])
+    with open(summary["log"]) as f:
+        text = f.read()
+    for key in ("model_bn_span", "opt_learning_rate_warmup_factor", "opt_learning_rate_decay_boundary_epochs",
+                "max_samples", "opt_weight_decay"):
+        assert f'"key": "{key}"' in text
+
+
+def test_tfrecord_source_runs_end_to_end_against_the_json(tmp_path, tmp_out):
+    """Written TFRecords + instances JSON: parse, map the non-contiguous ids, COCOeval on the file."""
+    paths = write_synthetic(str(tmp_path), train_images=64, val_images=24, image_size=64, seed=0, num_shards=2)
+    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
+                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path),
+                         data__annotation_file=paths["val_json"], data__train_samples=64,
+                         data__eval_samples=24, schedule__max_epochs=1, schedule__eval_every_epochs=1,
+                         schedule__eval_batch_size=16, schedule__global_batch_size=16))
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = read_summary(tmp_out, "ssd")
+    assert summary["data_source"] == "tfrecord" and not summary["synthetic_data"]
+    assert [e["counted"] for e in summary["evals"]] == [24]
+    assert 0.0 <= summary["evals"][0]["metrics"]["mAP"] < 1.0
+    assert summary["compliance"]["1.0.0"]["verdict"].startswith("PASS")
