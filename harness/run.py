@@ -198,7 +198,7 @@ def checker_version() -> str:
 def _looks_like_bad_data(message: str) -> bool:
     m = message.lower()
     return any(s in m for s in ("corrupt", "truncated record", "invalid jpeg", "decode", "parse",
-                                "key: image", "feature", "data loss"))
+                                "key: image", "feature: ", "data loss"))
 
 
 def _first_line(e: BaseException) -> str:

@@ -115,3 +115,61 @@ def test_tfrecord_source_runs_end_to_end_against_the_json(tmp_path, tmp_out):
     assert [e["counted"] for e in summary["evals"]] == [24]
     assert 0.0 <= summary["evals"][0]["metrics"]["mAP"] < 1.0
     assert summary["compliance"]["1.0.0"]["verdict"].startswith("PASS")
+
+
+MESH_SCRIPT = """
+    import json
+    import tensorflow as tf
+    from harness import config as C, loop
+    from harness.runtime import make_runtime
+    from benchmarks.ssd.workload import SSDWorkload
+
+    def run(extra):
+        cfg = C.load_config({smoke!r}, ["submission.division=open", "data.train_samples=64", "data.eval_samples=45",
+                                        "schedule.global_batch_size=16", "schedule.eval_batch_size=16",
+                                        "model.bn_span=16"] + extra)
+        rt = make_runtime(cfg.runtime)
+        wl = SSDWorkload(cfg, rt)
+        wl.validate()
+        with rt.scope():
+            wl.build()
+        steps = loop.CompiledSteps(rt, wl)
+        top = {{}}  # eval image -> its best detection score, to check each image's outputs reach the chief as its own
+        accumulate = wl.eval_accumulate
+
+        def record(state, outputs):
+            for i, s in zip(outputs[loop.INDEX], outputs["scores"]):
+                top[int(i)] = float(s[0])
+            accumulate(state, outputs)
+        wl.eval_accumulate = record
+        # The eval first, on the initial weights both runs share; then training steps.
+        metrics, counted = loop.evaluate(steps, loop.eval_input(rt, wl, 16, cfg.seed), loop.eval_steps_for(45, 16))
+        it = iter(loop.train_input(rt, wl, 16, cfg.seed))
+        losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(2)]
+        return dict(losses=losses, counted=counted, score=metrics["mAP"], top=[top[i] for i in range(45)])
+
+    mesh = run(["runtime.kind=mesh", "runtime.cpu_devices=2", "runtime.mesh={{data: 2, model: 1}}",
+                "runtime.layout={{batch: data}}"])
+    single = run([])
+    print("RESULT " + json.dumps(dict(mesh=mesh, single=single)))
+"""
+
+
+def test_data_parallel_dtensor_mesh_matches_one_device():
+    """Images over `data` on a DTensor mesh: the eval of the initial weights (45 images over 2 shards of 16-image
+    batches, each image's detections gathered to the chief as its own) and the first steps' losses equal one
+    device's. Later steps drift apart faster: hard-negative mining re-ranks on float32 differences."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(MESH_SCRIPT.format(smoke=SMOKE))], cwd=REPO,
+                          capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    mesh, single = out["mesh"], out["single"]
+    np.testing.assert_allclose(mesh["losses"], single["losses"], rtol=1e-4)
+    assert mesh["counted"] == single["counted"] == 45
+    np.testing.assert_allclose(mesh["top"], single["top"], rtol=1e-5)
+    assert mesh["score"] == pytest.approx(single["score"], abs=1e-6)

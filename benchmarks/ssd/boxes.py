@@ -44,36 +44,40 @@ def iou(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 def match(gt_boxes: tf.Tensor, gt_labels: tf.Tensor, gt_valid: tf.Tensor, anchors_ltrb: tf.Tensor,
           threshold: float = 0.5) -> tuple[tf.Tensor, tf.Tensor]:
-    """Assign one image's ground truth to anchors as the reference `Encoder.encode` does.
+    """Assign ground truth to anchors as the reference `Encoder.encode` does, for one image or a batch.
 
-    gt_boxes [M, 4] ltrb, gt_labels [M] (contiguous class ids, 1..C-1), gt_valid [M] bool (False for padding rows),
-    anchors_ltrb [N, 4]. Every valid ground-truth box is forced onto its best-IoU anchor (the reference sets that IoU
-    to 2.0; when two boxes pick the same anchor the later row wins, as the reference's index assignment does); every
-    other anchor takes its best valid box when that IoU is >= threshold (Google's ArgMaxMatcher; the PyTorch
-    reference uses a strict >, which differs only at exact equality). Padding rows never match; M must be static
-    (pad to a fixed max_boxes; M = 0 gives all background). For a batch, `tf.map_fn` over images. Returns matched
-    boxes [N, 4] ltrb (an unmatched anchor gets its own box, so it encodes to zeros) and labels [N] int32
+    gt_boxes [..., M, 4] ltrb, gt_labels [..., M] (contiguous class ids, 1..C-1), gt_valid [..., M] bool (False
+    for padding rows), anchors_ltrb [N, 4]; leading axes are images. Every valid ground-truth box is forced onto
+    its best-IoU anchor (the reference sets that IoU to 2.0; when two boxes pick the same anchor the later row
+    wins, as the reference's index assignment does); every other anchor takes its best valid box when that IoU
+    is >= threshold (Google's ArgMaxMatcher; the PyTorch reference uses a strict >, which differs only at exact
+    equality). Padding rows never match; M must be static (pad to a fixed max_boxes; M = 0 gives all
+    background). Only batched tensor ops (no map_fn), so it also runs under DTensor. Returns matched boxes
+    [..., N, 4] ltrb (an unmatched anchor gets its own box, so it encodes to zeros) and labels [..., N] int32
     (0 = background).
     """
     gt_boxes = tf.convert_to_tensor(gt_boxes, tf.float32)
     anchors_ltrb = tf.convert_to_tensor(anchors_ltrb, tf.float32)
     gt_labels = tf.cast(gt_labels, tf.int32)
     gt_valid = tf.cast(gt_valid, tf.bool)
-    n = anchors_ltrb.shape[0]
-    if gt_boxes.shape[0] == 0:
-        return anchors_ltrb, tf.zeros([n], tf.int32)
-    overlaps = tf.where(gt_valid[:, None], iou(gt_boxes, anchors_ltrb), -1.0)  # [M, N]
-    best_gt = tf.argmax(overlaps, axis=0, output_type=tf.int32)  # [N]
-    best_gt_iou = tf.reduce_max(overlaps, axis=0)
-    best_anchor = tf.argmax(overlaps, axis=1, output_type=tf.int32)  # [M]
-    forced = tf.logical_and(tf.one_hot(best_anchor, n, on_value=True, off_value=False), gt_valid[:, None])
-    rows = tf.range(1, tf.shape(gt_boxes)[0] + 1, dtype=tf.int32)[:, None]
-    forced_gt = tf.reduce_max(tf.where(forced, rows, 0), axis=0) - 1  # last forcing row, -1 if none
+    n, m = anchors_ltrb.shape[0], gt_boxes.shape[-2]
+    batch_dims = len(gt_boxes.shape) - 2
+    if m == 0:
+        lead = tf.shape(gt_boxes)[:-2]
+        return (tf.broadcast_to(anchors_ltrb, tf.concat([lead, [n, 4]], 0)),
+                tf.zeros(tf.concat([lead, [n]], 0), tf.int32))
+    overlaps = tf.where(gt_valid[..., None], iou(gt_boxes, anchors_ltrb), -1.0)  # [..., M, N]
+    best_gt = tf.argmax(overlaps, axis=-2, output_type=tf.int32)  # [..., N]
+    best_gt_iou = tf.reduce_max(overlaps, axis=-2)
+    best_anchor = tf.argmax(overlaps, axis=-1, output_type=tf.int32)  # [..., M]
+    forced = tf.logical_and(tf.one_hot(best_anchor, n, on_value=True, off_value=False), gt_valid[..., None])
+    rows = tf.range(1, m + 1, dtype=tf.int32)[:, None]
+    forced_gt = tf.reduce_max(tf.where(forced, rows, 0), axis=-2) - 1  # last forcing row, -1 if none
     is_forced = forced_gt >= 0
     gt_index = tf.where(is_forced, forced_gt, best_gt)
     matched = tf.logical_or(is_forced, best_gt_iou >= threshold)
-    boxes = tf.where(matched[:, None], tf.gather(gt_boxes, gt_index), anchors_ltrb)
-    labels = tf.where(matched, tf.gather(gt_labels, gt_index), 0)
+    boxes = tf.where(matched[..., None], tf.gather(gt_boxes, gt_index, batch_dims=batch_dims), anchors_ltrb)
+    labels = tf.where(matched, tf.gather(gt_labels, gt_index, batch_dims=batch_dims), 0)
     return boxes, labels
 
 

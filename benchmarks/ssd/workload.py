@@ -154,16 +154,8 @@ class SSDWorkload(Workload):
     def targets(self, gt_boxes: tf.Tensor, gt_labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Encoded offsets [B, N, 4] and labels [B, N] of every anchor, from the padded box lists."""
         anchors_xywh = tf.constant(self.anchors_xywh)
-        anchors_ltrb = boxes.xywh_to_ltrb(anchors_xywh)
-
-        def one(args):
-            b, l = args
-            matched, labels = boxes.match(b, l, l > 0, anchors_ltrb)
-            return boxes.encode(matched, anchors_xywh), labels
-
-        return tf.map_fn(one, (gt_boxes, gt_labels),
-                         fn_output_signature=(tf.TensorSpec(self.anchors_xywh.shape, tf.float32),
-                                              tf.TensorSpec(self.anchors_xywh.shape[:1], tf.int32)))
+        matched, labels = boxes.match(gt_boxes, gt_labels, gt_labels > 0, boxes.xywh_to_ltrb(anchors_xywh))
+        return boxes.encode(matched, anchors_xywh), labels
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
         images = self.runtime.split_spatially(batch["image"])
