@@ -187,6 +187,14 @@ def bert_eval_interval(global_batch: int) -> int:
 
 BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7 rules: "Starting at 3M samples, then every 500K"
 RESNET_EVERY = 4  # "Every 4 epochs with offset 0 or 1 or 2 or 3" (every ruleset)
+SSD_V07_FIRST, SSD_EVERY = 40, 5  # 0.7/1.0: "epochs=40, 50, 55, 60, ..."; 1.1: "Every 5 epochs"
+
+
+def ssd_rules_epochs(ruleset: str, upto: float) -> list[int]:
+    """The SSD rules' eval epochs up to `upto` (0.7.0 and 1.0.0 skip 45)."""
+    if ruleset.startswith("1.1"):
+        return list(range(SSD_EVERY, int(upto) + 1, SSD_EVERY))
+    return [e for e in [SSD_V07_FIRST, *range(50, int(upto) + 1, SSD_EVERY)] if e <= upto]
 
 
 def _value(events: list[LogEvent], key: str) -> object:
@@ -202,21 +210,24 @@ def _samples_before(events: list[LogEvent], acc: LogEvent) -> float | None:
 
 
 def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
-    """Closed ResNet and BERT logs must evaluate on the rules' schedule for `ruleset`.
+    """Closed ResNet, BERT and SSD (0.7.0-1.1.0) logs must evaluate on the rules' schedule for `ruleset`.
 
     From 1.0 the rules require "the same frequency" as the reference, "rounded up to the nearest batch
     size" (training_rules.adoc); v0.7 asked for "at least as frequently". ResNet: every 4 epochs, the
     first at epoch 1-4 (offset 0-3); every eval at or after the end of the epoch it is logged for (checked
     when block_stop carries samples_count). BERT (positions in samples): from 1.0 every
     FLOOR(0.05*(230.23*GBS+3e6), 25000) samples from that interval on; in v0.7 from 3M samples at most
-    500K apart. An off-schedule final eval is an error when the run claims success there. A log that
+    500K apart. SSD: 1.0 at epochs 40, 50, 55, ...; 1.1 every 5; v0.7 by 40, then at most 10 apart (held
+    loosely: Google's accepted logs evaluate every ~5.2 epochs). An off-schedule final eval is an error when the run claims success there. A log that
     says it ran on synthetic data (`harness_data_source`) is a smoke test, never a result: warnings only.
     """
     if _value(events, "submission_division") != "closed":
         return []
     benchmark = _value(events, "submission_benchmark")
     accs = [e for e in events if e.key == "eval_accuracy" and eval_position(e) is not None]
-    if benchmark not in ("resnet", "bert") or not accs:
+    if benchmark == "ssd" and not ruleset.startswith(("0.", "1.")):
+        return []  # from 2.0.0 the key is RetinaNet, whose cadence this does not know
+    if benchmark not in ("resnet", "bert", "ssd") or not accs:
         return []
     v07 = ruleset.startswith("0.")
     run_stop = _first(events, "run_stop")
@@ -247,6 +258,22 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
                 if done is not None and done < pos * train_samples - 1e-6:
                     flag(acc, f"ran after {done:g} samples, before epoch {pos:g} ends "
                               f"({pos * train_samples:g} samples); evals may only be rounded up")
+    elif benchmark == "ssd":
+        if v07:
+            # "At least as frequently" as 40, 50, 55, ..., held loosely: Google's accepted v0.7 logs evaluate
+            # every ~5.2 real epochs. The first eval by epoch 40, then never more than 10 epochs apart.
+            for prev, cur, acc in zip([0.0] + positions, positions, accs):
+                limit = SSD_V07_FIRST if prev == 0.0 else prev + 10
+                if cur > limit + 1e-6:
+                    flag(acc, f"comes {cur - prev:g} epochs after the previous eval; v0.7 evaluates at least at "
+                              f"epochs 40, 50, 55, ...")
+        else:
+            rules = ssd_rules_epochs(ruleset, max(positions))
+            for k, (acc, pos) in enumerate(zip(accs, positions)):
+                want = rules[k] if k < len(rules) else None
+                if want is None or abs(pos - want) > 1e-6:
+                    flag(acc, f"is eval {k + 1}; the rules put it at epoch {want if want is not None else '-'} "
+                              f"({'every 5 epochs' if ruleset.startswith('1.1') else '40, 50, 55, ...'})")
     else:
         slack = float(gbs) if isinstance(gbs, (int, float)) and gbs > 0 else 0.0
         if v07:

@@ -273,6 +273,19 @@ def test_bert_schedule_per_ruleset():
     assert len(schedule_findings(bert_log(rounded_down), "4.0.0")) == 2
 
 
+def test_ssd_schedule_per_ruleset():
+    def ssd(evals, stop="success"):
+        return good_log(evals=evals, benchmark="ssd", batch=32, stop_status=stop)
+    for ruleset in ("0.7.0", "1.0.0"):
+        assert schedule_findings(ssd((40, 50, 55, 60)), ruleset) == []
+    assert schedule_findings(ssd((5, 10, 15)), "1.1.0") == []
+    assert schedule_findings(ssd((5, 10, 15, 20, 25, 30, 35, 40, 45, 50)), "0.7.0") == []  # more often is allowed
+    extra = schedule_findings(ssd((40, 45, 50)), "1.0.0")   # 1.0.0: the same frequency, so no eval at 45
+    assert extra and extra[0][0] == "error" and "the rules put it at epoch 50" in extra[0][1]
+    assert "every 5 epochs" in schedule_findings(ssd((40, 50)), "1.1.0")[0][1]
+    assert "v0.7 evaluates at least at" in schedule_findings(ssd((45, 50)), "0.7.0")[0][1]
+
+
 def test_check_eval_schedule_is_what_check_integrity_adds():
     events = parse_lines(good_log(evals=(1, 2, 3, 4, 5)))
     extra = [f for f in check_integrity(events, ruleset="4.0.0") if f not in check_integrity(events)]

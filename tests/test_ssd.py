@@ -17,7 +17,9 @@ from harness.runtime import make_runtime
 
 from benchmarks.ssd import boxes
 from benchmarks.ssd.tfrecord_writer import write_synthetic
-from benchmarks.ssd.workload import SSDWorkload, rules_eval_epochs
+from harness.integrity import ssd_rules_epochs
+
+from benchmarks.ssd.workload import SSDWorkload
 
 from conftest import REPO, read_summary, run_cli, sets
 
@@ -34,9 +36,9 @@ def refused(tmp_path, overrides: list[str], match: str, config: str = SMOKE) -> 
 # ----------------------------------------------------------------------------------- the rules
 
 def test_rules_eval_epochs_per_ruleset():
-    assert rules_eval_epochs("0.7.0", 70) == [40, 50, 55, 60, 65, 70]
-    assert rules_eval_epochs("1.0.0", 45) == [40]
-    assert rules_eval_epochs("1.1.0", 20) == [5, 10, 15, 20]
+    assert ssd_rules_epochs("0.7.0", 70) == [40, 50, 55, 60, 65, 70]
+    assert ssd_rules_epochs("1.0.0", 45) == [40]
+    assert ssd_rules_epochs("1.1.0", 20) == [5, 10, 15, 20]
 
 
 def test_ruleset_2_and_later_is_refused_as_another_benchmark(tmp_path):

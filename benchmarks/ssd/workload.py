@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
+from harness.integrity import SSD_EVERY, SSD_V07_FIRST, ssd_rules_epochs
 from harness.loop import INDEX
 from harness.optim import TF1Momentum, warmup_step_decay_schedule
 from harness.workload import LossTerm, Workload, epoch_schedule
@@ -21,15 +22,7 @@ from harness.workload import LossTerm, Workload, epoch_schedule
 from benchmarks.ssd import anchors, boxes, coco_metric, config, data, postprocess, tensor_names
 from benchmarks.ssd.model import SSD, check_layout, load_backbone
 
-FIRST_EVAL_V07, EVERY = 40, 5
 BOUNDARY_BASE = (40, 50)
-
-
-def rules_eval_epochs(ruleset: str, max_epochs: float) -> list[float]:
-    """The rules' eval epochs: 0.7.0/1.0.0 "epochs=40, 50, 55, 60, ..."; 1.1.0 every 5."""
-    if ruleset.startswith("1.1"):
-        return [float(e) for e in range(EVERY, int(max_epochs) + 1, EVERY)]
-    return [float(e) for e in [FIRST_EVAL_V07, *range(50, int(max_epochs) + 1, EVERY)] if e <= max_epochs]
 
 
 class SSDWorkload(Workload):
@@ -76,7 +69,7 @@ class SSDWorkload(Workload):
     def eval_schedule(self):
         s = self.cfg.schedule
         if self.cfg.submission.division == "closed":
-            epochs = rules_eval_epochs(self.cfg.ruleset, s.max_epochs)
+            epochs = ssd_rules_epochs(self.cfg.ruleset, s.max_epochs)
             return epoch_schedule(epochs, self.train_samples, s.global_batch_size, None)
         return super().eval_schedule()
 
@@ -100,9 +93,9 @@ class SSDWorkload(Workload):
         if s.eval_epochs:
             raise HarnessError(f"closed SSD evaluates at the rules' epochs (0.7.0/1.0.0: 40, 50, 55, ...; 1.1.0: "
                                f"every 5): drop schedule.eval_epochs{fix}")
-        rules = rules_eval_epochs(self.cfg.ruleset, s.max_epochs)
+        rules = ssd_rules_epochs(self.cfg.ruleset, s.max_epochs)
         if not rules or abs(rules[-1] - s.max_epochs) > 1e-9:
-            near = rules[-1] if rules else (FIRST_EVAL_V07 if not self.cfg.ruleset.startswith("1.1") else EVERY)
+            near = rules[-1] if rules else (SSD_V07_FIRST if not self.cfg.ruleset.startswith("1.1") else SSD_EVERY)
             raise HarnessError(f"closed SSD (ruleset {self.cfg.ruleset}): schedule.max_epochs={s.max_epochs:g} is "
                                f"not one of the rules' eval epochs; use {near:g}{fix}")
         b = o.decay_boundary_epochs
