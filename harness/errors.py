@@ -9,3 +9,8 @@ class HarnessError(Exception):
     """
 
     exit_code = 2
+
+
+BAD_DATA_MARK = "bad input data:"
+"""First item of an input pipeline's in-graph assertion (tf.debugging.Assert data) about a corrupt record
+that validation could not reach: the run turns the op error into one `error:` line of the rest."""

@@ -45,21 +45,19 @@ def rsqrt_warmup_schedule(base_lr: float, warmup_steps: int, hidden_size: int) -
 
 def warmup_step_decay_schedule(base_lr: float, warmup_steps: int, warmup_factor: int,
                                boundaries: Sequence[int], decay: float = 0.1) -> Schedule:
-    """MLPerf SSD's schedule: the "mlperf warmup rule" lr = base - (W - s) * base / (W * 2^factor) for
-    update s < W (factor 0 ramps from zero), then base times `decay` per boundary step passed.
-
-    `s` counts updates from 1, as `rsqrt_warmup_schedule` does: the reference's first update reads
-    iteration 0 and, with factor 0, has rate 0.
+    """MLPerf SSD's schedule: the "mlperf warmup rule" lr = base - (W - it) * base / (W * 2^factor) for
+    update it < W, counted from 0 as the reference does (factor 0: the first update runs at rate 0, its
+    gradient still entering the momentum), then base times `decay` per boundary step reached.
     """
     def lr(step: tf.Tensor) -> tf.Tensor:
-        s = tf.cast(step, tf.float32) + 1.0
+        it = tf.cast(step, tf.float32)
         value = tf.constant(base_lr, tf.float32)
         for b in boundaries:
-            value = tf.where(s > b, value * decay, value)
+            value = tf.where(it >= b, value * decay, value)
         if warmup_steps:
             w = float(warmup_steps)
-            warm = base_lr - (w - s) * base_lr / (w * 2.0 ** warmup_factor)
-            value = tf.where(s < w, warm, value)
+            warm = base_lr - (w - it) * base_lr / (w * 2.0 ** warmup_factor)
+            value = tf.where(it < w, warm, value)
         return value
     return lr
 

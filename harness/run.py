@@ -13,7 +13,7 @@ import tensorflow as tf
 from benchmarks import registry
 from harness import config as config_lib
 from harness import integrity, logparse, sysinfo, weights_init
-from harness.errors import HarnessError
+from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.loop import RunResult, run_timed
 from harness.progress import Progress
 from harness.mlperf import KEYS as K
@@ -123,6 +123,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
                 if runtime.kind == "multi_worker" else None)
         if lost is not None:
             raise lost from None
+        bad_record = _data_assertion(str(e)) if isinstance(e, tf.errors.OpError) else None
+        if bad_record:
+            raise HarnessError(f"corrupt input data: {bad_record}") from None
         if isinstance(e, tf.errors.DataLossError) or (isinstance(e, tf.errors.OpError)
                                                       and _looks_like_bad_data(str(e))):
             raise HarnessError(f"corrupt or unreadable input data: {_first_line(e)}") from None
@@ -199,6 +202,18 @@ def _looks_like_bad_data(message: str) -> bool:
     m = message.lower()
     return any(s in m for s in ("corrupt", "truncated record", "invalid jpeg", "decode", "parse",
                                 "key: image", "feature: ", "data loss"))
+
+
+def _data_assertion(message: str) -> str | None:
+    """The sentence of an input pipeline's failed `BAD_DATA_MARK` assertion (its bracketed data items)."""
+    for line in message.splitlines():
+        if BAD_DATA_MARK in line:
+            # "... [bad input data:] [item] [item] ...": tf.debugging.Assert prints each data item in brackets.
+            rest = line.split(BAD_DATA_MARK, 1)[1].strip().lstrip("]").strip()
+            rest = rest[1:] if rest.startswith("[") else rest
+            rest = rest[:-1] if rest.endswith("]") else rest
+            return " ".join(i.strip() for i in rest.split("] [") if i.strip())[:500] or None
+    return None
 
 
 def _first_line(e: BaseException) -> str:

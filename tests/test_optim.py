@@ -37,16 +37,17 @@ def test_rsqrt_schedule_by_hand():
 
 
 def test_ssd_warmup_step_decay_schedule_by_hand():
-    # Update s (from 1) during warmup: base - (W - s) * base / (W * 2^factor); then x0.1 per boundary passed.
+    # Update `it` (from 0) during warmup: base - (W - it) * base / (W * 2^factor); then x0.1 per boundary reached.
     s = warmup_step_decay_schedule(base_lr=0.08, warmup_steps=4, warmup_factor=0, boundaries=[10, 20])
-    assert lr_at(s, 0) == pytest.approx(0.02)                      # factor 0 ramps from zero: 1/4 of base
-    assert lr_at(s, 2) == pytest.approx(0.06)
-    assert lr_at(s, 3) == pytest.approx(0.08)                      # update W runs at base
-    assert lr_at(s, 9) == pytest.approx(0.08)                      # update 10 is the last before the drop
-    assert lr_at(s, 10) == pytest.approx(0.008)
+    assert lr_at(s, 0) == 0.0                                      # factor 0 ramps from zero, as the reference
+    assert lr_at(s, 2) == pytest.approx(0.04)
+    assert lr_at(s, 3) == pytest.approx(0.06)                      # W updates below base
+    assert lr_at(s, 4) == pytest.approx(0.08)
+    assert lr_at(s, 9) == pytest.approx(0.08)
+    assert lr_at(s, 10) == pytest.approx(0.008)                    # from the boundary step on
     assert lr_at(s, 20) == pytest.approx(0.0008)
     half = warmup_step_decay_schedule(base_lr=0.08, warmup_steps=4, warmup_factor=1, boundaries=[])
-    assert lr_at(half, 0) == pytest.approx(0.08 - 3 * 0.08 / 8)   # factor 1 starts halfway up
+    assert lr_at(half, 0) == pytest.approx(0.04)                   # factor 1 starts halfway up
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,14 @@ from benchmarks.ssd import boxes
 from benchmarks.ssd.tfrecord_writer import write_synthetic
 from harness.integrity import ssd_rules_epochs
 
-from benchmarks.ssd.workload import SSDWorkload
+from benchmarks.ssd import data as ssd_data
+from benchmarks.ssd.config import ModelConfig
+from benchmarks.ssd.workload import SSDWorkload, check_spatial_partition
 
 from conftest import REPO, read_summary, run_cli, sets
 
 SMOKE = os.path.join(REPO, "configs", "ssd", "smoke.yaml")
+REFERENCE = os.path.join(REPO, "configs", "ssd", "reference.yaml")
 
 
 def refused(tmp_path, overrides: list[str], match: str, config: str = SMOKE) -> None:
@@ -51,7 +54,18 @@ def test_closed_rules_are_enforced_at_load(tmp_path):
     refused(tmp_path, ["schedule.eval_epochs=[1,2]"], "drop schedule.eval_epochs")
     refused(tmp_path, ["optimizer.decay_boundary_epochs=[44,51]"], r"\[40, 50\] \* \(1 \+ k/10\)")
     refused(tmp_path, ["optimizer.warmup_epochs=0"], "at least one warmup step")
-    refused(tmp_path, ["data.source=tfrecord", "data.data_dir=/nonexistent"], "backbone_checkpoint")
+    refused(tmp_path, ["model.neg_ratio=2"], "3 hard negatives per positive")
+    refused(tmp_path, ["data.source=tfrecord", "data.data_dir=/nonexistent"],
+            "is SSD300 on ResNet-34 with 81 classes: model.image_size, model.width, model.blocks")
+    refused(tmp_path, ["runtime.kind=default", "model.bn_span=0", "model.backbone_checkpoint=''"],
+            "set model.backbone_checkpoint", config=REFERENCE)
+
+
+def test_spatial_partition_must_divide_the_image_rows_on_any_machine():
+    check_spatial_partition(ModelConfig(), [1, 4, 1, 1])
+    check_spatial_partition(ModelConfig(), [])
+    with pytest.raises(HarnessError, match="300 image rows 8 ways, which does not divide them.*e.g. 2, 4"):
+        check_spatial_partition(ModelConfig(), [1, 8, 1, 1])
 
 
 def test_bad_model_and_ruleset_inputs_are_one_line(tmp_path):
@@ -76,6 +90,29 @@ def test_training_targets_match_each_image_on_device():
         np.testing.assert_array_equal(cls[i].numpy(), m_labels.numpy())
         np.testing.assert_allclose(loc[i].numpy(), boxes.encode(m_boxes, a).numpy(), atol=1e-5)
     assert (cls.numpy() > 0).sum(axis=1).min() >= 1   # every box is forced onto an anchor
+
+
+def test_a_corrupt_record_validation_did_not_read_stops_the_run_in_one_line(tmp_path, monkeypatch):
+    """Past the records validate() scans, the pipeline's assertion ends the run with the file and image id, and
+    the log is kept under a name no tool takes for a result."""
+    paths = write_synthetic(str(tmp_path), train_images=16, val_images=8, image_size=64, seed=0, num_shards=1)
+    bad = tf.train.Example()
+    bad.ParseFromString(next(iter(tf.data.TFRecordDataset(paths["train"][0]))).numpy())
+    bad.features.feature["image/object/bbox/xmax"].float_list.value[0] = 1.5
+    bad.features.feature["image/source_id"].bytes_list.value[0] = b"999"
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00001-of-00002.tfrecord")) as w:
+        w.write(bad.SerializeToString())
+    monkeypatch.setattr(ssd_data, "TRAIN_SCAN_RECORDS", 0)
+    out = str(tmp_path / "runs")
+    with pytest.raises(HarnessError, match=r"corrupt input data: .*train-00001-of-00002.tfrecord.*999.*has a box "
+                                           r"outside \[0, 1\]") as e:
+        execute(SMOKE, ["submission.division=open", "data.source=tfrecord", f"data.data_dir={tmp_path}",
+                        f"data.annotation_file={paths['val_json']}", "data.train_samples=17", "data.eval_samples=8",
+                        "data.shuffle_buffer=1", "schedule.global_batch_size=17", "schedule.max_epochs=1",
+                        f"output_dir={out}"])
+    assert "\n" not in str(e.value)
+    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
+    assert glob.glob(os.path.join(out, "**", "incomplete_result_*"), recursive=True)
 
 
 # ------------------------------------------------------------------------------------ smoke run
@@ -124,7 +161,9 @@ MESH_SCRIPT = """
     import tensorflow as tf
     from harness import config as C, loop
     from harness.runtime import make_runtime
-    from benchmarks.ssd.workload import SSDWorkload
+    from benchmarks.ssd import data as ssd_data
+from benchmarks.ssd.config import ModelConfig
+from benchmarks.ssd.workload import SSDWorkload, check_spatial_partition
 
     def run(extra):
         cfg = C.load_config({smoke!r}, ["submission.division=open", "data.train_samples=64", "data.eval_samples=45",

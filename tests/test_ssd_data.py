@@ -270,7 +270,10 @@ def write_records(tmp_path, val: list[tuple[int, list, list]], train: list[tuple
                 w.write(tfrecord_writer.coco_example(image, image_id, np.asarray(boxes), cats, names))
     ids = json_ids if json_ids is not None else [r[0] for r in val]
     path = tmp_path / "instances_val.json"
-    path.write_text(json.dumps({"images": [{"id": i, "height": 8, "width": 8} for i in ids], "annotations": [],
+    annotations = [{"id": k + 1, "image_id": i, "category_id": 1, "bbox": [1.0, 1.0, 2.0, 2.0], "area": 4.0,
+                    "iscrowd": 0} for k, i in enumerate(ids)]
+    path.write_text(json.dumps({"images": [{"id": i, "height": 8, "width": 8} for i in ids],
+                                "annotations": annotations,
                                 "categories": [{"id": c, "name": n} for c, n in names.items()]}))
     return {"val_json": str(path)}
 
@@ -294,6 +297,14 @@ def test_bad_inputs_each_give_one_clear_error(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     assert "cannot read COCO annotation file" in error(out, annotation_file=str(tmp_path / "broken.json"))
     assert "eval_samples=3 but" in error(out, eval_samples=3)
+    for name, change, words in (("noann", lambda d: d.update(annotations=[]), "has no annotations"),
+                                ("nocats", lambda d: d.pop("categories"), "has no 'categories' list"),
+                                ("noname", lambda d: d["categories"][0].pop("name"), "a category lacks name"),
+                                ("nobbox", lambda d: d["annotations"][0].pop("bbox"), "an annotation lacks bbox")):
+        data = json.loads(open(out["val_json"]).read())
+        change(data)
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        assert words in error(out, annotation_file=str(tmp_path / f"{name}.json"))
 
     def case(name: str, val, **kw) -> str:
         (tmp_path / name).mkdir()

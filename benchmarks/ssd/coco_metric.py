@@ -12,7 +12,7 @@ import contextlib
 import io
 import json
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from pycocotools.coco import COCO
@@ -124,8 +124,7 @@ def load_ground_truth(path: str, image_ids: Sequence[int] | None = None) -> COCO
             dataset = json.load(f)
     except (OSError, ValueError) as e:
         raise HarnessError(f"cannot read COCO annotation file {path}: {e}") from None
-    if not isinstance(dataset, dict):
-        raise HarnessError(f"COCO annotation file {path} is not a JSON object")
+    check_annotation_structure(dataset, path)
     gt = ground_truth_from_dict(dataset)
     if image_ids is not None:
         want, have = set(int(i) for i in image_ids), set(gt.getImgIds())
@@ -134,6 +133,30 @@ def load_ground_truth(path: str, image_ids: Sequence[int] | None = None) -> COCO
             raise HarnessError(f"image ids of {path} do not match the eval data: {len(missing)} eval images missing "
                                f"from it (e.g. {missing[:3]}), {len(extra)} extra in it (e.g. {extra[:3]})")
     return gt
+
+
+def check_annotation_structure(dataset: Any, path: str) -> None:
+    """The fields COCOeval and the category map read, so a malformed file fails at load in one line, not at the
+    first eval (after the log exists) with a KeyError."""
+    if not isinstance(dataset, dict):
+        raise HarnessError(f"COCO annotation file {path} is not a JSON object")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(dataset.get(key), list):
+            raise HarnessError(f"COCO annotation file {path} has no '{key}' list")
+    if not dataset["annotations"]:
+        raise HarnessError(f"COCO annotation file {path} has no annotations: AP would be undefined")
+    for what, items, fields in (("image", dataset["images"], ("id",)),
+                                ("category", dataset["categories"], ("id", "name")),
+                                ("annotation", dataset["annotations"], ("image_id", "category_id", "bbox"))):
+        for item in items:
+            missing = [f for f in fields if not isinstance(item, dict) or f not in item]
+            if missing:
+                raise HarnessError(f"COCO annotation file {path}: {'an' if what[0] in 'aeiou' else 'a'} {what} lacks "
+                                   f"{', '.join(missing)}: "
+                                   f"{str(item)[:120]}")
+            if what == "annotation" and (not isinstance(item["bbox"], list) or len(item["bbox"]) != 4):
+                raise HarnessError(f"COCO annotation file {path}: annotation {item.get('id')} has bbox "
+                                   f"{item['bbox']!r}, not [x, y, width, height]")
 
 
 def evaluate(gt: COCO, detections: np.ndarray) -> float:

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.datafiles import list_files
-from harness.errors import HarnessError
+from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 
 from benchmarks.ssd import synthetic_shapes
@@ -211,7 +211,7 @@ def _box_problem(boxes: np.ndarray) -> bool:
 def _check_boxes_in_graph(boxes: tf.Tensor, where: list) -> tf.Operation:
     ok = (tf.reduce_all((boxes >= 0.0) & (boxes <= 1.0)) & tf.reduce_all(boxes[:, 0] <= boxes[:, 2])
           & tf.reduce_all(boxes[:, 1] <= boxes[:, 3]))
-    return tf.debugging.Assert(ok, [*where, BAD_BOX])
+    return tf.debugging.Assert(ok, [BAD_DATA_MARK, *where, BAD_BOX])
 
 
 def _has_boxes(encoded: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -439,13 +439,13 @@ class TFRecordSource(_Source):
         use_label = tf.size(raw) > 0
         ids = tf.cond(use_label, lambda: raw, lambda: from_text)
         same = tf.reduce_all(tf.stack([tf.size(c) for c in coords] + [tf.size(ids)]) == n)
-        check_len = tf.debugging.Assert(same, [*where, BAD_LENGTHS])
+        check_len = tf.debugging.Assert(same, [BAD_DATA_MARK, *where, BAD_LENGTHS])
         with tf.control_dependencies([check_len]):
             boxes = tf.stack(coords, axis=1)
         size = tf.size(table, out_type=tf.int64)
         labels = tf.where((ids >= 0) & (ids < size), tf.gather(table, tf.clip_by_value(ids, 0, size - 1)), 0)
         checks = [_check_boxes_in_graph(boxes, where),
-                  tf.debugging.Assert(tf.reduce_all(labels > 0), [*where, UNMAPPED])]
+                  tf.debugging.Assert(tf.reduce_all(labels > 0), [BAD_DATA_MARK, *where, UNMAPPED])]
         with tf.control_dependencies(checks):
             return tf.identity(boxes), tf.identity(labels)
 
@@ -692,10 +692,10 @@ class TFDSSource(_Source):
         def parse(ex):
             boxes, labels, _ = self._objects(ex)
             where = [f"TFDS {name} example with image id", ex["image/id"]]
-            same = tf.debugging.Assert(tf.size(labels) == tf.shape(boxes)[0], [*where, BAD_LENGTHS])
+            same = tf.debugging.Assert(tf.size(labels) == tf.shape(boxes)[0], [BAD_DATA_MARK, *where, BAD_LENGTHS])
             checks = [same, _check_boxes_in_graph(boxes, where),
                       tf.debugging.Assert(tf.reduce_all((labels >= 0) & (labels < self.NUM_LABELS)),
-                                          [*where, UNMAPPED])]
+                                          [BAD_DATA_MARK, *where, UNMAPPED])]
             with tf.control_dependencies(checks):
                 return tf.identity(ex["image"]), tf.identity(boxes), tf.cast(labels, tf.int32) + 1
 

@@ -25,6 +25,17 @@ from benchmarks.ssd.model import SSD, check_layout, load_backbone
 BOUNDARY_BASE = (40, 50)
 
 
+def check_spatial_partition(model: config.ModelConfig, dims: list[int]) -> None:
+    """The image rows split evenly over a replica's cores: TPUStrategy's split needs divisible dims, and this
+    harness does not pad the input rows (Google's v0.7 8-way split padded 150 rows to 152). Config-only, so it
+    is checked on any machine; XLA pads the smaller feature maps itself. Off-TPU the runtime refuses the split."""
+    ways = dims[1] if len(dims) == 4 else 1
+    if ways > 1 and model.image_size % ways:
+        raise HarnessError(f"runtime.spatial_partition splits the {model.image_size} image rows {ways} ways, which "
+                           f"does not divide them; this harness does not pad input rows, so use ways that divide "
+                           f"{model.image_size} (e.g. {', '.join(str(k) for k in (2, 4, 8, 16) if not model.image_size % k) or 'none'})")
+
+
 class SSDWorkload(Workload):
     NAME = "ssd"
     MLPERF_KEY = "ssd"
@@ -79,7 +90,7 @@ class SSDWorkload(Workload):
         check_layout(m)
         if c.submission.division == "closed":
             self.check_closed()
-        self.check_spatial_partition()
+        check_spatial_partition(m, c.runtime.spatial_partition)
         self.source.validate()
         categories = self.source.category_map.num_classes
         if m.num_classes != categories + 1:
@@ -107,20 +118,20 @@ class SSDWorkload(Workload):
         if self.warmup_steps < 1:
             raise HarnessError(f"closed SSD logs at least one warmup step: optimizer.warmup_epochs="
                                f"{o.warmup_epochs:g} gives {self.warmup_steps} steps at this batch{fix}")
-        if not self.is_synthetic and not self.cfg.model.backbone_checkpoint:
-            raise HarnessError("closed SSD starts from an ImageNet-trained ResNet-34: set model.backbone_checkpoint"
-                               f"{fix}")
-
-    def check_spatial_partition(self) -> None:
-        """The image rows split evenly over a replica's cores (TPUStrategy's split needs divisible dims;
-        XLA pads the smaller feature maps itself). Off-TPU the runtime has refused the split already."""
-        ways = self.runtime.spatial_partition_ways
-        if ways == 1:
-            return
         m = self.cfg.model
-        if m.image_size % ways:
-            raise HarnessError(f"runtime.spatial_partition splits image height {m.image_size} {ways} ways: pad "
-                               f"model.image_size to a multiple of {ways} or use fewer ways")
+        if m.neg_ratio != 3:
+            raise HarnessError(f"closed SSD mines 3 hard negatives per positive: model.neg_ratio={m.neg_ratio}{fix}")
+        if not self.is_synthetic:
+            # A real-data closed run is a result: the reference model, not a smoke-sized one.
+            defaults = config.ModelConfig()
+            off = [k for k in ("image_size", "width", "blocks", "extra_channels", "feature_sizes", "steps", "scales",
+                               "aspect_ratios", "num_classes") if getattr(m, k) != getattr(defaults, k)]
+            if off:
+                raise HarnessError(f"closed SSD on real data is SSD300 on ResNet-34 with 81 classes: model."
+                                   f"{', model.'.join(off)} differ from the reference{fix}")
+            if not m.backbone_checkpoint:
+                raise HarnessError("closed SSD starts from an ImageNet-trained ResNet-34: set "
+                                   f"model.backbone_checkpoint{fix}")
 
     # ---------------------------------------------------------------------------- model and inputs
     def build(self) -> None:
