@@ -218,8 +218,8 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
     when block_stop carries samples_count). BERT (positions in samples): from 1.0 every
     FLOOR(0.05*(230.23*GBS+3e6), 25000) samples from that interval on; in v0.7 from 3M samples at most
     500K apart. SSD: 1.0 at epochs 40, 50, 55, ...; 1.1 every 5; v0.7 by 40, then at most 10 apart (held
-    loosely: Google's accepted logs evaluate every ~5.2 epochs). An off-schedule final eval is an error when the run claims success there. A log that
-    says it ran on synthetic data (`harness_data_source`) is a smoke test, never a result: warnings only.
+    loosely: Google's accepted logs evaluate every ~5.2 epochs). An off-schedule final eval is an error when
+    the run claims success there. A log that says it ran on synthetic data (`harness_data_source`) is a smoke test, never a result: warnings only.
     """
     if _value(events, "submission_division") != "closed":
         return []

@@ -31,9 +31,10 @@ def check_spatial_partition(model: config.ModelConfig, dims: list[int]) -> None:
     is checked on any machine; XLA pads the smaller feature maps itself. Off-TPU the runtime refuses the split."""
     ways = dims[1] if len(dims) == 4 else 1
     if ways > 1 and model.image_size % ways:
+        fits = ", ".join(str(k) for k in (2, 4, 8, 16) if not model.image_size % k) or "none"
         raise HarnessError(f"runtime.spatial_partition splits the {model.image_size} image rows {ways} ways, which "
                            f"does not divide them; this harness does not pad input rows, so use ways that divide "
-                           f"{model.image_size} (e.g. {', '.join(str(k) for k in (2, 4, 8, 16) if not model.image_size % k) or 'none'})")
+                           f"{model.image_size} (e.g. {fits})")
 
 
 class SSDWorkload(Workload):
