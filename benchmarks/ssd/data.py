@@ -260,6 +260,18 @@ class _Source:
         """Training images with boxes, when that is known without reading the data (else None)."""
         return None
 
+    def _eval(self) -> dict[str, Any]:
+        """File-based sources: the eval set's scanned non-image features (ids, sizes, ...), read once."""
+        raise NotImplementedError
+
+    @property
+    def eval_image_ids(self) -> np.ndarray:
+        return self._eval()["ids"]
+
+    @property
+    def eval_image_sizes(self) -> np.ndarray:
+        return self._eval()["sizes"]
+
 
 class SyntheticSource(_Source):
     """The shapes task of specs/ssd.md section 9, generated in memory (uint8 arrays, normalized in the map).
@@ -571,14 +583,6 @@ class TFRecordSource(_Source):
         ex = tf.io.parse_single_example(record, {"image/encoded": FEATURES["image/encoded"]})
         return preprocess_eval(_decode(ex["image/encoded"]), self.size)
 
-    @property
-    def eval_image_ids(self) -> np.ndarray:
-        return self._eval()["ids"]
-
-    @property
-    def eval_image_sizes(self) -> np.ndarray:
-        return self._eval()["sizes"]
-
     def ground_truth(self) -> Any:
         """The annotation json itself (its image ids are checked to be exactly the eval records')."""
         if self._gt is None:
@@ -715,14 +719,6 @@ class TFDSSource(_Source):
 
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         return preprocess_eval(_decode(record), self.size)
-
-    @property
-    def eval_image_ids(self) -> np.ndarray:
-        return self._eval()["ids"]
-
-    @property
-    def eval_image_sizes(self) -> np.ndarray:
-        return self._eval()["sizes"]
 
     def ground_truth(self) -> Any:
         """COCO ground truth rebuilt from the eval split (close to the json; areas are w*h, not mask areas)."""
