@@ -161,9 +161,7 @@ MESH_SCRIPT = """
     import tensorflow as tf
     from harness import config as C, loop
     from harness.runtime import make_runtime
-    from benchmarks.ssd import data as ssd_data
-from benchmarks.ssd.config import ModelConfig
-from benchmarks.ssd.workload import SSDWorkload, check_spatial_partition
+    from benchmarks.ssd.workload import SSDWorkload
 
     def run(extra):
         cfg = C.load_config({smoke!r}, ["submission.division=open", "data.train_samples=64", "data.eval_samples=45",
