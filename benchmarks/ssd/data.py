@@ -256,6 +256,15 @@ class _Source:
                                     c.max_samples)
         return fn
 
+    def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext) -> tf.data.Dataset:
+        """(encoded image, boxes, labels) elements of the file-based sources -> augmented training elements."""
+        augment = self._augment(ctx)
+
+        def fn(index, item):
+            encoded, boxes, labels = item
+            return augment(index, _decode(encoded), boxes, labels)
+        return ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+
     def train_count(self) -> int | None:
         """Training images with boxes, when that is known without reading the data (else None)."""
         return None
@@ -569,12 +578,7 @@ class TFRecordSource(_Source):
             return ex["image/encoded"], boxes, labels
 
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).filter(_has_boxes)
-        augment = self._augment(ctx)
-
-        def fn(index, item):
-            encoded, boxes, labels = item
-            return augment(index, _decode(encoded), boxes, labels)
-        return ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return self._augment_encoded(ds, ctx)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self._files(self.cfg.eval_pattern))
@@ -706,12 +710,7 @@ class TFDSSource(_Source):
         ds = self._load(self.cfg.tfds_train_split, ctx).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.filter(_has_boxes)
         ds = ds.repeat().shuffle(self.cfg.shuffle_buffer, seed=ctx.seed, reshuffle_each_iteration=True)
-        augment = self._augment(ctx)
-
-        def fn(index, item):
-            encoded, boxes, labels = item
-            return augment(index, _decode(encoded), boxes, labels)
-        return ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return self._augment_encoded(ds, ctx)
 
     def eval_records(self) -> tf.data.Dataset:
         """The encoded eval images (scalar strings) in split order."""
