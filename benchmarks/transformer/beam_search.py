@@ -22,8 +22,21 @@ def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:
 
 
 def _gather_beams(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-    """x (batch, beams, ...) -> rows `index` (batch, k) of each sentence's beams."""
-    return tf.gather(x, index, batch_dims=1)
+    """x (batch, beams, ...) -> rows `index` (batch, k) of each sentence's beams.
+
+    A one-hot contraction, not a gather: it keeps every sentence on its own replica and every split axis
+    where it was, where DTensor's layout pass rejects gather with batch_dims (TF 2.21). One-hot weights
+    make it exact for floats and integers alike; beams are few, so the cost is a few copies.
+    """
+    batch, beams = x.shape[0], x.shape[1]
+    flat = tf.reshape(x, [batch, beams, -1])
+    if x.dtype.is_floating:
+        picked = tf.einsum("bkn,bnf->bkf", tf.one_hot(index, beams, dtype=x.dtype), flat)
+    else:
+        one = tf.expand_dims(tf.one_hot(index, beams, dtype=tf.int32), 3)
+        picked = tf.reduce_sum(one * tf.expand_dims(tf.cast(flat, tf.int32), 1), 2)
+        picked = tf.cast(picked, x.dtype)
+    return tf.reshape(picked, [batch, index.shape[1]] + x.shape[2:].as_list())
 
 
 StepFn = Callable[[tf.Tensor, tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
@@ -44,7 +57,7 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
     first = tf.concat([[0.0], tf.fill([k - 1], -_INF)], 0)
     state = {
         "alive_seq": tf.zeros([batch, k, steps], tf.int32),
-        "alive_logp": tf.tile(first[None], [batch, 1]),
+        "alive_logp": tf.tile(tf.expand_dims(first, 0), [batch, 1]),
         "fin_seq": tf.zeros([batch, k, steps], tf.int32),
         "fin_score": tf.fill([batch, k], -_INF),
         "fin_flag": tf.zeros([batch, k], tf.bool),
@@ -59,17 +72,17 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
         logits, new_cache = step_fn(tf.reshape(prev, [-1]), i, cache, tf.reshape(alive_seq, [batch * k, steps]))
         logp = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         vocab = tf.shape(logp)[-1]
-        cand = state["alive_logp"][:, :, None] + tf.reshape(logp, [batch, k, -1])
+        cand = tf.expand_dims(state["alive_logp"], 2) + tf.reshape(logp, [batch, k, -1])
         top_logp, top_idx = tf.math.top_k(tf.reshape(cand, [batch, -1]), 2 * k)
         src_beam, token = top_idx // vocab, top_idx % vocab
         top_seq = _gather_beams(alive_seq, src_beam)
-        top_seq = tf.where(tf.equal(positions, i)[None, None], token[:, :, None], top_seq)
+        top_seq = tf.where(tf.reshape(tf.equal(positions, i), [1, 1, steps]), tf.expand_dims(token, 2), top_seq)
         is_eos = tf.equal(token, eos_id)
 
         # Alive: the best k candidates that did not end.
         alive_logp, a_idx = tf.math.top_k(tf.where(is_eos, -_INF, top_logp), k)
         alive_seq = _gather_beams(top_seq, a_idx)
-        order = _gather_beams(src_beam, a_idx) + tf.range(batch)[:, None] * k
+        order = _gather_beams(src_beam, a_idx)
 
         # Finished: the best k of the old finished and the candidates that ended here, length-penalized.
         ended = tf.where(is_eos, top_logp / length_penalty(i + 1, alpha), -_INF)
@@ -92,7 +105,9 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
         new = {name: tf.where(tf.reshape(keep, [batch] + [1] * (len(v.shape) - 1)), state[name], v)
                for name, v in new.items()}
         new["done"] = done
-        new_cache = tf.nest.map_structure(lambda c: tf.gather(c, tf.reshape(order, [-1])), new_cache)
+        new_cache = tf.nest.map_structure(
+            lambda c: tf.reshape(_gather_beams(tf.reshape(c, [batch, k] + c.shape[1:].as_list()), order), c.shape),
+            new_cache)
         return i + 1, new, new_cache
 
     def cond(i: tf.Tensor, state: dict[str, tf.Tensor], cache: Any) -> tf.Tensor:
@@ -101,6 +116,6 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
     _, state, _ = tf.while_loop(cond, body, (tf.constant(0), state, cache), maximum_iterations=steps)
     # A sentence with no finished hypothesis falls back to its best alive one (as the reference does).
     any_fin = tf.reduce_any(state["fin_flag"], 1)
-    seq = tf.where(any_fin[:, None], state["fin_seq"][:, 0], state["alive_seq"][:, 0])
+    seq = tf.where(tf.expand_dims(any_fin, 1), state["fin_seq"][:, 0, :], state["alive_seq"][:, 0, :])
     score = tf.where(any_fin, state["fin_score"][:, 0], state["alive_logp"][:, 0])
     return seq, score

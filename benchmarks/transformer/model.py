@@ -34,7 +34,7 @@ def position_encoding(positions: tf.Tensor, hidden: int) -> tf.Tensor:
     half = hidden // 2
     increment = math.log(1.0e4) / max(half - 1, 1)
     inv = tf.exp(tf.range(half, dtype=tf.float32) * -increment)
-    scaled = tf.cast(positions, tf.float32)[..., None] * inv
+    scaled = tf.expand_dims(tf.cast(positions, tf.float32), -1) * inv
     return tf.concat([tf.sin(scaled), tf.cos(scaled)], axis=-1)
 
 
@@ -121,7 +121,7 @@ class Transformer(Block):
     def embed(self, ids: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
         # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
         x = tf.gather(self.embeddings.read_value(), ids) * (self.cfg.hidden_size ** 0.5)
-        x = x * tf.cast(tf.not_equal(ids, 0), x.dtype)[..., None]
+        x = x * tf.expand_dims(tf.cast(tf.not_equal(ids, 0), x.dtype), -1)
         return tf.cast(x + position_encoding(positions, self.cfg.hidden_size), self.dtype)
 
     def logits(self, x: tf.Tensor) -> tf.Tensor:
@@ -172,9 +172,10 @@ class Transformer(Block):
         """Logits (batch, vocab) for position `i` given the token at i-1 (`ids`, 0 at i = 0), writing this
         position's keys/values into fixed-size buffers, so shapes never change during the decode."""
         length = cache[0]["k"].shape[1]
-        x = self.embed(ids[:, None], tf.fill(tf.shape(ids[:, None]), i))
-        here = tf.equal(tf.range(length), i)[None, :, None, None]
-        self_bias = tf.where(tf.range(length) <= i, 0.0, NEG_INF)[None, None, None, :]
+        column = tf.expand_dims(ids, 1)
+        x = self.embed(column, tf.fill(tf.shape(column), i))
+        here = tf.reshape(tf.equal(tf.range(length), i), [1, length, 1, 1])
+        self_bias = tf.reshape(tf.where(tf.range(length) <= i, 0.0, NEG_INF), [1, 1, 1, length])
         new_cache = []
         for layer, layer_cache, kv in zip(self.decoder, cache, cross):
             k_new, v_new = layer.self_attention.project_kv(layer.self_norm(x))
@@ -182,17 +183,17 @@ class Transformer(Block):
             v = tf.where(here, v_new, layer_cache["v"])
             new_cache.append({"k": k, "v": v})
             x = layer(x, self_bias, memory_kv=kv, cross_bias=cross_bias, self_kv=(k, v))
-        return self.logits(self.decoder_norm(x))[:, 0], new_cache
+        return tf.squeeze(self.logits(self.decoder_norm(x)), 1), new_cache
 
     def decode_step_uncached(self, prefix: tf.Tensor, i: tf.Tensor, cross: list[tuple[tf.Tensor, tf.Tensor]],
                              cross_bias: tf.Tensor) -> tf.Tensor:
         """The same logits recomputed from the whole prefix (batch, length) of decoder inputs: the check on
         the cache, and the baseline the decode benchmark compares it with."""
         length = prefix.shape[1]
-        positions = tf.broadcast_to(tf.range(length)[None], tf.shape(prefix))
+        positions = tf.broadcast_to(tf.expand_dims(tf.range(length), 0), tf.shape(prefix))
         x = self.embed(prefix, positions)
         causal = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
-        self_bias = tf.where(causal, 0.0, NEG_INF)[None, None]
+        self_bias = tf.reshape(tf.where(causal, 0.0, NEG_INF), [1, 1, length, length])
         for layer, kv in zip(self.decoder, cross):
             x = layer(x, self_bias, memory_kv=kv, cross_bias=cross_bias)
         return tf.gather(self.logits(self.decoder_norm(x)), i, axis=1)
@@ -206,11 +207,11 @@ class Transformer(Block):
         """
         batch, k = inputs.shape[0], beam_size
         segments = tf.cast(inputs > 0, tf.int32)
-        positions = tf.broadcast_to(tf.range(inputs.shape[1])[None], tf.shape(inputs))
+        positions = tf.broadcast_to(tf.expand_dims(tf.range(inputs.shape[1]), 0), tf.shape(inputs))
         memory = self.encode(inputs, segments, positions)
         tile = lambda t: tf.repeat(t, k, axis=0)  # noqa: E731 - beam-major rows within a sentence
         cross = [(tile(kk), tile(vv)) for kk, vv in self.cross_kv(memory)]
-        cross_bias = tile(tf.where(segments > 0, 0.0, NEG_INF)[:, None, None, :])
+        cross_bias = tile(tf.reshape(tf.where(segments > 0, 0.0, NEG_INF), [batch, 1, 1, -1]))
         max_lengths = tf.reduce_sum(segments, 1) + extra_length
 
         if cached:

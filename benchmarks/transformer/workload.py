@@ -96,12 +96,6 @@ class TransformerWorkload(Workload):
                                 ("model.filter_size", m.filter_size, "ff"),
                                 ("vocab size", self.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)
-        if self.runtime.kind == "mesh":
-            # Training on a mesh runs (heads, ff and vocab split); the beam-search eval's while loop does
-            # not get through DTensor's SPMD pass in TF 2.21 (it crashes the process), so refuse up front.
-            raise HarnessError("transformer on runtime.kind=mesh is not supported yet: its beam-search eval "
-                               "does not run under DTensor in this TensorFlow; use default, mirrored, "
-                               "multi_worker or tpu")
 
     def check_closed(self) -> None:
         """Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and epsilon."""
