@@ -230,9 +230,11 @@ def test_smoke_reaches_bleu_target_with_a_compliant_log(smoke_run):
     assert '"key": "max_sequence_length", "value": 32' in text and '"method": "discard"' in text
 
 
-def test_training_on_a_2x2_mesh_matches_one_device():
+def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
     """Heads, ff and vocab split over `model`, rows over `data`: the first steps' losses equal one device's
-    (to float32 reduction order). The eval on a mesh is refused (see the workload's validate)."""
+    to float32 reduction order (rtol 1e-4), and the beam-search eval over a set that does not divide over
+    the replicas counts each sentence once and decodes the same hypotheses (a near-tie may flip on
+    reduction order, so at most 1 of 30 may differ; the BLEU is then compared to 0.02)."""
     import json
     import subprocess
     import sys
@@ -241,31 +243,50 @@ def test_training_on_a_2x2_mesh_matches_one_device():
         import json
         import tensorflow as tf
         from harness import config as C, loop
+        from harness.loop import INDEX
         from harness.runtime import make_runtime
         from benchmarks.transformer.workload import TransformerWorkload
 
-        def train(extra):
+        def run(extra):
             cfg = C.load_config({SMOKE!r}, ["data.synthetic_train_pairs=400", "model.layer_postprocess_dropout=0",
-                                            "model.attention_dropout=0", "model.relu_dropout=0"] + extra)
+                                            "model.attention_dropout=0", "model.relu_dropout=0",
+                                            "data.eval_samples=30", "schedule.eval_batch_size=8"] + extra)
             rt = make_runtime(cfg.runtime)
             wl = TransformerWorkload(cfg, rt)
+            wl.validate()
             wl.build()
             steps = loop.CompiledSteps(rt, wl)
             it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
-            return rt, [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(5)]
+            losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(5)]
+            hyps = {{}}
+            accumulate = wl.eval_accumulate
+            def keep(state, outputs):
+                hyps.update({{int(i): [int(t) for t in h] for i, h in zip(outputs[INDEX], outputs["hypothesis"])}})
+                accumulate(state, outputs)
+            wl.eval_accumulate = keep
+            metrics, counted = loop.evaluate(steps, loop.eval_input(rt, wl, 8, cfg.seed),
+                                             loop.eval_steps_for(30, 8))
+            return rt, dict(losses=losses, bleu=metrics["bleu"], counted=counted,
+                            hyps=[hyps[i] for i in sorted(hyps)])
 
-        mesh, mesh_losses = train(["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={{data: 2, model: 2}}",
-                                   "runtime.layout={{batch: data, heads: model, ff: model, vocab: model}}"])
+        mesh, on_mesh = run(["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={{data: 2, model: 2}}",
+                             "runtime.layout={{batch: data, heads: model, ff: model, vocab: model}}"])
         split = sum(len(set(map(tuple, mesh.local_shapes(v.variable)))) == 1 and
                     list(mesh.local_shapes(v.variable)[0]) != list(v.variable.shape) for v in mesh.variables())
-        _, single_losses = train([])
-        print("RESULT " + json.dumps(dict(mesh=mesh_losses, single=single_losses, split=split)))
+        _, single = run([])
+        print("RESULT " + json.dumps(dict(mesh=on_mesh, single=single, split=split)))
     """
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = json.loads(lines[-1][len("RESULT "):])
-    assert out["mesh"][-1] < out["mesh"][0]
-    np.testing.assert_allclose(out["mesh"], out["single"], rtol=1e-4)
+    mesh, single = out["mesh"], out["single"]
+    assert mesh["losses"][-1] < mesh["losses"][0]
+    np.testing.assert_allclose(mesh["losses"], single["losses"], rtol=1e-4)
     assert out["split"] >= 20  # embeddings, attention and feed-forward kernels and their Adam slots
+    assert mesh["counted"] == single["counted"] == 30 and len(mesh["hyps"]) == len(single["hyps"]) == 30
+    same = sum(a == b for a, b in zip(mesh["hyps"], single["hyps"]))
+    assert same >= 29, f"{30 - same} of 30 hypotheses differ"
+    assert len({tuple(h) for h in single["hyps"]}) > 1  # the decode is not degenerate
+    np.testing.assert_allclose(mesh["bleu"], single["bleu"], atol=0.02)
