@@ -85,3 +85,15 @@ def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
     summary = read_summary(tmp_out)
     assert summary["runtime"].startswith("mesh data=2 x model=1")
     assert summary["compliant"] and summary["evals"][0]["counted"] == 101
+
+
+def test_a_mesh_over_several_cpu_hosts_is_one_clear_line(tmp_out):
+    """Several DTensor clients (a pod slice) are read from DTENSOR_NUM_CLIENTS; over CPUs DTensor's
+    multi-client collectives fail in TF 2.21, so the harness says so before touching a device."""
+    proc = run_cli("run", os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml"), "--output_dir", tmp_out,
+                   env={"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "0", "DTENSOR_JOB_NAME": "worker",
+                        "DTENSOR_JOBS": "127.0.0.1:1,127.0.0.1:2"})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "DTENSOR_NUM_CLIENTS=2" in errors[0] and "TPUs or GPUs" in errors[0], proc.stderr
+    assert not os.path.exists(os.path.join(tmp_out, "bert"))  # no run directory, no log

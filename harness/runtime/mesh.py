@@ -188,14 +188,26 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
         device_type = "GPU"
     else:
         device_type = "CPU"
-    have = max(cfg.cpu_devices, 1) if device_type == "CPU" else len(tf.config.list_physical_devices(device_type))
+    # Several hosts (a TPU pod slice, GPU hosts) are DTensor clients: each process is started with
+    # DTENSOR_CLIENT_ID, DTENSOR_NUM_CLIENTS, DTENSOR_JOB_NAME and DTENSOR_JOBS, and the mesh spans the
+    # devices of all of them. Never run here (one host, no accelerator).
+    clients = dtensor.num_clients()
+    if clients > 1 and device_type == "CPU":
+        raise HarnessError(f"DTENSOR_NUM_CLIENTS={clients}: a mesh over several hosts needs TPUs or GPUs; "
+                           "DTensor's multi-client collectives over CPUs fail in this TensorFlow")
+    local = max(cfg.cpu_devices, 1) if device_type == "CPU" else len(tf.config.list_physical_devices(device_type))
+    have = local * clients
     if wanted != have:
         hint = f"; set runtime.cpu_devices={wanted}" if device_type == "CPU" else ""
+        hosts = f" ({clients} hosts x {local})" if clients > 1 else ""
         raise HarnessError(f"runtime.mesh {shape} needs {wanted} devices but {have} {device_type} "
-                           f"device(s) are available{hint}")
+                           f"device(s) are available{hosts}{hint}")
     if device_type == "CPU" and cfg.cpu_devices > 1:
         configure_logical_cpus(cfg.cpu_devices)
     if device_type != "CPU":
         dtensor.initialize_accelerator_system(device_type)
-    mesh = dtensor.create_mesh(list(sizes.items()), device_type=device_type)
+    if clients > 1:
+        mesh = dtensor.create_distributed_mesh(list(sizes.items()), device_type=device_type)
+    else:
+        mesh = dtensor.create_mesh(list(sizes.items()), device_type=device_type)
     return MeshRuntime(mesh, sizes, layout, device_type, cfg.precision, cfg.jit_compile)
