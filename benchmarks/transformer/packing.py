@@ -64,8 +64,16 @@ def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False) -
         new_row = tf.nest.map_structure(lambda a, b: tf.where(pair["flush"], a, b), _empty(length), placed)
         return new_row, (emit, _features(row))
 
-    packed = pairs.scan(_empty(length), step)
-    return packed.filter(lambda emit, row: emit).map(lambda emit, row: row)
+    return pairs.scan(_empty(length), step).filter(_is_emitted).map(_emitted_row)
+
+
+# Named, not two lambdas on one line: AutoGraph cannot tell such lambdas apart and warns on every run.
+def _is_emitted(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> tf.Tensor:
+    return emit
+
+
+def _emitted_row(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    return row
 
 
 def to_rows(pairs: tf.data.Dataset, length: int, packing: bool, flush_at_end: bool = False) -> tf.data.Dataset:
