@@ -75,6 +75,17 @@ def test_cached_decoding_equals_uncached():
     np.testing.assert_array_equal(cached.numpy(), uncached.numpy())
 
 
+def test_one_hot_beam_reorder_equals_the_gather():
+    """The mesh reorders beams by one-hot contractions; they must pick exactly what the gather picks."""
+    from benchmarks.transformer.beam_search import _gather_beams
+    rng = np.random.default_rng(0)
+    index = tf.constant(rng.integers(0, 4, [3, 8]), tf.int32)
+    for x in (tf.constant(rng.integers(0, 33000, [3, 4, 11]), tf.int32), tf.constant(rng.random([3, 4]) > 0.5),
+              tf.constant(rng.normal(size=[3, 4, 5, 2, 6]) * 1e4, tf.float32)):
+        np.testing.assert_array_equal(_gather_beams(x, index, one_hot=True).numpy(),
+                                      _gather_beams(x, index).numpy())
+
+
 def greedy(model: Transformer, inputs: tf.Tensor, extra: int, length: int) -> np.ndarray:
     """Argmax decoding written out step by step (no beams, no cache)."""
     segments = tf.cast(inputs > 0, tf.int32)

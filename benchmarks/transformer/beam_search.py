@@ -21,13 +21,16 @@ def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def _gather_beams(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+def _gather_beams(x: tf.Tensor, index: tf.Tensor, one_hot: bool = False) -> tf.Tensor:
     """x (batch, beams, ...) -> rows `index` (batch, k) of each sentence's beams.
 
-    A one-hot contraction, not a gather: it keeps every sentence on its own replica and every split axis
-    where it was, where DTensor's layout pass rejects gather with batch_dims (TF 2.21). One-hot weights
-    make it exact for floats and integers alike; beams are few, so the cost is a few copies.
+    `one_hot`: a one-hot contraction instead of a gather, for DTensor meshes, whose layout pass rejects
+    gather with batch_dims (TF 2.21); it keeps each sentence on its replica and split axes where they were.
+    One-hot weights make it exact for floats and integers alike; it multiplies every reordered value by
+    `beams` weights, where the gather copies it once, so the gather stays wherever it runs.
     """
+    if not one_hot:
+        return tf.gather(x, index, batch_dims=1)
     batch, beams = x.shape[0], x.shape[1]
     flat = tf.reshape(x, [batch, beams, -1])
     if x.dtype.is_floating:
@@ -43,14 +46,14 @@ StepFn = Callable[[tf.Tensor, tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
 
 
 def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: int, max_lengths: tf.Tensor,
-                alpha: float, eos_id: int = EOS_ID) -> tuple[tf.Tensor, tf.Tensor]:
+                alpha: float, eos_id: int = EOS_ID, one_hot_reorder: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
     """Decodes `batch` sentences; returns the best hypothesis ids (batch, max_steps), EOS included and
     zeros after it, and its score.
 
     step_fn(ids (batch*beam,), i, cache, sequences (batch*beam, max_steps)) -> (logits (batch*beam, vocab),
     cache): the next-token logits at position i given the tokens so far; tensors in `cache` have
     batch*beam rows (beam-major within a sentence) and are reordered as beams are. `max_lengths` (batch,)
-    caps each sentence's hypothesis length.
+    caps each sentence's hypothesis length. `one_hot_reorder`: reorder beams without gathers (DTensor).
     """
     k, steps = beam, max_steps
     max_lengths = tf.minimum(tf.cast(max_lengths, tf.int32), steps)
@@ -66,6 +69,9 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
     positions = tf.range(steps)
     lp_max = length_penalty(max_lengths, alpha)
 
+    def reorder(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+        return _gather_beams(x, index, one_hot_reorder)
+
     def body(i: tf.Tensor, state: dict[str, tf.Tensor], cache: Any) -> tuple:
         alive_seq = state["alive_seq"]
         prev = tf.gather(alive_seq, tf.maximum(i - 1, 0), axis=2) * tf.cast(i > 0, tf.int32)
@@ -75,21 +81,21 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
         cand = tf.expand_dims(state["alive_logp"], 2) + tf.reshape(logp, [batch, k, -1])
         top_logp, top_idx = tf.math.top_k(tf.reshape(cand, [batch, -1]), 2 * k)
         src_beam, token = top_idx // vocab, top_idx % vocab
-        top_seq = _gather_beams(alive_seq, src_beam)
+        top_seq = reorder(alive_seq, src_beam)
         top_seq = tf.where(tf.reshape(tf.equal(positions, i), [1, 1, steps]), tf.expand_dims(token, 2), top_seq)
         is_eos = tf.equal(token, eos_id)
 
         # Alive: the best k candidates that did not end.
         alive_logp, a_idx = tf.math.top_k(tf.where(is_eos, -_INF, top_logp), k)
-        alive_seq = _gather_beams(top_seq, a_idx)
-        order = _gather_beams(src_beam, a_idx)
+        alive_seq = reorder(top_seq, a_idx)
+        order = reorder(src_beam, a_idx)
 
         # Finished: the best k of the old finished and the candidates that ended here, length-penalized.
         ended = tf.where(is_eos, top_logp / length_penalty(i + 1, alpha), -_INF)
         all_score = tf.concat([state["fin_score"], ended], 1)
         fin_score, f_idx = tf.math.top_k(all_score, k)
-        fin_seq = _gather_beams(tf.concat([state["fin_seq"], top_seq], 1), f_idx)
-        fin_flag = _gather_beams(tf.concat([state["fin_flag"], is_eos], 1), f_idx)
+        fin_seq = reorder(tf.concat([state["fin_seq"], top_seq], 1), f_idx)
+        fin_flag = reorder(tf.concat([state["fin_flag"], is_eos], 1), f_idx)
 
         # A sentence is done at its length limit, or when no alive hypothesis, even at the longest
         # length's penalty, can beat its worst finished one.
@@ -106,7 +112,7 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
                for name, v in new.items()}
         new["done"] = done
         new_cache = tf.nest.map_structure(
-            lambda c: tf.reshape(_gather_beams(tf.reshape(c, [batch, k] + c.shape[1:].as_list()), order), c.shape),
+            lambda c: tf.reshape(reorder(tf.reshape(c, [batch, k] + c.shape[1:].as_list()), order), c.shape),
             new_cache)
         return i + 1, new, new_cache
 

@@ -223,5 +223,7 @@ class Transformer(Block):
                 prefix = tf.pad(sequences, [[0, 0], [1, 0]])[:, :-1]
                 return self.decode_step_uncached(prefix, i, cross, cross_bias), cache
             cache = ()
-        hyps, _ = beam_search(step, cache, batch, k, decode_length, max_lengths, alpha)
+        # A mesh cannot gather with batch_dims; tf.distribute runtimes keep the faster gather.
+        hyps, _ = beam_search(step, cache, batch, k, decode_length, max_lengths, alpha,
+                              one_hot_reorder=self.runtime.kind == "mesh")
         return hyps
