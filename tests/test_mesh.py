@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 
-from conftest import REPO, read_summary, run_cli
+from conftest import REPO, read_summary, run_cli, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -94,6 +94,6 @@ def test_a_mesh_over_several_cpu_hosts_is_one_clear_line(tmp_out):
                    env={"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "0", "DTENSOR_JOB_NAME": "worker",
                         "DTENSOR_JOBS": "127.0.0.1:1,127.0.0.1:2"})
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    errors = stderr_error_lines(proc)
     assert len(errors) == 1 and "DTENSOR_NUM_CLIENTS=2" in errors[0] and "TPUs or GPUs" in errors[0], proc.stderr
     assert not os.path.exists(os.path.join(tmp_out, "bert"))  # no run directory, no log

@@ -49,11 +49,11 @@ def write_synthetic(out_dir: str, train_pairs: int, eval_sentences: int, seed: i
     finally:
         for w in writers:
             w.close()
-    files = {}
+    files, eval_pairs = {}, lang.pairs("eval", eval_sentences)
     for lang_name, column in (("en", 0), ("de", 1)):
         files[lang_name] = os.path.join(out_dir, f"newstest2014.{lang_name}")
         with open(files[lang_name], "w", encoding="utf-8") as f:
-            f.writelines(pair[column] + "\n" for pair in lang.pairs("eval", eval_sentences))
+            f.writelines(pair[column] + "\n" for pair in eval_pairs)
     cfg = DataConfig(source="synthetic", max_sequence_length=max_sequence_length, row_length=row_length,
                      eval_samples=eval_sentences, synthetic_seed=seed, synthetic_train_pairs=train_pairs)
     return {"source": "tfrecord", "data_dir": out_dir, "vocab_file": vocab, "eval_source_file": files["en"],
