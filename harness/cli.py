@@ -66,19 +66,19 @@ def cmd_list(args: list[str]) -> int:
 def cmd_run(args: list[str]) -> int:
     if len(args) != 1:
         raise HarnessError("run takes exactly one CONFIG file (overrides go in --set key=value)")
-    from harness import run
+    from harness.train import run
 
     return run.execute(args[0], FLAGS.set, FLAGS.output_dir)
 
 
 def cmd_check(args: list[str]) -> int:
     if FLAGS.rcp:
-        from harness import rcp
+        from harness.review import rcp
 
         return rcp.main(args, FLAGS.ruleset)
     if not args:
         raise HarnessError("check takes one or more MLPerf log files")
-    from harness import checklog
+    from harness.review import checklog
 
     return checklog.main(args, FLAGS.ruleset, FLAGS.eval_every)
 
@@ -86,7 +86,7 @@ def cmd_check(args: list[str]) -> int:
 def cmd_report(args: list[str]) -> int:
     if not args:
         raise HarnessError("report takes one or more MLPerf logs or directories")
-    from harness import report
+    from harness.review import report
 
     return report.main(args, FLAGS.out or "report")
 
@@ -94,7 +94,7 @@ def cmd_report(args: list[str]) -> int:
 def cmd_campaign(args: list[str]) -> int:
     if len(args) != 1:
         raise HarnessError("campaign takes exactly one CONFIG file")
-    from harness import campaign
+    from harness.submission import campaign
 
     return campaign.main(args[0], FLAGS.set, FLAGS.runs, FLAGS.campaign_dir, FLAGS.first_seed)
 
@@ -104,7 +104,7 @@ def cmd_package(args: list[str]) -> int:
         raise HarnessError("package takes campaign directories, run directories or result logs")
     if not FLAGS.out:
         raise HarnessError("package needs --out DIR for the submission tree")
-    from harness import package
+    from harness.submission import package
 
     return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
 

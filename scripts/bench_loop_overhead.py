@@ -23,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import registry  # noqa: E402
 from harness import config as config_lib  # noqa: E402
-from harness.loop import CompiledSteps, train_input  # noqa: E402
+from harness.train.loop import CompiledSteps, train_input  # noqa: E402
 from harness.runtime import make_runtime  # noqa: E402
 
 

@@ -30,7 +30,7 @@ def measure(overrides: list[str], steps: int, loop_steps: int) -> dict:
     import tensorflow as tf
 
     from harness import config as config_lib
-    from harness import loop
+    from harness.train import loop
     from harness.runtime import make_runtime
     from benchmarks.bert.workload import BertWorkload
 

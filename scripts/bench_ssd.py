@@ -19,8 +19,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from harness import logparse  # noqa: E402
-from harness.run import execute  # noqa: E402
+from harness.review import logparse  # noqa: E402
+from harness.train.run import execute  # noqa: E402
 from scripts.bench_loop_overhead import measure  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from harness import config as config_lib
-from harness import loop
+from harness.train import loop
 from harness.errors import HarnessError
 from harness.runtime import InputContext, make_runtime
 
@@ -144,7 +144,7 @@ def workload_built(overrides: list[str]) -> BertWorkload:
 
 
 def test_lamb_step_matches_a_numpy_reference():
-    from harness.optim import LAMB
+    from harness.nn.optim import LAMB
 
     rt = make_runtime(config_lib.load_config(SMOKE, []).runtime)
     w0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
@@ -174,7 +174,7 @@ def test_mesh_size_mismatch_is_one_line_exit_2(tmp_path):
 def test_mesh_divisibility_checks_name_the_numbers(tmp_path):
     """Batch, heads and feed-forward that do not divide over the mesh fail before the log is written."""
     script = textwrap.dedent(f"""
-        from harness import run
+        from harness.train import run
         from harness.errors import HarnessError
         for o in (["schedule.global_batch_size=63"], ["model.num_heads=1"], ["model.ff_size=511"],
                   ["model.vocab_size=255"]):

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from harness import campaign, package
+from harness.submission import campaign, package
 from harness.errors import HarnessError
 
 from conftest import REPO, run_cli

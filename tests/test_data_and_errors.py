@@ -64,7 +64,7 @@ def test_tfds_run_under_mock_data(tmp_out):
     """The whole run in-process on tfds.testing.mock_data (random images, random labels: aborts)."""
     import tensorflow_datasets as tfds
 
-    from harness import run
+    from harness.train import run
 
     with tfds.testing.mock_data(num_examples=48):
         code = run.execute(SMOKE, ["data.source=tfds", "data.data_dir=", "data.train_samples=64",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness import logparse
+from harness.review import logparse
 
 from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets
 

@@ -16,7 +16,7 @@ from benchmarks.resnet.config import DataConfig
 from benchmarks.resnet.model import ResNet
 from harness import config as config_lib
 from harness.config import RuntimeConfig
-from harness.optim import SGDMomentum
+from harness.nn.optim import SGDMomentum
 from harness.runtime import make_runtime
 from harness.runtime.base import InputContext
 
@@ -169,7 +169,7 @@ def test_both_presets_feed_a_tfrecord_train_pipeline(tmp_path):
 def recorded_dropout(monkeypatch):
     """Records (shape, seed) of every dropout call in the BERT model and its attention blocks."""
     import benchmarks.bert.model as bert_model
-    import harness.layers as layers
+    import harness.nn.layers as layers
 
     calls: list[tuple[tuple[int, ...], tuple[int, int]]] = []
     real = layers.dropout

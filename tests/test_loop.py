@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from harness import logparse
-from harness.loop import CompiledSteps, run_timed, train_input, training_seed
+from harness.review import logparse
+from harness.train.loop import CompiledSteps, run_timed, train_input, training_seed
 from harness.mlperf import MLPerfLog
 from harness.runtime import make_runtime
 from harness.config import RuntimeConfig
@@ -128,7 +128,7 @@ TOY_RUN = """
     sys.path.insert(0, os.path.join(os.getcwd(), "tests", "helpers"))
     import toy
     from harness.config import RuntimeConfig
-    from harness.loop import run_timed
+    from harness.train.loop import run_timed
     from harness.mlperf import MLPerfLog
     from harness.runtime import make_runtime
     os.makedirs(os.environ["OUT"], exist_ok=True)
@@ -188,7 +188,7 @@ def test_two_processes_stop_at_the_chief_verdict(tmp_path):
 def test_progress_lines_and_tensorboard_scalars(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from harness.progress import Progress
+    from harness.train.progress import Progress
 
     runtime = make_runtime(RuntimeConfig())
     wl = toy.make(str(tmp_path), runtime, log_every_steps=2, steps_per_loop=5)

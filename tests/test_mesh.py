@@ -33,7 +33,8 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
     out = run_script(f"""
         import json
         import tensorflow as tf
-        from harness import config as C, loop
+        from harness import config as C
+        from harness.train import loop
         from harness.runtime import make_runtime
         from benchmarks.bert.workload import BertWorkload
 

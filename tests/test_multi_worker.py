@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness import logparse
+from harness.review import logparse
 
 from conftest import REPO, SMOKE, read_summary, sets
 

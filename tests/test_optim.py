@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from harness.config import RuntimeConfig
-from harness.layers import constant
-from harness.optim import (LARS, Adam, SGDMomentum, TF1Momentum, poly_warmup_schedule, rsqrt_warmup_schedule,
+from harness.nn.layers import constant
+from harness.nn.optim import (LARS, Adam, SGDMomentum, TF1Momentum, poly_warmup_schedule, rsqrt_warmup_schedule,
                           warmup_step_decay_schedule)
 from harness.runtime import make_runtime
 

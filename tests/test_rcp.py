@@ -9,7 +9,7 @@ import pytest
 from benchmarks import registry
 from harness import config as config_lib
 from harness.errors import HarnessError
-from harness.rcp import logged_key, rcp_path, rcp_report
+from harness.review.rcp import logged_key, rcp_path, rcp_report
 from harness.runtime import make_runtime
 
 from conftest import REPO, run_cli, stderr_error_lines

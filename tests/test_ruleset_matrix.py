@@ -15,7 +15,8 @@ import os
 import pytest
 
 from benchmarks import registry
-from harness import logparse, weights_init
+from harness.review import logparse
+from harness.train import weights_init
 
 from conftest import REPO, read_summary, run_cli, sets
 

@@ -26,7 +26,7 @@ GROUPS_SCRIPT = """
     import tensorflow as tf
     from harness.config import RuntimeConfig
     from harness.errors import HarnessError
-    from harness.layers import BatchNorm
+    from harness.nn.layers import BatchNorm
     from harness.runtime import make_runtime
 
     N, B, H, W, C, EPS, GAMMA, MOMENTUM = 4, 3, 2, 2, 3, 1e-5, 1.5, 0.9
@@ -175,3 +175,18 @@ def test_no_split_is_off():
     assert check_spatial_partition([], "mirrored") == ()
     assert check_spatial_partition([1, 1, 1, 1], "mirrored") == ()
     assert check_spatial_partition([1, 8, 1, 1], "tpu") == (1, 8, 1, 1)
+
+
+def test_one_hot_take_along_axis1_equals_the_gather():
+    """The mesh takes rows (e.g. beams) by one-hot contractions; they must pick exactly what the gather of
+    the tf.distribute runtimes picks, for ints, bools and floats of any rank."""
+    import numpy as np
+    import tensorflow as tf
+
+    from harness.runtime.base import one_hot_take_along_axis1
+    rng = np.random.default_rng(0)
+    index = tf.constant(rng.integers(0, 4, [3, 8]), tf.int32)
+    for x in (tf.constant(rng.integers(0, 33000, [3, 4, 11]), tf.int32), tf.constant(rng.random([3, 4]) > 0.5),
+              tf.constant(rng.normal(size=[3, 4, 5, 2, 6]) * 1e4, tf.float32)):
+        np.testing.assert_array_equal(one_hot_take_along_axis1(x, index).numpy(),
+                                      tf.gather(x, index, batch_dims=1).numpy())

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from harness.errors import HarnessError
-from harness.logparse import parse_lines, parse_log, summarize
-from harness.report import find_logs, main, plot_convergence, write_report
-from harness.scoring import N_REQUIRED, olympic_score
+from harness.review.logparse import parse_lines, parse_log, summarize
+from harness.review.report import find_logs, main, plot_convergence, write_report
+from harness.review.scoring import N_REQUIRED, olympic_score
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 PUBLIC = os.path.join(DATA, "public_v0.7")

@@ -12,12 +12,12 @@ import tensorflow as tf
 from harness import config as config_lib
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
-from harness.run import execute
+from harness.train.run import execute
 from harness.runtime import make_runtime
 
 from benchmarks.ssd import boxes
 from benchmarks.ssd.tfrecord_writer import write_synthetic
-from harness.integrity import ssd_rules_epochs
+from harness.review.integrity import ssd_rules_epochs
 
 from benchmarks.ssd import data as ssd_data
 from benchmarks.ssd.config import ModelConfig
@@ -159,7 +159,8 @@ def test_tfrecord_source_runs_end_to_end_against_the_json(tmp_path, tmp_out):
 MESH_SCRIPT = """
     import json
     import tensorflow as tf
-    from harness import config as C, loop
+    from harness import config as C
+    from harness.train import loop
     from harness.runtime import make_runtime
     from benchmarks.ssd.workload import SSDWorkload
 

@@ -14,7 +14,7 @@ from benchmarks.ssd import anchors as A
 from benchmarks.ssd import model as M
 from benchmarks.ssd import tensor_names as T
 from benchmarks.ssd.config import ModelConfig
-from harness import weights_init
+from harness.train import weights_init
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.runtime import make_runtime

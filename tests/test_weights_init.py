@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import registry
 from harness import config as config_lib
-from harness import weights_init
+from harness.train import weights_init
 from harness.errors import HarnessError
 
 from conftest import REPO, run_cli, sets, stderr_error_lines

@@ -37,7 +37,8 @@ SCRIPT = """
     import json
     import tensorflow as tf
     from benchmarks import registry
-    from harness import config as C, loop
+    from harness import config as C
+    from harness.train import loop
     from harness.runtime import make_runtime
 
     def run(extra):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from harness.layers import Block, Dense, Embedding, LayerNorm, MultiHeadAttention, constant, dropout, \
+from harness.nn.layers import Block, Dense, Embedding, LayerNorm, MultiHeadAttention, constant, dropout, \
     truncated_normal
 from harness.runtime.base import Runtime
 

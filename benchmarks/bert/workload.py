@@ -9,8 +9,8 @@ from typing import Any
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.optim import LAMB
-from harness.workload import EvalSchedule, LossTerm, Workload, sample_schedule
+from harness.nn.optim import LAMB
+from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.bert import tensor_names, checkpoint, config, data
 from benchmarks.bert.model import Bert

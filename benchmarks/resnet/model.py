@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from harness.layers import BatchNorm, Block, Conv2D, Dense, normal
+from harness.nn.layers import BatchNorm, Block, Conv2D, Dense, normal
 from harness.runtime.base import Runtime
 
 from benchmarks.resnet.config import ModelConfig

@@ -7,8 +7,8 @@ from typing import Any
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.optim import LARS, SGDMomentum, poly_warmup_schedule
-from harness.workload import LossTerm, Workload
+from harness.nn.optim import LARS, SGDMomentum, poly_warmup_schedule
+from harness.train.workload import LossTerm, Workload
 
 from benchmarks.resnet import tensor_names, config, data
 from benchmarks.resnet.model import ResNet

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.datafiles import list_files
+from harness.train.datafiles import list_files
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 

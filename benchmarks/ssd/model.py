@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.layers import BatchNorm, Block, Conv2D, Initializer, constant, glorot_uniform
+from harness.nn.layers import BatchNorm, Block, Conv2D, Initializer, constant, glorot_uniform
 from harness.runtime.base import Runtime
 
 from benchmarks.ssd.anchors import anchors_per_location

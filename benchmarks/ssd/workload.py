@@ -14,10 +14,10 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.integrity import SSD_EVERY, SSD_V07_FIRST, ssd_rules_epochs
-from harness.loop import INDEX
-from harness.optim import TF1Momentum, warmup_step_decay_schedule
-from harness.workload import LossTerm, Workload, epoch_schedule
+from harness.review.integrity import SSD_EVERY, SSD_V07_FIRST, ssd_rules_epochs
+from harness.train.loop import INDEX
+from harness.nn.optim import TF1Momentum, warmup_step_decay_schedule
+from harness.train.workload import LossTerm, Workload, epoch_schedule
 
 from benchmarks.ssd import anchors, boxes, coco_metric, config, data, postprocess, tensor_names
 from benchmarks.ssd.model import SSD, check_layout, load_backbone

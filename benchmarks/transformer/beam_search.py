@@ -21,39 +21,20 @@ def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def _gather_beams(x: tf.Tensor, index: tf.Tensor, one_hot: bool = False) -> tf.Tensor:
-    """x (batch, beams, ...) -> rows `index` (batch, k) of each sentence's beams.
-
-    `one_hot`: a one-hot contraction instead of a gather, for DTensor meshes, whose layout pass rejects
-    gather with batch_dims (TF 2.21); it keeps each sentence on its replica and split axes where they were.
-    One-hot weights make it exact for floats and integers alike; it multiplies every reordered value by
-    `beams` weights, where the gather copies it once, so the gather stays wherever it runs.
-    """
-    if not one_hot:
-        return tf.gather(x, index, batch_dims=1)
-    batch, beams = x.shape[0], x.shape[1]
-    flat = tf.reshape(x, [batch, beams, -1])
-    if x.dtype.is_floating:
-        picked = tf.einsum("bkn,bnf->bkf", tf.one_hot(index, beams, dtype=x.dtype), flat)
-    else:
-        one = tf.expand_dims(tf.one_hot(index, beams, dtype=tf.int32), 3)
-        picked = tf.reduce_sum(one * tf.expand_dims(tf.cast(flat, tf.int32), 1), 2)
-        picked = tf.cast(picked, x.dtype)
-    return tf.reshape(picked, [batch, index.shape[1]] + x.shape[2:].as_list())
-
-
 StepFn = Callable[[tf.Tensor, tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
 
 
 def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: int, max_lengths: tf.Tensor,
-                alpha: float, eos_id: int = EOS_ID, one_hot_reorder: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+                alpha: float, take: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], eos_id: int = EOS_ID
+                ) -> tuple[tf.Tensor, tf.Tensor]:
     """Decodes `batch` sentences; returns the best hypothesis ids (batch, max_steps), EOS included and
     zeros after it, and its score.
 
     step_fn(ids (batch*beam,), i, cache, sequences (batch*beam, max_steps)) -> (logits (batch*beam, vocab),
     cache): the next-token logits at position i given the tokens so far; tensors in `cache` have
     batch*beam rows (beam-major within a sentence) and are reordered as beams are. `max_lengths` (batch,)
-    caps each sentence's hypothesis length. `one_hot_reorder`: reorder beams without gathers (DTensor).
+    caps each sentence's hypothesis length. `take(x, index)`: x (batch, beams, ...) -> rows `index`
+    (batch, k) of each sentence's beams (`Runtime.take_along_axis1`).
     """
     k, steps = beam, max_steps
     max_lengths = tf.minimum(tf.cast(max_lengths, tf.int32), steps)
@@ -70,7 +51,7 @@ def beam_search(step_fn: StepFn, cache: Any, batch: int, beam: int, max_steps: i
     lp_max = length_penalty(max_lengths, alpha)
 
     def reorder(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-        return _gather_beams(x, index, one_hot_reorder)
+        return take(x, index)
 
     def body(i: tf.Tensor, state: dict[str, tf.Tensor], cache: Any) -> tuple:
         alive_seq = state["alive_seq"]

@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import tensorflow as tf
 
-from harness.datafiles import list_files, sharded_records
+from harness.train.datafiles import list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 

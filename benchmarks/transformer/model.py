@@ -13,7 +13,7 @@ import math
 
 import tensorflow as tf
 
-from harness.layers import NEG_INF, Block, Dense, LayerNorm, MultiHeadAttention, dropout, glorot_uniform, normal
+from harness.nn.layers import NEG_INF, Block, Dense, LayerNorm, MultiHeadAttention, dropout, glorot_uniform, normal
 from harness.runtime.base import Runtime
 
 from benchmarks.transformer.beam_search import beam_search
@@ -223,7 +223,6 @@ class Transformer(Block):
                 prefix = tf.pad(sequences, [[0, 0], [1, 0]])[:, :-1]
                 return self.decode_step_uncached(prefix, i, cross, cross_bias), cache
             cache = ()
-        # A mesh cannot gather with batch_dims; tf.distribute runtimes keep the faster gather.
         hyps, _ = beam_search(step, cache, batch, k, decode_length, max_lengths, alpha,
-                              one_hot_reorder=self.runtime.kind == "mesh")
+                              take=self.runtime.take_along_axis1)
         return hyps

@@ -15,10 +15,10 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.loop import INDEX
+from harness.train.loop import INDEX
 from harness.mlperf import Logged
-from harness.optim import Adam, rsqrt_warmup_schedule
-from harness.workload import LossTerm, Workload
+from harness.nn.optim import Adam, rsqrt_warmup_schedule
+from harness.train.workload import LossTerm, Workload
 
 from benchmarks.transformer import bleu, config, data
 from benchmarks.transformer.model import Transformer

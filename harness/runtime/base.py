@@ -228,6 +228,11 @@ class Runtime(abc.ABC):
             return tensors
         raise HarnessError(f"{self.kind} runtime cannot reduce over groups of {group_size} replicas")
 
+    def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+        """In replica context: x (batch, n, ...) -> rows `index` (batch, k) of axis 1, per batch row (a
+        batched gather, e.g. reordering beams). Each runtime implements it the way its devices can."""
+        return tf.gather(x, index, batch_dims=1)
+
     def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
         """In replica context, on an image input [batch, height, ...]: marks its height to be split over
         the replica's devices (runtime.spatial_partition); identity when spatial partitioning is off."""
@@ -239,3 +244,22 @@ class Runtime(abc.ABC):
 
     def shutdown(self) -> None:
         """Releases cluster resources (multi-worker, TPU) at the end of a run."""
+
+
+def one_hot_take_along_axis1(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """`Runtime.take_along_axis1` as a one-hot contraction instead of a gather.
+
+    For runtimes whose partitioner rejects gather with batch_dims (DTensor in TF 2.21): it keeps each
+    batch row where it is and split axes where they were. One-hot weights make it exact for floats and
+    integers alike; it costs n multiply-adds per taken value where the gather copies it once, so only the
+    runtimes that need it use it.
+    """
+    batch, n = x.shape[0], x.shape[1]
+    flat = tf.reshape(x, [batch, n, -1])
+    if x.dtype.is_floating:
+        picked = tf.einsum("bkn,bnf->bkf", tf.one_hot(index, n, dtype=x.dtype), flat)
+    else:
+        one = tf.expand_dims(tf.one_hot(index, n, dtype=tf.int32), 3)
+        picked = tf.reduce_sum(one * tf.expand_dims(tf.cast(flat, tf.int32), 1), 2)
+        picked = tf.cast(picked, x.dtype)
+    return tf.reshape(picked, [batch, index.shape[1]] + x.shape[2:].as_list())

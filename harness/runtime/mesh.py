@@ -18,7 +18,7 @@ from tensorflow.experimental import dtensor
 
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
-from harness.runtime.base import InputContext, Runtime
+from harness.runtime.base import InputContext, Runtime, one_hot_take_along_axis1
 
 BATCH = "batch"
 REPLICATED = "replicated"  # a layout value that keeps a named dimension whole on every device
@@ -142,6 +142,9 @@ class MeshRuntime(Runtime):
 
     def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
         return tensors  # batch statistics over a sharded batch are global already
+
+    def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+        return one_hot_take_along_axis1(x, index)  # DTensor's layout pass rejects gather with batch_dims
 
     def gather(self, per_replica: Any) -> Any:
         return tf.nest.map_structure(

@@ -17,10 +17,10 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.config import field
-from harness.loop import INDEX, by_index
-from harness.optim import SGDMomentum, poly_warmup_schedule
+from harness.train.loop import INDEX, by_index
+from harness.nn.optim import SGDMomentum, poly_warmup_schedule
 from harness.runtime.base import InputContext, Runtime
-from harness.workload import LossTerm, Workload
+from harness.train.workload import LossTerm, Workload
 
 GOAL = 3.0
 

@@ -24,7 +24,7 @@ from typing import Any
 from absl import logging
 
 from harness import config as config_lib
-from harness import logparse, scoring
+from harness.review import logparse, scoring
 from harness.errors import HarnessError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -128,7 +128,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     with fewer, only the positions are reported."""
     from mlperf_logging.rcp_checker import rcp_checker as official
 
-    from harness import logparse
+    from harness.review import logparse
 
     logs = result_logs(paths)
     first = logparse.parse_log(logs[0])

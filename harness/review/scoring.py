@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.logparse import RunSummary
+from harness.review.logparse import RunSummary
 
 N_REQUIRED: dict[str, int] = {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10}
 

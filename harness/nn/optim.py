@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from harness.runtime.base import Runtime, VariableInfo
-from harness.layers import constant
+from harness.nn.layers import constant
 
 Schedule = Callable[[tf.Tensor], tf.Tensor]
 

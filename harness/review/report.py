@@ -22,9 +22,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
-from harness.integrity import Finding, check_integrity, check_seeds
-from harness.logparse import TARGETS, LogEvent, RunSummary, parse_log, summarize
-from harness.scoring import OlympicScore, olympic_score
+from harness.review.integrity import Finding, check_integrity, check_seeds
+from harness.review.logparse import TARGETS, LogEvent, RunSummary, parse_log, summarize
+from harness.review.scoring import OlympicScore, olympic_score
 
 LOG_SUFFIXES = (".txt", ".log")
 
@@ -260,8 +260,8 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
     md.append(f"{len(runs)} log(s) read" + (f", {len(skipped)} skipped" if skipped else "") + ".")
     md.append("Time to train = run_start -> run_stop. Train / eval time = sums of block_start->block_stop "
               "and eval_start->eval_stop intervals (they overlap when evals run asynchronously). "
-              "Throughput = training samples in logged blocks / time inside blocks (see harness/logparse.py). "
-              "Findings come from harness/integrity.py: checks the official compliance checker does not make.")
+              "Throughput = training samples in logged blocks / time inside blocks (see harness/review/logparse.py). "
+              "Findings come from harness/review/integrity.py: checks the official compliance checker does not make.")
     md.append(f"Official checker installed: mlperf-logging {_checker_version()} (verdicts depend on its version).")
     md.append("")
     for rs in sets:
@@ -314,9 +314,9 @@ def main(argv_inputs: list[str], out_dir: str) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m harness.report OUT_DIR INPUT...
+if __name__ == "__main__":  # python -m harness.review.report OUT_DIR INPUT...
     if len(sys.argv) < 3:
-        print("usage: python -m harness.report OUT_DIR INPUT...", file=sys.stderr)
+        print("usage: python -m harness.review.report OUT_DIR INPUT...", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(main(sys.argv[2:], sys.argv[1]))

@@ -1,7 +1,7 @@
 """`mlperf-harness check`: the official compliance checker plus the harness's integrity checks, on any log."""
 from __future__ import annotations
 
-from harness import integrity, logparse
+from harness.review import integrity, logparse
 from harness.errors import HarnessError
 from harness.mlperf import run_compliance_checker
 

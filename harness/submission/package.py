@@ -32,7 +32,8 @@ from typing import Any
 import yaml
 from absl import logging
 
-from harness import integrity, logparse, scoring, sysinfo
+from harness.review import integrity, logparse, scoring
+from harness import sysinfo
 from harness.errors import HarnessError
 from harness.mlperf import Verdict, run_compliance_checker
 

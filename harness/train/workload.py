@@ -143,7 +143,7 @@ class Workload(abc.ABC):
     def __init__(self, cfg: Config, runtime: Runtime) -> None:
         self.cfg = cfg
         self.runtime = runtime
-        self.optimizer: Any = None  # a harness.optim.Optimizer, set by build()
+        self.optimizer: Any = None  # a harness.nn.optim.Optimizer, set by build()
 
     # ------------------------------------------------------------------------ facts about the run
     @abc.abstractmethod

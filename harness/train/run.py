@@ -12,10 +12,12 @@ import tensorflow as tf
 
 from benchmarks import registry
 from harness import config as config_lib
-from harness import integrity, logparse, sysinfo, weights_init
+from harness.review import integrity, logparse
+from harness import sysinfo
+from harness.train import weights_init
 from harness.errors import BAD_DATA_MARK, HarnessError
-from harness.loop import RunResult, run_timed
-from harness.progress import Progress
+from harness.train.loop import RunResult, run_timed
+from harness.train.progress import Progress
 from harness.mlperf import KEYS as K
 from harness.mlperf import Logged, MLPerfLog, Verdict, run_compliance_checker
 from harness.runtime import distribute, make_runtime

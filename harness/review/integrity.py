@@ -16,7 +16,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from harness.logparse import LogEvent, RunSummary, eval_position
+from harness.review.logparse import LogEvent, RunSummary, eval_position
 
 MAX_EXAMPLES = 3  # per problem kind, so a broken log does not drown the report
 JITTER_MS = 1000.0  # steps back in time up to this are interleaving noise, not corruption

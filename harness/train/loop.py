@@ -6,7 +6,7 @@ run_stop with a status. Compilation and a warm-up step on dummy tensors happen b
 variables are restored afterwards, so the timed run starts from the initial model and no training
 example is read before run_start.
 
-The loop owns the distribution protocol (see harness.workload): gradients, their reduction and
+The loop owns the distribution protocol (see harness.train.workload): gradients, their reduction and
 accumulation, the eval reduction (sums, or per-example outputs gathered to the chief), and the stop
 decision, made on the chief and broadcast.
 """
@@ -24,9 +24,9 @@ from absl import logging
 from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
-from harness.progress import Progress
+from harness.train.progress import Progress
 from harness.runtime.base import InputContext, Runtime
-from harness.workload import EvalPoint, LossTerm, Workload, tidy
+from harness.train.workload import EvalPoint, LossTerm, Workload, tidy
 
 # Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
 MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
@@ -256,7 +256,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
               progress: Progress | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
 
-    Inputs are validated by the caller (harness.run.execute) before the log file is created.
+    Inputs are validated by the caller (harness.train.run.execute) before the log file is created.
     """
     cfg = workload.cfg
     gbs = cfg.schedule.global_batch_size

@@ -1,0 +1,5 @@
+"""The run path: one timed run from a loaded config to a checked MLPerf log (run, loop, the workload
+contract, progress, input files, weights_initialization events).
+
+May import the harness root (config, errors, mlperf, sysinfo, runtime), nn/ and review/; never submission/.
+"""
