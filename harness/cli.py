@@ -30,6 +30,16 @@ flags.DEFINE_string("out", None, "package/report: output directory")
 flags.DEFINE_string("system", None, "package: system name (default: the logs' submission_platform)")
 flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
 flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
+flags.DEFINE_integer("chips", None, "plan: number of chips (GPUs, or TPU chips = cores / 2)")
+flags.DEFINE_integer("global_batch", None, "plan: global batch (default: the config's)")
+flags.DEFINE_multi_string("calibrate", [], "plan: MLPerf result logs or directories at one scale of the system, "
+                          "to derive the per-chip efficiency from their step times")
+flags.DEFINE_integer("calibrate_chips", None, "plan: chips of the --calibrate logs (default: from their "
+                     "submission_platform)")
+flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PNG (into --out, default .)")
+flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
+flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
+flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
@@ -39,6 +49,8 @@ USAGE = """usage: mlperf-harness COMMAND ...
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
   package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
   report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
+  plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json]
+                                                        project time to train at scale
 """
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,8 +121,17 @@ def cmd_package(args: list[str]) -> int:
     return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
 
 
+def cmd_plan(args: list[str]) -> int:
+    if len(args) != 1:
+        raise HarnessError("plan takes exactly one CONFIG file (and --system NAME --chips N)")
+    from harness.plan import planner
+
+    return planner.main(args[0], FLAGS.set, FLAGS.system, FLAGS.chips, FLAGS.global_batch, FLAGS.calibrate,
+                        FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out)
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
-            "campaign": cmd_campaign, "package": cmd_package}
+            "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan}
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,67 @@
+"""ResNet-50 v1.5's cost for `mlperf-harness plan`: multiply-adds counted layer by layer from the config.
+
+At 224x224 this counts 4.09 G multiply-adds per forward image (the figure usually quoted for ResNet-50
+v1.5) and 25.56 M parameters; training = 3 x forward. Eval: the forward pass over 50,000 images.
+"""
+from __future__ import annotations
+
+import math
+
+from harness.plan.cost import ModelCost, conv_macs
+
+CONVERGE_UNIT = "epochs"
+# top-1 over the eval set is a sum on the host: seconds per eval (an assumption; --calibrate measures it)
+EVAL_HOST_SECONDS = 0.5
+# LARS with momentum in float32: read weight, gradient, momentum (12 B), write weight, momentum (8 B), read
+# weight and gradient again for the layer norms (8 B)
+OPTIMIZER_BYTES_PER_PARAM = 28.0
+
+
+def forward_macs_and_params(cfg) -> tuple[int, int]:
+    m = cfg.model
+    size = cfg.data.image_size
+    macs, params = 0, 0
+    stem_k, stem_s = (7, 2) if m.stem == "imagenet" else (3, 1)
+    a, size = conv_macs(size, stem_k, 3, m.width, stem_s)
+    macs, params = macs + a, params + stem_k * stem_k * 3 * m.width + 2 * m.width
+    if m.stem == "imagenet":
+        size = -(-size // 2)  # max pool
+    in_ch = m.width
+    for stage, count in enumerate(m.blocks):
+        filters = m.width * 2 ** stage
+        for i in range(count):
+            stride = 2 if (i == 0 and stage > 0) else 1
+            x, _ = conv_macs(size, 1, in_ch, filters)
+            y, out = conv_macs(size, 3, filters, filters, stride)
+            z, _ = conv_macs(out, 1, filters, 4 * filters)
+            macs += x + y + z
+            params += in_ch * filters + 9 * filters * filters + filters * 4 * filters + 2 * (6 * filters)
+            if stride != 1 or in_ch != 4 * filters:
+                p, _ = conv_macs(size, 1, in_ch, 4 * filters, stride)
+                macs, params = macs + p, params + in_ch * 4 * filters + 8 * filters
+            size, in_ch = out, 4 * filters
+    classes = cfg.data.num_classes
+    macs += in_ch * classes
+    params += in_ch * classes + classes
+    return macs, params
+
+
+def model_cost(cfg) -> ModelCost:
+    macs, params = forward_macs_and_params(cfg)
+    return ModelCost(
+        workload="resnet", source="counted (benchmarks/resnet/cost.py: convolutions and the classifier)",
+        train_flops_per_sample=3 * 2.0 * macs, eval_flops_per_sample=2.0 * macs, params=params,
+        gradient_bytes=4.0 * params, optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM,
+        train_samples=cfg.data.train_samples, eval_samples=cfg.data.eval_samples, sample_unit="image",
+        eval_host_seconds=EVAL_HOST_SECONDS,
+        notes="spatial partitioning's halo exchanges are not modelled")
+
+
+def eval_count(cfg, epochs: float, global_batch: int) -> int:
+    """Evals up to convergence: every eval_every_epochs from eval_offset_epochs (the config's cadence)."""
+    s = cfg.schedule
+    if s.eval_epochs:
+        return sum(1 for e in s.eval_epochs if e <= epochs + 1e-9)
+    every = s.eval_every_epochs or 4
+    first = s.eval_offset_epochs or every
+    return 0 if epochs < first else int(math.floor((epochs - first) / every + 1e-9)) + 1

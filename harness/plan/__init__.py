@@ -1,0 +1,7 @@
+"""Planning before hardware is booked: `mlperf-harness plan` projects time to train at N chips of a system
+(systems/*.yaml: peak FLOP/s, HBM, interconnect, each figure sourced), from the model's cost, the collective
+algorithms of the topology, the RCP tables' epochs to converge and an efficiency calibrated on MLPerf logs.
+
+May import the harness root (config, errors) and review/ (RCP tables, log parsing); train/ only lazily, to
+build a model cost from the dry-run compile (`harness.train.dryrun`).
+"""

@@ -1,0 +1,77 @@
+"""Epochs (samples for BERT) to converge at a global batch: the checker's RCP tables where they exist,
+otherwise the workload's documented table (`CONVERGENCE` in benchmarks/<name>/cost.py).
+
+Between two table batches the value is interpolated linearly in the batch, as the RCP checker
+interpolates RCPs. Below the smallest batch the smallest batch's value applies; above the largest the
+last two points are extrapolated linearly. Both are flagged: the table says nothing there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from harness.errors import HarnessError
+
+
+@dataclasses.dataclass
+class Convergence:
+    value: float        # epochs, or samples
+    unit: str           # "epochs" | "samples"
+    source: str
+    in_range: bool
+    note: str = ""
+
+
+def interpolate(points: list[tuple[float, float]], batch: float) -> tuple[float, bool, str]:
+    """(value, inside the table's batch range, how it was found) from (batch, value) points."""
+    pts = sorted(points)
+    if not pts:
+        raise HarnessError("empty convergence table")
+    if len(pts) == 1:
+        return pts[0][1], batch == pts[0][0], f"only batch {pts[0][0]:g}"
+    if batch < pts[0][0]:
+        return pts[0][1], False, f"below the table (smallest batch {pts[0][0]:g}): its value held"
+    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+        if b0 <= batch <= b1:
+            if batch == b0:
+                return v0, True, f"at batch {b0:g}"
+            if batch == b1:
+                return v1, True, f"at batch {b1:g}"
+            return v0 + (v1 - v0) * (batch - b0) / (b1 - b0), True, f"interpolated between {b0:g} and {b1:g}"
+    (b0, v0), (b1, v1) = pts[-2], pts[-1]
+    return (v1 + (v1 - v0) * (batch - b1) / (b1 - b0), False,
+            f"above the table (largest batch {b1:g}): extrapolated from {b0:g} and {b1:g}")
+
+
+def rcp_points(benchmark: str, ruleset: str) -> list[tuple[float, float]]:
+    """(batch, mean epochs or samples to converge) of every RCP entry; the mean of the reference runs."""
+    from harness.review import rcp
+
+    by_batch: dict[float, list[float]] = {}
+    for entry in rcp.load_rcps(benchmark, ruleset).values():
+        runs = entry.get("Epochs to converge") or []
+        if runs:
+            by_batch.setdefault(float(entry["BS"]), []).append(sum(runs) / len(runs))
+    return [(b, sum(v) / len(v)) for b, v in by_batch.items()]
+
+
+def has_rcps(benchmark: str, ruleset: str) -> bool:
+    from harness.review import rcp
+
+    try:
+        return int(ruleset.split(".")[0]) >= 1 and os.path.isfile(rcp.rcp_path(benchmark, ruleset))
+    except ValueError:
+        return False
+
+
+def to_converge(workload: str, ruleset: str, global_batch: float, unit: str, table: dict | None) -> Convergence:
+    """Epochs or samples to converge at `global_batch` (in the workload's own batch unit)."""
+    if has_rcps(workload, ruleset):
+        value, inside, how = interpolate(rcp_points(workload, ruleset), global_batch)
+        source = f"RCP table {workload} {ruleset} (mlperf-logging), {how}"
+    elif table:
+        value, inside, how = interpolate([tuple(p) for p in table["points"]], global_batch)
+        source = f"documented table ({table['source']}), {how}"
+    else:
+        raise HarnessError(f"no RCP table for {workload} under ruleset {ruleset} and no documented table")
+    return Convergence(value, unit, source, inside, "" if inside else "outside the table's range")

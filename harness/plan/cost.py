@@ -1,0 +1,109 @@
+"""What one sample costs: the small source of truth the planner projects from.
+
+A ModelCost comes from one of three places, named in `source`:
+- the workload's own analytic count (`benchmarks/<name>/cost.py`, `model_cost(cfg)`), the default: layer by
+  layer multiply-adds from the config, 2 FLOPs each, training = 3 x forward (forward + the two backward
+  matmuls), cross-checked against TensorFlow's graph count on a small model in tests/test_plan.py;
+- the dry-run compile (`harness.train.dryrun.compile_report`, XLA's cost analysis), via `from_compile_report`;
+- a JSON file of either (`--model_cost FILE`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+from typing import Any
+
+from harness.errors import HarnessError
+
+
+@dataclasses.dataclass
+class ModelCost:
+    workload: str
+    source: str                    # "counted (...)" | "xla cost analysis" | "file ..."
+    train_flops_per_sample: float  # one training sample, forward + backward
+    eval_flops_per_sample: float   # one eval sample (forward; beam search counted by the workload)
+    params: int
+    gradient_bytes: float          # bytes all-reduced per step per replica (params x gradient dtype)
+    optimizer_bytes_per_param: float  # HBM bytes the optimizer update reads + writes per parameter
+    train_samples: int             # one epoch
+    eval_samples: int
+    sample_unit: str               # "image", "sequence", "row of 256 tokens", ...
+    mp_bytes_per_sample: float = 0.0  # activation bytes all-reduced per sample in a model-parallel group
+    eval_host_seconds: float = 0.0    # host-side scoring per eval (documented default of the workload)
+    notes: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "model cost") -> "ModelCost":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise HarnessError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise HarnessError(f"{where}: {e}") from None
+
+
+def workload_cost_module(workload: str) -> Any:
+    try:
+        return importlib.import_module(f"benchmarks.{workload}.cost")
+    except ModuleNotFoundError:
+        raise HarnessError(f"workload {workload!r} has no cost model (benchmarks/{workload}/cost.py)") from None
+
+
+def analytic(cfg: Any) -> ModelCost:
+    return workload_cost_module(cfg.workload).model_cost(cfg)
+
+
+def from_file(path: str) -> ModelCost:
+    if not os.path.isfile(path):
+        raise HarnessError(f"--model_cost {path}: no such file")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"--model_cost {path}: not JSON ({e})") from None
+    if "train_flops_per_replica_step" in data:  # a CompileReport.to_dict()
+        return from_compile_report_dict(data, None)
+    cost = ModelCost.from_dict(data, f"--model_cost {path}")
+    cost.source = f"{cost.source} (file {path})"
+    return cost
+
+
+def from_compile_report_dict(report: dict[str, Any], base: ModelCost | None) -> ModelCost:
+    """Per-sample figures from a dry-run CompileReport (dict form); dataset sizes and the optimizer's
+    traffic come from `base` (the analytic cost of the same config) when given."""
+    try:
+        per_replica = float(report["per_replica_batch"])
+        eval_batch = float(report.get("eval_per_replica_batch") or per_replica)
+        fields = dict(
+            workload=report["workload"], source=f"{report.get('flops_source', 'xla cost analysis')} (dry run)",
+            train_flops_per_sample=float(report["train_flops_per_replica_step"]) / per_replica,
+            eval_flops_per_sample=float(report["eval_flops_per_replica_step"]) / eval_batch,
+            params=int(report["params"]), gradient_bytes=float(report["gradient_bytes"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise HarnessError(f"compile report: missing or bad field ({e})") from None
+    if base is None:
+        base = ModelCost(fields["workload"], "", 0, 0, 0, 0, 16.0, 0, 0, "sample")
+    return dataclasses.replace(base, **fields)
+
+
+def from_compile_report(config_path: str, overrides: list[str], cfg: Any) -> ModelCost:
+    """Compiles the config with the dry run (minutes at full size on a CPU) and reads its cost."""
+    try:
+        from harness.train import dryrun
+    except ImportError:
+        raise HarnessError("--compile needs harness.train.dryrun (the dry-run compile), not in this tree") from None
+    report = dryrun.compile_report(config_path, overrides)
+    return from_compile_report_dict(report.to_dict(), analytic(cfg))
+
+
+def conv_macs(size: int, k: int, cin: int, cout: int, stride: int = 1, pad: bool = True) -> tuple[int, int]:
+    """(multiply-adds, output side) of a k x k conv on a size x size map (SAME, or VALID when pad=False)."""
+    out = -(-size // stride) if pad else (size - k) // stride + 1
+    return out * out * k * k * cin * cout, out

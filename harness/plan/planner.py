@@ -1,0 +1,293 @@
+"""`mlperf-harness plan`: the command. Loads the config, the system and the model cost, calibrates when
+asked, projects one chip count (or sweeps them), prints the breakdown and, for a sweep, draws the PNG."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.plan import collectives, converge, cost as costs
+from harness.plan.calibrate import Measurement, measure
+from harness.plan.project import Projection, check_chips, project, solve_efficiency
+from harness.plan.system import System, load_system
+
+MODEL_AXES = (2, 4, 8, 16)
+
+
+@dataclasses.dataclass
+class Plan:
+    config_path: str
+    cfg: Any
+    system: System
+    cost: costs.ModelCost
+    module: Any                      # benchmarks.<workload>.cost
+    efficiency: float
+    efficiency_note: str
+    measurement: Measurement | None
+    mesh_model_axis: int
+
+    def converge_at(self, global_batch: int) -> converge.Convergence:
+        return converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
+                                    getattr(self.module, "CONVERGENCE", None))
+
+    def at(self, chips: int, global_batch: int, model_axis: int | None = None) -> Projection:
+        m = self.mesh_model_axis if model_axis is None else model_axis
+        conv = self.converge_at(global_batch)
+        evals = self.module.eval_count(self.cfg, conv.value, global_batch)
+        host, init = None, None
+        if self.measurement is not None:
+            init = self.measurement.init_seconds
+            if self.measurement.eval_seconds is not None:
+                ref = self.cost.eval_flops_per_sample * self.cost.eval_samples / (
+                    self.measurement.chips * self.system.peak_flops * self.efficiency)
+                host = max(0.0, self.measurement.eval_seconds - ref)
+        return project(self.cost, self.system, conv, evals, chips, global_batch, self.efficiency, m, host, init)
+
+
+def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
+          calibrate_chips: int | None, model_cost: str | None, compile_model: bool) -> Plan:
+    from harness.config import load_config
+
+    if not system_name:
+        raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
+    system = load_system(system_name)
+    cfg = load_config(config_path, overrides)
+    module = costs.workload_cost_module(cfg.workload)
+    if model_cost:
+        cost = costs.from_file(model_cost)
+        if cost.workload != cfg.workload:
+            raise HarnessError(f"--model_cost {model_cost} is for {cost.workload}, the config is {cfg.workload}")
+        if not cost.train_samples:
+            cost = dataclasses.replace(costs.analytic(cfg), **{k: v for k, v in cost.to_dict().items()
+                                                               if k in ("train_flops_per_sample", "params",
+                                                                        "eval_flops_per_sample", "gradient_bytes",
+                                                                        "source")})
+    elif compile_model:
+        cost = costs.from_compile_report(config_path, overrides, cfg)
+    else:
+        cost = costs.analytic(cfg)
+    mesh_axis = cfg.runtime.mesh.get("model", 1) if cfg.runtime.kind == "mesh" else 1
+    measurement = None
+    if calibrate:
+        measurement = measure(calibrate, module.CONVERGE_UNIT, cost.train_samples, system.chips_per_host,
+                              system.cores_per_chip, calibrate_chips)
+        if measurement.benchmark != cfg.workload:
+            raise HarnessError(f"--calibrate: the logs are {measurement.benchmark}, the config is {cfg.workload}")
+        efficiency = solve_efficiency(cost, system, measurement.chips, measurement.global_batch,
+                                      measurement.step_seconds)
+        note = (f"calibrated on {measurement.runs} log(s) at {measurement.chips} chips, global batch "
+                f"{measurement.global_batch} (measured step {measurement.step_seconds * 1e3:.1f} ms, "
+                f"platform {measurement.platform!r})")
+    else:
+        efficiency = system.default_efficiency
+        note = "the system's documented default, NOT calibrated (pass --calibrate LOGS for a measured one)"
+    return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis)
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def format_projection(plan: Plan, p: Projection) -> list[str]:
+    s, sysm, c = p.step, plan.system, p.converge
+    unit = "samples" if c.unit == "samples" else "epochs"
+    value = f"{c.value:,.0f}" if unit == "samples" else f"{c.value:.2f}"
+    hosts = math.ceil(p.chips / sysm.chips_per_host)
+    hidden = s.allreduce - s.allreduce_exposed
+    lines = [
+        f"{p.chips} chips ({hosts} host(s) x {min(p.chips, sysm.chips_per_host)}): {p.replicas} data-parallel "
+        f"replica(s) x model axis {p.model_axis}",
+        f"  per-chip batch            {p.global_batch / p.chips:g} (per replica {p.per_replica_batch:g}; global "
+        f"batch {p.global_batch})",
+        f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} {plan.cost.sample_unit}s)",
+        f"  {unit + ' to converge':<26}{value}  [{c.source}]" + (f"  ** {c.note} **" if c.note else ""),
+        f"  steps to converge         {p.steps:,}",
+        f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
+        f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)}",
+        f"    all-reduce              {_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
+        f"per chip on {collectives.describe(sysm, p.replicas)}; {_ms(hidden)} ms hidden under the backward pass "
+        f"(overlap {sysm.allreduce_overlap:g} of it)",
+        f"    other                   optimizer update: {plan.cost.params / p.model_axis / 1e6:.1f} M params x "
+        f"{plan.cost.optimizer_bytes_per_param:g} B over {sysm.hbm_bandwidth / 1e9:g} GB/s HBM",
+        f"  eval                      {p.evals} eval(s) x {p.eval_seconds:.2f} s (compute {p.eval_compute_seconds:.2f} "
+        f"s over all chips + host scoring {p.host_eval_seconds:.2f} s"
+        f"{', measured' if plan.measurement and plan.measurement.eval_seconds is not None else ', documented default'})",
+        f"  init (not in the score)   " + (f"{p.init_seconds:.0f} s (calibration logs)" if p.init_seconds is not None
+                                          else "not known (no calibration logs)"),
+        f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "
+        f"{p.evals * p.eval_seconds / 60:.2f}",
+    ]
+    return lines
+
+
+def header(plan: Plan) -> list[str]:
+    c = plan.cost
+    return [f"plan: {plan.cfg.workload} ({plan.config_path}) on {plan.system.name} "
+            f"({plan.system.peak_flops / 1e12:g} TFLOP/s peak per chip, {plan.system.topology})",
+            f"  model cost: {c.train_flops_per_sample / 1e9:,.1f} GFLOP per training {c.sample_unit}, "
+            f"{c.params / 1e6:.2f} M params, {c.gradient_bytes / 1e6:.1f} MB of gradients; {c.source}",
+            f"  efficiency: {plan.efficiency:.3f} of peak: {plan.efficiency_note}"]
+
+
+def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, int]]:
+    """(chips, global batch) over powers of two: the per-chip batch of the given point held until the
+    convergence table's largest batch, then that batch held (more chips only split it further)."""
+    per_chip = global_batch / chips
+    largest = max(b for b, _ in _table_points(plan)) if _table_points(plan) else global_batch
+    cap = max(global_batch, largest)
+    start = 1 if plan.system.topology != "hierarchical" else 1
+    out, n = [], start
+    top = max(4096, chips)
+    while n <= top:
+        if plan.system.topology != "hierarchical" or n <= plan.system.chips_per_host or n % plan.system.chips_per_host == 0:
+            b = int(min(cap, max(1, round(per_chip * n))))
+            if b >= n // max(1, plan.mesh_model_axis):
+                out.append((n, b))
+        n *= 2
+    if chips not in [p[0] for p in out]:
+        out.append((chips, global_batch))
+    return sorted(out)
+
+
+def _table_points(plan: Plan) -> list[tuple[float, float]]:
+    if converge.has_rcps(plan.cfg.workload, plan.cfg.ruleset):
+        return converge.rcp_points(plan.cfg.workload, plan.cfg.ruleset)
+    table = getattr(plan.module, "CONVERGENCE", None)
+    return [tuple(p) for p in table["points"]] if table else []
+
+
+def knee(projections: list[Projection]) -> Projection | None:
+    """Where data parallelism stops paying: the first point whose doubling buys < 10% or whose scaling
+    efficiency against the smallest point falls under 50%."""
+    base = projections[0]
+    for a, b in zip(projections, projections[1:]):
+        eff = base.total_seconds * base.chips / (b.total_seconds * b.chips)
+        if b.total_seconds > 0.9 * a.total_seconds or eff < 0.5:
+            return a
+    return None
+
+
+def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[list[str], dict]:
+    points = sweep_points(plan, chips, global_batch)
+    dp = [plan.at(n, b, 1) for n, b in points]
+    axis = plan.mesh_model_axis
+    if axis == 1:  # suggest one: the model axis with the shortest time at the largest point
+        best = None
+        for m in MODEL_AXES:
+            n, b = points[-1]
+            if n % m == 0 and b >= n // m:
+                t = plan.at(n, b, m).total_seconds
+                if best is None or t < best[0]:
+                    best = (t, m)
+        axis = best[1] if best else 1
+    mp = []
+    for n, b in points:
+        if n % axis == 0 and n >= axis and axis > 1:
+            try:
+                mp.append(plan.at(n, b, axis))
+            except HarnessError:
+                pass
+    k = knee(dp)
+    base = dp[0]
+    lines = [f"sweep over chips (per-chip batch {global_batch / chips:g} held up to the convergence table's "
+             f"largest batch, then the global batch held):",
+             f"  {'chips':>6} {'global':>7} {'per-chip':>8} {'conv':>10} {'steps':>8} {'step ms':>8} "
+             f"{'comp':>7} {'a-r':>7} {'other':>6} {'TTT min':>8} {'scal.eff':>8} {'model-axis ' + str(axis) + ' min':>16}"]
+    mp_by = {p.chips: p for p in mp}
+    for p in dp:
+        eff = base.total_seconds * base.chips / (p.total_seconds * p.chips)
+        conv = f"{p.converge.value:,.0f}" if p.converge.unit == "samples" else f"{p.converge.value:.1f}"
+        conv += "" if p.converge.in_range else "*"
+        alt = f"{mp_by[p.chips].total_seconds / 60:.2f}" if p.chips in mp_by else "-"
+        mark = "  <- data parallelism stops paying" if k is not None and p.chips == k.chips else ""
+        lines.append(f"  {p.chips:>6} {p.global_batch:>7} {p.global_batch / p.chips:>8.3g} {conv:>10} {p.steps:>8,} "
+                     f"{p.step.total * 1e3:>8.2f} {p.step.compute * 1e3:>7.2f} {p.step.allreduce_exposed * 1e3:>7.2f} "
+                     f"{p.step.other * 1e3:>6.2f} {p.total_seconds / 60:>8.2f} {eff:>8.2f} {alt:>16}{mark}")
+    lines.append("  (* outside the convergence table's batch range)")
+    source = "the config's mesh" if plan.mesh_model_axis > 1 else "suggested"
+    if k is not None:
+        at = [p for p in mp if p.chips > k.chips]
+        if at:
+            best = min(at, key=lambda p: p.total_seconds)
+            lines.append(f"  data parallelism stops paying at {k.chips} chips ({k.total_seconds / 60:.2f} min); a model "
+                         f"axis of {axis} ({source}) gives {best.total_seconds / 60:.2f} min at {best.chips} chips")
+        else:
+            lines.append(f"  data parallelism stops paying at {k.chips} chips ({k.total_seconds / 60:.2f} min)")
+    else:
+        lines.append("  data parallelism keeps paying over the whole sweep")
+    png = os.path.join(out_dir, f"plan-{plan.cfg.workload}-{plan.system.name}.png")
+    draw(plan, dp, mp, axis, source, k, png)
+    lines.append(f"  plot: {png}")
+    return lines, {"sweep": [p.to_dict() for p in dp], "model_parallel": [p.to_dict() for p in mp],
+                   "model_axis": axis, "knee_chips": k.chips if k else None, "png": png}
+
+
+def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, source: str,
+         k: Projection | None, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    xs = [p.chips for p in dp]
+    a.plot(xs, [p.total_seconds / 60 for p in dp], "o-", label="data parallel")
+    if mp:
+        a.plot([p.chips for p in mp], [p.total_seconds / 60 for p in mp], "s--", label=f"model axis {axis} ({source})")
+    base = dp[0]
+    b.plot(xs, [base.total_seconds * base.chips / (p.total_seconds * p.chips) for p in dp], "o-", label="data parallel")
+    if mp:
+        b.plot([p.chips for p in mp], [base.total_seconds * base.chips / (p.total_seconds * p.chips) for p in mp], "s--",
+               label=f"model axis {axis}")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"chips ({plan.system.name})")
+        ax.grid(True, which="both", alpha=0.3)
+        if k is not None:
+            ax.axvline(k.chips, color="red", alpha=0.5, ls=":")
+    if k is not None:
+        a.annotate("data parallelism\nstops paying", (k.chips, k.total_seconds / 60), color="red",
+                   xytext=(10, 20), textcoords="offset points")
+    a.set_yscale("log")
+    a.set_ylabel("projected time to train (min)")
+    b.set_ylabel(f"scaling efficiency vs {base.chips} chip(s)")
+    b.set_ylim(0, 1.1)
+    a.legend()
+    b.legend()
+    fig.suptitle(f"{plan.cfg.workload} on {plan.system.name}: efficiency {plan.efficiency:.2f} of peak "
+                 f"({'calibrated' if plan.measurement else 'default, not calibrated'})")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(config_path: str, overrides: list[str], system_name: str, chips: int | None, global_batch: int | None,
+         calibrate: list[str], calibrate_chips: int | None, sweep: bool, as_json: bool, model_cost: str | None,
+         compile_model: bool, out_dir: str | None) -> int:
+    if chips is None:
+        raise HarnessError("plan needs --chips N")
+    plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model)
+    check_chips(plan.system, chips, plan.mesh_model_axis)
+    batch = global_batch or plan.cfg.schedule.global_batch_size
+    if batch < 1:
+        raise HarnessError(f"--global_batch {batch}: give a positive global batch")
+    p = plan.at(chips, batch)
+    lines = header(plan) + format_projection(plan, p)
+    out: dict[str, Any] = {"config": config_path, "system": plan.system.name, "model_cost": plan.cost.to_dict(),
+                           "efficiency": plan.efficiency, "efficiency_source": plan.efficiency_note,
+                           "projection": p.to_dict()}
+    if sweep:
+        more, data = run_sweep(plan, chips, batch, out_dir or ".")
+        lines += more
+        out.update(data)
+    lines.append(f"projected time to train: {p.total_seconds / 60:.2f} min on {chips} x {plan.system.name} "
+                 f"(global batch {batch})")
+    if as_json:
+        print(json.dumps(out, indent=1, default=str))
+    else:
+        print("\n".join(lines))
+    return 0
