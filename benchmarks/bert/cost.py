@@ -51,5 +51,14 @@ def eval_every_samples(cfg, global_batch: int) -> int:
     return mlperf_eval_every(global_batch)
 
 
-def eval_count(cfg, samples: float, global_batch: int) -> int:
-    return max(1, math.ceil(samples / eval_every_samples(cfg, global_batch) - 1e-9))
+def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
+    """Eval points in samples through the first at or past `upto`: 0.7.0 evaluates from 3M samples every
+    500K, later rulesets every eval_every_samples (the MLPerf formula)."""
+    if cfg.ruleset.startswith("0.7"):
+        from benchmarks.bert.workload import V07_EVAL_EVERY, V07_FIRST_EVAL
+
+        first, every = V07_FIRST_EVAL, V07_EVAL_EVERY
+    else:
+        first = every = eval_every_samples(cfg, global_batch)
+    n = max(0, int(math.ceil((upto - first) / every - 1e-9))) + 1
+    return [first + i * every for i in range(n)]

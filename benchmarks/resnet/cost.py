@@ -57,11 +57,13 @@ def model_cost(cfg) -> ModelCost:
         notes="spatial partitioning's halo exchanges are not modelled")
 
 
-def eval_count(cfg, epochs: float, global_batch: int) -> int:
-    """Evals up to convergence: every eval_every_epochs from eval_offset_epochs (the config's cadence)."""
+def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
+    """The config's eval epochs (every eval_every_epochs from eval_offset_epochs) through the first one at
+    or past `upto`: a run stops only at an eval."""
     s = cfg.schedule
     if s.eval_epochs:
-        return sum(1 for e in s.eval_epochs if e <= epochs + 1e-9)
+        return [e for e in s.eval_epochs if e <= upto + 1e-9] + [e for e in s.eval_epochs if e > upto + 1e-9][:1]
     every = s.eval_every_epochs or 4
     first = s.eval_offset_epochs or every
-    return 0 if epochs < first else int(math.floor((epochs - first) / every + 1e-9)) + 1
+    n = max(0, int(math.ceil((upto - first) / every - 1e-9))) + 1
+    return [first + i * every for i in range(n)]

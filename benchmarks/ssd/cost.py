@@ -60,7 +60,9 @@ def model_cost(cfg) -> ModelCost:
         eval_host_seconds=EVAL_HOST_SECONDS, notes="spatial partitioning's halo exchanges are not modelled")
 
 
-def eval_count(cfg, epochs: float, global_batch: int) -> int:
+def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
+    """The rules' eval epochs (1.0.0: 40, 50, 55, ...) through the first at or past `upto`."""
     from harness.review.integrity import ssd_rules_epochs
 
-    return max(1, len(ssd_rules_epochs(cfg.ruleset, epochs)))
+    every = ssd_rules_epochs(cfg.ruleset, max(upto, 40) + 20)
+    return [e for e in every if e < upto - 1e-9] + [e for e in every if e >= upto - 1e-9][:1]

@@ -65,9 +65,9 @@ def model_cost(cfg) -> ModelCost:
         eval_host_seconds=EVAL_HOST_SECONDS)
 
 
-def eval_count(cfg, epochs: float, global_batch: int) -> int:
-    s = cfg.schedule
-    if s.eval_epochs:
-        return sum(1 for e in s.eval_epochs if e <= epochs + 1e-9)
-    every = s.eval_every_epochs or 1
-    return max(1, int(math.ceil(epochs / every - 1e-9)))
+def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
+    """Evals every eval_every_epochs up to `upto`; the last one AT `upto`, not rounded up: CONVERGENCE holds
+    logged eval positions already (public runs evaluate at fractional epochs)."""
+    every = cfg.schedule.eval_every_epochs or 1
+    n = int(math.floor(upto / every + 1e-9))
+    return [every * (i + 1) for i in range(n) if every * (i + 1) < upto - 1e-9] + [upto]

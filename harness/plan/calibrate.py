@@ -3,8 +3,9 @@
 `measure(paths, ...)` reads result logs (the harness's own or public ones) of one benchmark at one scale and
 returns the mean step time over the scored runs: (run_stop - run_start - synchronous evals) divided by the
 steps to the last eval. That includes whatever the loop spends between steps, so a projection from it
-predicts run time, not a kernel benchmark. It also returns the mean synchronous eval time and init time,
-which replace the documented defaults. `planner` then solves the step model for the efficiency.
+predicts run time, not a kernel benchmark. It also returns the mean synchronous eval time (an eval with
+training events inside its interval is asynchronous, and evals without intervals are untimed: both count
+0, their cost is inside the measured step) and the init time; these replace the documented defaults. `planner` then solves the step model for the efficiency.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import statistics
 from harness.errors import HarnessError
 
 
+# Training events: an eval interval with one of these inside ran alongside training (asynchronous).
+TRAIN_MARKS = ("block_start", "block_stop", "epoch_start", "epoch_stop")
+
+
 @dataclasses.dataclass
 class Measurement:
     benchmark: str
@@ -23,7 +28,8 @@ class Measurement:
     global_batch: int
     step_seconds: float
     runs: int
-    eval_seconds: float | None    # mean synchronous eval, when the logs time their evals
+    eval_seconds: float           # mean synchronous eval; 0 when the logs' evals overlap training or are
+                                  # not timed (then whatever they cost is inside the measured step)
     init_seconds: float | None
     paths: list[str]
 
@@ -79,8 +85,10 @@ def measure(paths: list[str], unit: str, epoch_size: int, chips_per_host: int, c
         samples = samples_trained(events, s, unit, epoch_size)
         if not samples:
             raise HarnessError(f"--calibrate: {path}: cannot tell how many samples were trained")
+        train_marks = [e.time_ms for e in events if e.key in TRAIN_MARKS]
         sync = [(b.time_ms - a.time_ms) / 1000.0 for a, b in
-                logparse.match_intervals(events, "eval_start", "eval_stop", ("epoch_num", "samples_count"))]
+                logparse.match_intervals(events, "eval_start", "eval_stop", ("epoch_num", "samples_count"))
+                if not any(a.time_ms < t < b.time_ms for t in train_marks)]
         run = (s.run_stop_ms - s.run_start_ms) / 1000.0
         steps.append((run - sum(sync)) / (samples / batch))
         evals += sync
@@ -94,5 +102,5 @@ def measure(paths: list[str], unit: str, epoch_size: int, chips_per_host: int, c
         raise HarnessError(f"--calibrate: cannot tell the chip count from submission_platform {platform!r}; "
                            "give --calibrate_chips N")
     return Measurement(benchmark, platform, n, batch, statistics.median(steps), len(used),
-                       statistics.mean(evals) if evals else None, statistics.median(inits) if inits else None,
+                       statistics.mean(evals) if evals else 0.0, statistics.median(inits) if inits else None,
                        used)

@@ -20,6 +20,13 @@ class Convergence:
     source: str
     in_range: bool
     note: str = ""
+    stop: float | None = None  # the eval position the run stops at: the first at or past `value`
+    evals: int = 0             # evals up to and including it
+
+
+def at_evals(conv: Convergence, positions: list[float]) -> Convergence:
+    """`conv` stopped at the eval cadence: a run can only notice convergence at an eval."""
+    return dataclasses.replace(conv, stop=positions[-1] if positions else conv.value, evals=len(positions))
 
 
 def interpolate(points: list[tuple[float, float]], batch: float) -> tuple[float, bool, str]:

@@ -30,13 +30,13 @@ class Plan:
     mesh_model_axis: int
 
     def converge_at(self, global_batch: int) -> converge.Convergence:
-        return converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
+        conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
                                     getattr(self.module, "CONVERGENCE", None))
+        return converge.at_evals(conv, self.module.eval_positions(self.cfg, conv.value, global_batch))
 
     def at(self, chips: int, global_batch: int, model_axis: int | None = None) -> Projection:
         m = self.mesh_model_axis if model_axis is None else model_axis
         conv = self.converge_at(global_batch)
-        evals = self.module.eval_count(self.cfg, conv.value, global_batch)
         host, init = None, None
         if self.measurement is not None:
             init = self.measurement.init_seconds
@@ -44,7 +44,7 @@ class Plan:
                 ref = self.cost.eval_flops_per_sample * self.cost.eval_samples / (
                     self.measurement.chips * self.system.peak_flops * self.efficiency)
                 host = max(0.0, self.measurement.eval_seconds - ref)
-        return project(self.cost, self.system, conv, evals, chips, global_batch, self.efficiency, m, host, init)
+        return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, m, host, init)
 
 
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
@@ -94,7 +94,10 @@ def _ms(x: float) -> str:
 def format_projection(plan: Plan, p: Projection) -> list[str]:
     s, sysm, c = p.step, plan.system, p.converge
     unit = "samples" if c.unit == "samples" else "epochs"
-    value = f"{c.value:,.0f}" if unit == "samples" else f"{c.value:.2f}"
+    def fmt(v: float) -> str:
+        return f"{v:,.0f}" if unit == "samples" else f"{v:.2f}"
+
+    value = f"{fmt(c.value)}, stopping at the eval at {fmt(c.stop)}" if c.stop is not None else fmt(c.value)
     hosts = math.ceil(p.chips / sysm.chips_per_host)
     hidden = s.allreduce - s.allreduce_exposed
     lines = [
@@ -114,7 +117,7 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"{plan.cost.optimizer_bytes_per_param:g} B over {sysm.hbm_bandwidth / 1e9:g} GB/s HBM",
         f"  eval                      {p.evals} eval(s) x {p.eval_seconds:.2f} s (compute {p.eval_compute_seconds:.2f} "
         f"s over all chips + host scoring {p.host_eval_seconds:.2f} s"
-        f"{', measured' if plan.measurement and plan.measurement.eval_seconds is not None else ', documented default'})",
+        f"{', from the calibration logs' if plan.measurement else ', documented default'})",
         f"  init (not in the score)   " + (f"{p.init_seconds:.0f} s (calibration logs)" if p.init_seconds is not None
                                           else "not known (no calibration logs)"),
         f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "

@@ -115,7 +115,7 @@ def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: 
     return hi
 
 
-def project(cost: ModelCost, system: System, converge: Convergence, evals: int, chips: int, global_batch: int,
+def project(cost: ModelCost, system: System, converge: Convergence, chips: int, global_batch: int,
             efficiency: float, model_axis: int = 1, host_eval_seconds: float | None = None,
             init_seconds: float | None = None) -> Projection:
     check_chips(system, chips, model_axis)
@@ -125,9 +125,10 @@ def project(cost: ModelCost, system: System, converge: Convergence, evals: int, 
                            f"of {chips} chips (model axis {model_axis}); raise --global_batch or the model axis")
     step = step_time(cost, system, chips, global_batch, efficiency, model_axis)
     steps_per_epoch = cost.train_samples / global_batch
-    samples = converge.value * cost.train_samples if converge.unit == "epochs" else converge.value
+    stop = converge.value if converge.stop is None else converge.stop
+    samples = stop * cost.train_samples if converge.unit == "epochs" else stop
     host = cost.eval_host_seconds if host_eval_seconds is None else host_eval_seconds
     eval_compute = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
     return Projection(chips, model_axis, replicas, global_batch, global_batch / replicas, steps_per_epoch, converge,
-                      int(math.ceil(samples / global_batch - 1e-9)), step, evals, eval_compute + host,
+                      int(math.ceil(samples / global_batch - 1e-9)), step, converge.evals, eval_compute + host,
                       eval_compute, host, init_seconds, efficiency)
