@@ -273,6 +273,9 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
          compile_model: bool, out_dir: str | None) -> int:
     if chips is None:
         raise HarnessError("plan needs --chips N")
+    if not system_name:
+        raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
+    check_chips(load_system(system_name), chips)  # before the config (and TensorFlow) loads
     plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model)
     check_chips(plan.system, chips, plan.mesh_model_axis)
     batch = global_batch or plan.cfg.schedule.global_batch_size
