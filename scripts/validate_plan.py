@@ -138,7 +138,7 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
             pred = proj.total_seconds / 60
             pred_step = step_time(cost, system, p.chips, p.batch, eff).total * 1e3
             results.append(dict(family=name, system=system_name, calib_chips=base.chips, efficiency=eff,
-                                chips=p.chips, batch=p.logged_batch, predicted_min=pred, actual_min=p.minutes,
+                                chips=p.chips, batch=p.logged_batch, per_chip=p.batch / p.chips, predicted_min=pred, actual_min=p.minutes,
                                 ratio=pred / p.minutes, predicted_converge=conv.stop, actual_converge=p.converge,
                                 converge_in_range=conv.in_range, predicted_step_ms=pred_step, actual_step_ms=p.step_ms))
     return results, skipped
@@ -153,13 +153,14 @@ def main() -> int:
         print(f"error: no public tables at {args.data} (give --data DIR)", file=sys.stderr)
         return 2
     results, skipped = validate(args.data)
-    print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'chips':>6} {'batch':>7} {'pred min':>9} {'actual':>8} "
+    print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'chips':>6} {'batch':>7} {'/chip':>6} {'pred min':>9} {'actual':>8} "
           f"{'pred/act':>8} {'conv pred':>10} {'conv act':>10} {'step pred':>9} {'step act':>8}")
     for r in results:
         def c(x: float) -> str:
             return f"{x:,.0f}" if x > 1000 else f"{x:.1f}"
         step_act = f"{r['actual_step_ms']:.1f}" if r["actual_step_ms"] else "-"
         print(f"{r['family']:<34} {r['calib_chips']:>5} {r['efficiency']:>5.2f} {r['chips']:>6} {r['batch']:>7} "
+              f"{r['per_chip']:>6.3g} "
               f"{r['predicted_min']:>9.3f} {r['actual_min']:>8.3f} {r['ratio']:>8.2f} "
               f"{c(r['predicted_converge']) + ('' if r['converge_in_range'] else '*'):>10} {c(r['actual_converge']):>10} "
               f"{r['predicted_step_ms']:>9.1f} {step_act:>8}")
@@ -174,6 +175,11 @@ def main() -> int:
     print(f"points: {len(results)} in {len({r['family'] for r in results})} families; median |error| "
           f"{100 * statistics.median(errors):.1f}%; worst {worst['family']} at {worst['chips']} chips: "
           f"predicted/actual {worst['ratio']:.2f} ({factor:.2f}x off)")
+    off = [r for r in results if max(r["ratio"], 1 / r["ratio"]) > 2]
+    print(f"points off by more than 2x: {len(off)}" + "".join(
+        f"\n  {r['family']} at {r['chips']} chips, {r['per_chip']:.3g} samples per chip: predicted/actual "
+        f"{r['ratio']:.2f}, step {r['predicted_step_ms']:.1f} ms projected vs {r['actual_step_ms']:.1f} ms logged"
+        for r in off))
     for fam_kind in ("resnet", "bert", "ssd", "transformer"):
         sub = [abs(r["ratio"] - 1) for r in results if r["family"].endswith(fam_kind)]
         if sub:

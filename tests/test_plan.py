@@ -295,3 +295,18 @@ def test_model_cost_file_round_trips(tmp_path, capsys):
     analytic = capsys.readouterr().out.splitlines()[-1]
     planner.main(path, [], "tpu-v4", 64, None, [], None, False, False, str(f), False, None)
     assert capsys.readouterr().out.splitlines()[-1] == analytic
+
+
+def test_model_cost_from_a_dry_run_compile_report():
+    """The dry run's CompileReport (dict form) gives per-sample FLOPs; dataset sizes come from the base."""
+    base = costs.ModelCost("bert", "counted", 1.0, 1.0, 1, 4.0, 36.0, 1000, 10, "sequence", eval_host_seconds=0.5)
+    report = {"workload": "bert", "config": "c", "replicas": 8, "model_axis": 1, "per_replica_batch": 4,
+              "global_batch": 32, "eval_per_replica_batch": 2, "params": 100, "train_flops_per_replica_step": 8e9,
+              "eval_flops_per_replica_step": 1e9, "flops_source": "xla cost analysis",
+              "weight_bytes_per_device": 400, "optimizer_bytes_per_device": 800, "gradient_bytes": 200,
+              "peak_bytes_per_device": None, "compile_seconds": {}}
+    c = costs.from_compile_report_dict(report, base)
+    assert (c.train_flops_per_sample, c.eval_flops_per_sample, c.params, c.gradient_bytes) == (2e9, 5e8, 100, 200)
+    assert (c.train_samples, c.eval_host_seconds) == (1000, 0.5) and c.source.startswith("xla cost analysis")
+    with pytest.raises(HarnessError, match="compile report"):
+        costs.from_compile_report_dict({"workload": "bert"}, base)

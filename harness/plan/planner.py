@@ -15,6 +15,7 @@ from harness.plan.project import Projection, check_chips, project, solve_efficie
 from harness.plan.system import System, load_system
 
 MODEL_AXES = (2, 4, 8, 16)
+SMALL_PER_CHIP_BATCH = 16  # below this the step model is known to be optimistic (see format_projection)
 
 
 @dataclasses.dataclass
@@ -123,6 +124,11 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "
         f"{p.evals * p.eval_seconds / 60:.2f}",
     ]
+    if p.global_batch / p.chips < SMALL_PER_CHIP_BATCH:
+        lines.append(f"  caution: {p.global_batch / p.chips:g} samples per chip. Fixed per-step costs (kernel launches, "
+                     "kernels too small to fill a chip) are not modelled, so this is optimistic there: "
+                     "scripts/validate_plan.py finds public SSD runs at 2-8 images per chip 2-5x slower per step "
+                     "than projected")
     return lines
 
 
