@@ -281,7 +281,14 @@ def test_calibrated_sweep_json_and_png(tmp_path, capsys):
     with open(data["png"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     chips = [p["chips"] for p in data["sweep"]]
-    assert chips == sorted(chips) and 64 in chips and data["model_axis"] in (2, 4, 8, 16)
+    assert chips == sorted(chips) and 64 in chips
+    # ResNet's model-parallel traffic (spatial halos) is not modelled: no model axis is suggested
+    assert data["model_axis"] == 1 and data["model_parallel"] == []
+    bert = os.path.join(REPO, "configs", "bert", "reference.yaml")
+    planner.main(bert, [], "tpu-v4", 256, 4096, [], None, True, True, None, False, str(tmp_path))
+    data = json.loads(capsys.readouterr().out)
+    assert data["model_axis"] in planner.MODEL_AXES and data["model_parallel"]
+    assert all(p["model_axis"] == data["model_axis"] for p in data["model_parallel"])
 
 
 def test_model_cost_file_round_trips(tmp_path, capsys):

@@ -128,7 +128,7 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         lines.append(f"  caution: {p.global_batch / p.chips:g} samples per chip. Fixed per-step costs (kernel launches, "
                      "kernels too small to fill a chip) are not modelled, so this is optimistic there: "
                      "scripts/validate_plan.py finds public SSD runs at 2-8 images per chip 2-5x slower per step "
-                     "than projected")
+                     "than projected (BERT and ResNet there within 1.5x)")
     return lines
 
 
@@ -183,7 +183,9 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
     points = sweep_points(plan, chips, global_batch)
     dp = [plan.at(n, b, 1) for n, b in points]
     axis = plan.mesh_model_axis
-    if axis == 1:  # suggest one: the model axis with the shortest time at the largest point
+    if axis == 1 and plan.cost.mp_bytes_per_sample <= 0:
+        pass  # the workload's model-parallel traffic is not modelled (spatial halos): suggest nothing
+    elif axis == 1:  # suggest one: the model axis with the shortest time at the largest point
         best = None
         for m in MODEL_AXES:
             n, b = points[-1]
@@ -217,6 +219,9 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
                      f"{p.step.other * 1e3:>6.2f} {p.total_seconds / 60:>8.2f} {eff:>8.2f} {alt:>16}{mark}")
     lines.append("  (* outside the convergence table's batch range)")
     source = "the config's mesh" if plan.mesh_model_axis > 1 else "suggested"
+    if axis == 1:
+        lines.append(f"  no model axis suggested: {plan.cfg.workload}'s model-parallel traffic is not modelled "
+                     f"({plan.cost.notes or 'no activation bytes per sample'})")
     if k is not None:
         at = [p for p in mp if p.chips > k.chips]
         if at:
