@@ -153,8 +153,7 @@ def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, i
     while n <= top:
         if plan.system.topology != "hierarchical" or n <= plan.system.chips_per_host or n % plan.system.chips_per_host == 0:
             b = int(min(cap, max(1, round(per_chip * n))))
-            if b >= n // max(1, plan.mesh_model_axis):
-                out.append((n, b))
+            out.append((n, b))
         n *= 2
     if chips not in [p[0] for p in out]:
         out.append((chips, global_batch))
@@ -181,7 +180,14 @@ def knee(projections: list[Projection]) -> Projection | None:
 
 def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[list[str], dict]:
     points = sweep_points(plan, chips, global_batch)
-    dp = [plan.at(n, b, 1) for n, b in points]
+    dp = []
+    for n, b in points:
+        try:
+            dp.append(plan.at(n, b, 1))
+        except HarnessError:  # fewer samples than replicas: data parallelism alone cannot use these chips
+            pass
+    if not dp:
+        raise HarnessError("--sweep: no chip count of the sweep fits the global batch data-parallel")
     axis = plan.mesh_model_axis
     if axis == 1 and plan.cost.mp_bytes_per_sample <= 0:
         pass  # the workload's model-parallel traffic is not modelled (spatial halos): suggest nothing
@@ -196,7 +202,7 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
         axis = best[1] if best else 1
     mp = []
     for n, b in points:
-        if n % axis == 0 and n >= axis and axis > 1:
+        if n % axis == 0 and n >= axis and axis > 1 and b >= n // axis:
             try:
                 mp.append(plan.at(n, b, axis))
             except HarnessError:
@@ -217,6 +223,11 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
         lines.append(f"  {p.chips:>6} {p.global_batch:>7} {p.global_batch / p.chips:>8.3g} {conv:>10} {p.steps:>8,} "
                      f"{p.step.total * 1e3:>8.2f} {p.step.compute * 1e3:>7.2f} {p.step.allreduce_exposed * 1e3:>7.2f} "
                      f"{p.step.other * 1e3:>6.2f} {p.total_seconds / 60:>8.2f} {eff:>8.2f} {alt:>16}{mark}")
+    dp_chips = {p.chips for p in dp}
+    for p in mp:
+        if p.chips not in dp_chips:
+            lines.append(f"  {p.chips:>6} {p.global_batch:>7}  fewer samples than chips: only the model-parallel layout "
+                         f"runs here, {p.total_seconds / 60:.2f} min")
     lines.append("  (* outside the convergence table's batch range)")
     source = "the config's mesh" if plan.mesh_model_axis > 1 else "suggested"
     if axis == 1:
