@@ -273,6 +273,9 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
         ax.grid(True, which="both", alpha=0.3)
         if k is not None:
             ax.axvline(k.chips, color="red", alpha=0.5, ls=":")
+    if not mp:
+        a.text(0.02, 0.02, f"no model-parallel layout modelled for {plan.cfg.workload}", transform=a.transAxes,
+               fontsize=8, color="gray")
     if k is not None:
         a.annotate("data parallelism\nstops paying", (k.chips, k.total_seconds / 60), color="red",
                    xytext=(10, 20), textcoords="offset points")
@@ -280,8 +283,8 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
     a.set_ylabel("projected time to train (min)")
     b.set_ylabel(f"scaling efficiency vs {base.chips} chip(s)")
     b.set_ylim(0, 1.1)
-    a.legend()
-    b.legend()
+    a.legend(loc="upper right")
+    b.legend(loc="upper right")
     fig.suptitle(f"{plan.cfg.workload} on {plan.system.name}: efficiency {plan.efficiency:.2f} of peak "
                  f"({'calibrated' if plan.measurement else 'default, not calibrated'})")
     fig.tight_layout()
