@@ -147,8 +147,7 @@ def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, i
     per_chip = global_batch / chips
     largest = max(b for b, _ in _table_points(plan)) if _table_points(plan) else global_batch
     cap = max(global_batch, largest)
-    start = 1 if plan.system.topology != "hierarchical" else 1
-    out, n = [], start
+    out, n = [], 1
     top = max(4096, chips)
     while n <= top:
         if plan.system.topology != "hierarchical" or n <= plan.system.chips_per_host or n % plan.system.chips_per_host == 0:
