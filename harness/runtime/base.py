@@ -80,7 +80,7 @@ class Runtime(abc.ABC):
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
         self.precision = precision
-        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16}[precision]
+        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
         self.jit_compile = on_accelerator if jit_compile is None else jit_compile
 
@@ -239,8 +239,14 @@ class Runtime(abc.ABC):
         return t
 
     def function(self, fn: Callable) -> Callable:
-        """Compiles a host-side loop function (XLA where the runtime says so)."""
-        return tf.function(fn, jit_compile=self.jit_compile or None)
+        """Compiles a host-side loop function (iterator, step loop): a plain tf.function, never XLA,
+        since XLA has no kernels for host iteration (IteratorGetNext)."""
+        return tf.function(fn)
+
+    def replica_function(self, fn: Callable) -> Callable:
+        """The per-replica computation `run` executes (train step, eval step): XLA-compiled when
+        runtime.jit_compile is on. Compile errors propagate unchanged (the caller may translate them)."""
+        return tf.function(fn, jit_compile=True) if self.jit_compile else fn
 
     def shutdown(self) -> None:
         """Releases cluster resources (multi-worker, TPU) at the end of a run."""
