@@ -41,7 +41,7 @@ def evaluate(steps: loop.CompiledSteps, cfg) -> float:
     return float(metrics[steps.workload.METRIC])
 
 
-def main(config: str, small: list[str], train_steps: int) -> None:
+def main(config: str, small: list[str], train_steps: int, overflow: bool) -> None:
     out: dict = {}
     # float32, the same weights: plain steps, then the XLA-compiled per-replica steps.
     cfg, rt, wl = build(config, small + ["runtime.jit_compile=false"])
@@ -68,8 +68,20 @@ def main(config: str, small: list[str], train_steps: int) -> None:
             "loss_scale": steps.loss_scale_state(),
             "optimizer_step": int(wl.optimizer.step.numpy()),
         }
+    if overflow:
+        # A loss scale that overflows float16 in the backward pass: every step is skipped, the scale halves.
+        cfg, rt, wl = build(config, small + ["runtime.precision=float16", "runtime.jit_compile=false",
+                                             "runtime.loss_scale_initial=1e38"])
+        steps = loop.CompiledSteps(rt, wl)
+        before = [v.variable.numpy() for v in rt.variables(trainable=True)]
+        losses = train(steps, cfg, train_steps)
+        after = [v.variable.numpy() for v in rt.variables(trainable=True)]
+        out["float16_overflow"] = {
+            "losses": losses, "loss_scale": steps.loss_scale_state(),
+            "optimizer_step": int(wl.optimizer.step.numpy()),
+            "weights_unchanged": all(np.array_equal(a, b) for a, b in zip(before, after))}
     print("RESULT " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["overflow"])
