@@ -8,6 +8,7 @@ names, a mesh maps them to mesh dimensions through the config's layout rules.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -79,6 +80,7 @@ class Runtime(abc.ABC):
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
+        self._pending_means: list[tuple[tf.Variable, tf.Tensor]] | None = None
         self.precision = precision
         self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
@@ -161,7 +163,8 @@ class Runtime(abc.ABC):
 
         `sync` says how a data-parallel runtime merges updates made on every replica: "first" for values
         that are identical everywhere (weights updated from all-reduced gradients, optimizer slots),
-        "mean" for values computed from each replica's own data (batch-norm moving statistics).
+        "mean" for values computed from each replica's own data (batch-norm moving statistics), which
+        must be updated through `assign_mean`.
         """
         if path in self._variables:
             raise ValueError(f"variable {path} created twice")
@@ -227,6 +230,32 @@ class Runtime(abc.ABC):
         if group_size == 1:
             return tensors
         raise HarnessError(f"{self.kind} runtime cannot reduce over groups of {group_size} replicas")
+
+    def assign_mean(self, variable: tf.Variable, value: tf.Tensor) -> None:
+        """In replica context: sets a sync="mean" variable to the mean over replicas of `value`. Inside
+        `batched_mean_updates` the assign waits for the block's end, so all of them share one reduction."""
+        if self._pending_means is not None:
+            self._pending_means.append((variable, value))
+        else:
+            self._apply_means([(variable, value)])
+
+    @contextlib.contextmanager
+    def batched_mean_updates(self) -> Any:
+        """In replica context: `assign_mean` calls inside are applied together, at the end of the block,
+        with one cross-replica reduction (batch-norm moving statistics: one per step, not per variable)."""
+        outer, self._pending_means = self._pending_means, []
+        try:
+            yield
+            pending = self._pending_means
+        finally:
+            self._pending_means = outer
+        if pending:
+            self._apply_means(pending)
+
+    def _apply_means(self, pending: list[tuple[tf.Variable, tf.Tensor]]) -> None:
+        # One program sees the whole batch (one device, or a mesh): the value is already the mean.
+        for variable, value in pending:
+            variable.assign(value)
 
     def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
         """In replica context: x (batch, n, ...) -> rows `index` (batch, k) of axis 1, per batch row (a

@@ -62,8 +62,9 @@ class StrategyRuntime(Runtime):
         # "first": every replica applies the same all-reduced update to its own copy (NONE). With
         # ONLY_FIRST_REPLICA each replica-context assign is a merge_call, which raises inside an XLA step
         # on GPUs and becomes a broadcast of every variable per step (an all_to_all on TPU).
-        aggregation = {"first": tf.VariableAggregation.NONE,
-                       "mean": tf.VariableAggregation.MEAN}[sync]
+        # "mean" values are averaged explicitly by assign_mean (all of a step's in one all-reduce), then
+        # assigned locally: NONE as well.
+        aggregation = {"first": tf.VariableAggregation.NONE, "mean": tf.VariableAggregation.NONE}[sync]
         with self.strategy.scope():
             # A callable initial value lets the strategy create it on each device without a host copy.
             return tf.Variable(lambda: initializer(shape, dtype), trainable=trainable, name=path,
@@ -97,6 +98,13 @@ class StrategyRuntime(Runtime):
         if self.num_replicas == 1:
             return grads
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+    def _apply_means(self, pending: list[tuple[tf.Variable, tf.Tensor]]) -> None:
+        values = [tf.cast(value, variable.dtype) for variable, value in pending]
+        if self.num_replicas > 1:
+            values = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, values)
+        for (variable, _), value in zip(pending, values):
+            variable.assign(value)
 
     def replica_id(self) -> tf.Tensor:
         return tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)

@@ -194,7 +194,7 @@ class CompiledSteps:
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
             micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
             seed = training_seed(w.cfg.seed, step, self.runtime.replica_id(), m)
-            with tf.GradientTape() as tape:
+            with self.runtime.batched_mean_updates(), tf.GradientTape() as tape:
                 loss = self._normalized(w.loss(micro_batch, seed)) / k
                 scaled = loss * scale if scale is not None else loss
             grads = tape.gradient(scaled, params)
