@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -80,7 +81,8 @@ class Runtime(abc.ABC):
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
-        self._pending_means: list[tuple[tf.Variable, tf.Tensor]] | None = None
+        # Per thread: MirroredStrategy traces each replica's function in its own thread.
+        self._replica_local = threading.local()
         self.precision = precision
         self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
@@ -234,8 +236,9 @@ class Runtime(abc.ABC):
     def assign_mean(self, variable: tf.Variable, value: tf.Tensor) -> None:
         """In replica context: sets a sync="mean" variable to the mean over replicas of `value`. Inside
         `batched_mean_updates` the assign waits for the block's end, so all of them share one reduction."""
-        if self._pending_means is not None:
-            self._pending_means.append((variable, value))
+        pending = getattr(self._replica_local, "pending_means", None)
+        if pending is not None:
+            pending.append((variable, value))
         else:
             self._apply_means([(variable, value)])
 
@@ -243,12 +246,13 @@ class Runtime(abc.ABC):
     def batched_mean_updates(self) -> Any:
         """In replica context: `assign_mean` calls inside are applied together, at the end of the block,
         with one cross-replica reduction (batch-norm moving statistics: one per step, not per variable)."""
-        outer, self._pending_means = self._pending_means, []
+        local = self._replica_local
+        outer = getattr(local, "pending_means", None)
+        local.pending_means = pending = []
         try:
             yield
-            pending = self._pending_means
         finally:
-            self._pending_means = outer
+            local.pending_means = outer
         if pending:
             self._apply_means(pending)
 
