@@ -21,7 +21,7 @@ from conftest import REPO
 HELPERS = os.path.join(REPO, "tests", "helpers")
 RESNET_SMALL = ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
                 "schedule.eval_batch_size=16", "model.bn_span=32"]
-WAIT_S = 600  # generous: only a hang reaches it
+WAIT_S = 900  # generous: only a hang reaches it (the machine may be shared)
 
 
 def result_of(proc: subprocess.CompletedProcess) -> dict:
