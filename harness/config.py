@@ -47,15 +47,23 @@ class RuntimeConfig:
     kind: str = field("default", choices=("default", "mirrored", "multi_worker", "tpu", "mesh"))
     cpu_devices: int = field(0, min=0, doc="split the CPU into N logical devices (tests; 0 = no split)")
     gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible)")
-    tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = local / env)")
+    tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = $TPU_NAME if set, else this "
+                     "host's TPU ('local', a TPU VM))")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
-    collective_timeout_s: float = field(600.0, min=0.0, doc="multi_worker: a collective waiting longer than "
-                                        "this fails the run (a hung or stopped peer); must cover the "
-                                        "slowest legitimate wait, e.g. the chief scoring while others wait "
-                                        "(0 = wait forever)")
-    precision: str = field("float32", choices=("float32", "bfloat16"),
-                           doc="compute dtype; variables stay float32 (float16 would need loss scaling)")
-    jit_compile: bool | None = field(None, doc="XLA; null = on for GPU/TPU, off on CPU (slower there)")
+    collective_timeout_s: float = field(600.0, min=0.0, doc="multi_worker: a compiled call (a chunk of "
+                                        "steps_per_loop steps, an eval batch, a broadcast) waiting longer "
+                                        "than this fails the run (a hung or stopped peer); must cover the "
+                                        "slowest legitimate call, compilation and the chief scoring while "
+                                        "others wait included (0 = wait forever)")
+    precision: str = field("float32", choices=("float32", "bfloat16", "float16"),
+                           doc="compute dtype; variables, optimizer state, loss and batch-norm statistics "
+                           "stay float32; float16 adds dynamic loss scaling")
+    loss_scale_initial: float = field(32768.0, min=1.0, doc="precision=float16: the first loss scale")
+    loss_scale_growth_steps: int = field(2000, min=1, doc="precision=float16: finite steps in a row "
+                                         "before the loss scale doubles (a non-finite step halves it)")
+    jit_compile: bool | None = field(None, doc="XLA on the per-replica train and eval steps (the host loop "
+                                     "never); null = on for GPU/TPU, off on CPU. Refused for several CPU "
+                                     "replicas; no effect on a CPU mesh")
     mesh: dict[str, int] = field(default_factory=lambda: {"data": 1, "model": 1},
                                  doc="kind=mesh: mesh dimension sizes")
     layout: dict[str, str] = field(default_factory=dict,

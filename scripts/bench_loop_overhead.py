@@ -6,7 +6,10 @@ calls the workload's own train step inside a plain tf.function on one batch alre
 ratio measures what the harness adds (loop, distribution, input pipeline). Rounds alternate between the
 two and the headline is the median of the per-round ratios, so machine speed drift hits both alike.
 
-    python scripts/bench_loop_overhead.py [CONFIG] [--set key=value ...] [--rounds 5] [--steps 40]
+    python scripts/bench_loop_overhead.py [CONFIG] [--set key=value ...] [--rounds 5] [--steps 40] [--jit]
+
+--jit: both sides XLA-compiled (the harness's per-replica step, the bare step under jit_compile), and the
+same measurement without XLA beside it, so XLA's own effect on this machine is printed too.
 """
 from __future__ import annotations
 
@@ -54,7 +57,9 @@ def measure(config: str, overrides: list[str], rounds: int, steps: int):
         workload.optimizer.apply(workload.process_gradients(grads))
         return {"loss": loss}
 
-    bare_step = tf.function(bare_train_step, jit_compile=runtime.jit_compile or None)
+    # Compiled the way the harness compiles its per-replica step: XLA when runtime.jit_compile is on.
+    bare_step = (tf.function(bare_train_step, jit_compile=True) if runtime.jit_compile
+                 else tf.function(bare_train_step))
 
     def harness_round() -> float:
         t = time.perf_counter()
@@ -85,13 +90,25 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=40, help="train steps per timed round")
+    p.add_argument("--jit", action="store_true", help="both sides under XLA, and XLA vs no XLA")
     a = p.parse_args()
-    h, b, runtime, workload = measure(a.config, a.overrides, a.rounds, a.steps)
+    if not a.jit:
+        report(a.config, a.overrides, *measure(a.config, a.overrides, a.rounds, a.steps))
+        return
+    plain = measure(a.config, a.overrides + ["runtime.jit_compile=false"], a.rounds, a.steps)
+    xla = measure(a.config, a.overrides + ["runtime.jit_compile=true"], a.rounds, a.steps)
+    report(a.config, a.overrides + ["runtime.jit_compile=false"], *plain)
+    report(a.config, a.overrides + ["runtime.jit_compile=true"], *xla)
+    print(f"XLA / no XLA on this machine: harness {statistics.median(xla[0]) / statistics.median(plain[0]):.3f}, "
+          f"bare {statistics.median(xla[1]) / statistics.median(plain[1]):.3f} (> 1: XLA faster)")
+
+
+def report(config: str, overrides: list[str], h: list[float], b: list[float], runtime, workload) -> None:
     gbs = workload.cfg.schedule.global_batch_size
     hm, bm = statistics.median(h), statistics.median(b)
     paired = statistics.median(x / y for x, y in zip(h, b))
     data = "SYNTHETIC data" if workload.is_synthetic else f"{workload.data_source} data"
-    print(f"config {a.config} {' '.join(a.overrides)} | {runtime.description} | batch {gbs} | {data}")
+    print(f"config {config} {' '.join(overrides)} | {runtime.description} | batch {gbs} | {data}")
     print(f"harness loop : {hm:9.1f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in h)})")
     print(f"bare step    : {bm:9.1f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in b)})")
     print(f"ratio harness/bare = {paired:.3f} (median of per-round paired ratios; ratio of medians "

@@ -40,7 +40,11 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--jit", action="store_true", help="XLA on the per-replica steps (runtime.jit_compile=true); "
+                   "the bare baseline is compiled the same way")
     a = p.parse_args()
+    if a.jit:
+        a.overrides.append("runtime.jit_compile=true")
 
     h, b, runtime, workload = measure(a.config, a.overrides, a.rounds, a.steps)
     paired = statistics.median(x / y for x, y in zip(h, b))

@@ -31,8 +31,12 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--jit", action="store_true", help="XLA on the per-replica steps (runtime.jit_compile=true); "
+                   "the bare baseline is compiled the same way")
     p.add_argument("--sentences", type=int, default=64)
     a = p.parse_args()
+    if a.jit:
+        a.overrides.append("runtime.jit_compile=true")
 
     h, b, runtime, workload = measure(a.config, a.overrides, a.rounds, a.steps)
     row = workload.source.row_length

@@ -173,7 +173,8 @@ class SSDWorkload(Workload):
 
     # -------------------------------------------------------------------------------------- eval
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        loc, logits = self.model(batch["image"], training=False)
+        # The eval forward splits like the train forward (identity unless runtime.spatial_partition).
+        loc, logits = self.model(self.runtime.split_spatially(batch["image"]), training=False)
         return postprocess.postprocess(loc, logits, tf.constant(self.anchors_xywh))
 
     def eval_accumulate(self, state: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:

@@ -141,8 +141,9 @@ class BatchNorm(Block):
             s, ss, count = self.runtime.replica_all_sum([s, ss, count], self.group_size)
             mean = s / count
             var = tf.maximum(ss / count - tf.square(mean), 0.0)
-            self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1 - self.momentum))
-            self.moving_var.assign(self.moving_var * self.momentum + var * (1 - self.momentum))
+            # Averaged over replicas (one all-reduce per step for all layers, see Runtime.assign_mean).
+            self.runtime.assign_mean(self.moving_mean, self.moving_mean * self.momentum + mean * (1 - self.momentum))
+            self.runtime.assign_mean(self.moving_var, self.moving_var * self.momentum + var * (1 - self.momentum))
         else:
             mean, var = self.moving_mean, self.moving_var
         inv = tf.math.rsqrt(var + self.epsilon) * self.gamma

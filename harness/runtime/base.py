@@ -8,7 +8,9 @@ names, a mesh maps them to mesh dimensions through the config's layout rules.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -79,8 +81,10 @@ class Runtime(abc.ABC):
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
+        # Per thread: MirroredStrategy traces each replica's function in its own thread.
+        self._replica_local = threading.local()
         self.precision = precision
-        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16}[precision]
+        self.compute_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}[precision]
         on_accelerator = self.device_type in ("GPU", "TPU")
         self.jit_compile = on_accelerator if jit_compile is None else jit_compile
 
@@ -161,7 +165,8 @@ class Runtime(abc.ABC):
 
         `sync` says how a data-parallel runtime merges updates made on every replica: "first" for values
         that are identical everywhere (weights updated from all-reduced gradients, optimizer slots),
-        "mean" for values computed from each replica's own data (batch-norm moving statistics).
+        "mean" for values computed from each replica's own data (batch-norm moving statistics), which
+        must be updated through `assign_mean`.
         """
         if path in self._variables:
             raise ValueError(f"variable {path} created twice")
@@ -228,6 +233,34 @@ class Runtime(abc.ABC):
             return tensors
         raise HarnessError(f"{self.kind} runtime cannot reduce over groups of {group_size} replicas")
 
+    def assign_mean(self, variable: tf.Variable, value: tf.Tensor) -> None:
+        """In replica context: sets a sync="mean" variable to the mean over replicas of `value`. Inside
+        `batched_mean_updates` the assign waits for the block's end, so all of them share one reduction."""
+        pending = getattr(self._replica_local, "pending_means", None)
+        if pending is not None:
+            pending.append((variable, value))
+        else:
+            self._apply_means([(variable, value)])
+
+    @contextlib.contextmanager
+    def batched_mean_updates(self) -> Any:
+        """In replica context: `assign_mean` calls inside are applied together, at the end of the block,
+        with one cross-replica reduction (batch-norm moving statistics: one per step, not per variable)."""
+        local = self._replica_local
+        outer = getattr(local, "pending_means", None)
+        local.pending_means = pending = []
+        try:
+            yield
+        finally:
+            local.pending_means = outer
+        if pending:
+            self._apply_means(pending)
+
+    def _apply_means(self, pending: list[tuple[tf.Variable, tf.Tensor]]) -> None:
+        # One program sees the whole batch (one device, or a mesh): the value is already the mean.
+        for variable, value in pending:
+            variable.assign(value)
+
     def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
         """In replica context: x (batch, n, ...) -> rows `index` (batch, k) of axis 1, per batch row (a
         batched gather, e.g. reordering beams). Each runtime implements it the way its devices can."""
@@ -239,8 +272,14 @@ class Runtime(abc.ABC):
         return t
 
     def function(self, fn: Callable) -> Callable:
-        """Compiles a host-side loop function (XLA where the runtime says so)."""
-        return tf.function(fn, jit_compile=self.jit_compile or None)
+        """Compiles a host-side loop function (iterator, step loop): a plain tf.function, never XLA,
+        since XLA has no kernels for host iteration (IteratorGetNext)."""
+        return tf.function(fn)
+
+    def replica_function(self, fn: Callable) -> Callable:
+        """The per-replica computation `run` executes (train step, eval step): XLA-compiled when
+        runtime.jit_compile is on. Compile errors propagate unchanged (the caller may translate them)."""
+        return tf.function(fn, jit_compile=True) if self.jit_compile else fn
 
     def shutdown(self) -> None:
         """Releases cluster resources (multi-worker, TPU) at the end of a run."""

@@ -13,18 +13,21 @@ from absl import logging
 
 from harness.errors import HarnessError
 from harness.runtime.base import SPATIAL_COMPUTATION_SHAPES, InputContext, Runtime
+from harness.runtime.watchdog import CollectiveWatchdog
 
 
 class StrategyRuntime(Runtime):
     """Data parallelism through a tf.distribute.Strategy; variables are mirrored on every replica."""
 
     def __init__(self, kind: str, strategy: tf.distribute.Strategy, device_type: str, precision: str,
-                 jit_compile: bool | None, spatial_dims: tuple[int, ...] = ()) -> None:
+                 jit_compile: bool | None, spatial_dims: tuple[int, ...] = (),
+                 watchdog: CollectiveWatchdog | None = None) -> None:
         self.kind = kind
         self.strategy = strategy
         self.spatial_dims = tuple(spatial_dims)
         self._device_type = device_type
         self._broadcast_fn: Callable | None = None
+        self.watchdog = watchdog
         super().__init__(precision, jit_compile)
 
     @property
@@ -56,8 +59,12 @@ class StrategyRuntime(Runtime):
         return self.strategy.scope()
 
     def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
-        aggregation = {"first": tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                       "mean": tf.VariableAggregation.MEAN}[sync]
+        # "first": every replica applies the same all-reduced update to its own copy (NONE). With
+        # ONLY_FIRST_REPLICA each replica-context assign is a merge_call, which raises inside an XLA step
+        # on GPUs and becomes a broadcast of every variable per step (an all_to_all on TPU).
+        # "mean" values are averaged explicitly by assign_mean (all of a step's in one all-reduce), then
+        # assigned locally: NONE as well.
+        aggregation = {"first": tf.VariableAggregation.NONE, "mean": tf.VariableAggregation.NONE}[sync]
         with self.strategy.scope():
             # A callable initial value lets the strategy create it on each device without a host copy.
             return tf.Variable(lambda: initializer(shape, dtype), trainable=trainable, name=path,
@@ -92,6 +99,13 @@ class StrategyRuntime(Runtime):
             return grads
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
 
+    def _apply_means(self, pending: list[tuple[tf.Variable, tf.Tensor]]) -> None:
+        values = [tf.cast(value, variable.dtype) for variable, value in pending]
+        if self.num_replicas > 1:
+            values = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, values)
+        for (variable, _), value in zip(pending, values):
+            variable.assign(value)
+
     def replica_id(self) -> tf.Tensor:
         return tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)
 
@@ -109,10 +123,18 @@ class StrategyRuntime(Runtime):
                 first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
                 return x * tf.cast(first, x.dtype)
 
-            self._broadcast_fn = tf.function(lambda x: self.strategy.reduce(
+            self._broadcast_fn = self.function(lambda x: self.strategy.reduce(
                 tf.distribute.ReduceOp.SUM, self.strategy.run(replica_fn, (x,)), axis=None))
         mine = value if self.is_chief else np.zeros_like(value)
         return self._broadcast_fn(tf.constant(mine, tf.float64)).numpy()
+
+    def function(self, fn: Callable) -> Callable:
+        compiled = super().function(fn)
+        return self.watchdog.wrap(compiled) if self.watchdog else compiled
+
+    def replica_function(self, fn: Callable) -> Callable:
+        # TPUStrategy.run already compiles the replica function with XLA.
+        return fn if self._on_tpu else super().replica_function(fn)
 
     @property
     def _on_tpu(self) -> bool:
@@ -188,10 +210,27 @@ def make_default(precision: str, jit: str) -> StrategyRuntime:
     return StrategyRuntime("default", tf.distribute.get_strategy(), "GPU" if gpus else "CPU", precision, jit)
 
 
+def refuse_cpu_replica_jit(kind: str, replicas: int, jit: bool | None) -> None:
+    """XLA over several CPU replicas is refused: off GPUs, MirroredStrategy makes one XLA cluster of all
+    replicas (not one per replica), which cannot read the other devices' variables, and XLA on CPU
+    compiles no ring collectives. The per-replica XLA step is checked on one device and, for GPUs, by
+    tracing it as a GPU would (tests/test_xla.py)."""
+    if jit and replicas > 1:
+        raise HarnessError(f"runtime.jit_compile=true with runtime.kind={kind} over {replicas} CPU replicas: "
+                           f"TensorFlow compiles per replica only on GPUs/TPUs (on CPUs it builds one XLA "
+                           f"cluster across devices, which fails); use one device or jit_compile=false")
+
+
 def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> StrategyRuntime:
     physical_gpus = tf.config.list_physical_devices("GPU")
-    if cpu_devices > 0 or not physical_gpus:
-        n = max(cpu_devices, 1)
+    if cpu_devices == 0 and not physical_gpus:
+        asked = f"runtime.gpus={gpus}" if gpus > 0 else "runtime.kind=mirrored"
+        raise HarnessError(f"{asked} but TensorFlow sees no GPU (no GPU here, the CPU-only TensorFlow "
+                           f"wheel, or a broken CUDA install); refusing to run on the CPU instead. "
+                           f"For a CPU test set runtime.cpu_devices=N")
+    if cpu_devices > 0:
+        n = cpu_devices
+        refuse_cpu_replica_jit("mirrored", n, jit)
         configure_logical_cpus(n)
         devices = [f"/cpu:{i}" for i in range(n)]
         device_type = "CPU"
@@ -211,17 +250,20 @@ def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 60
 
     A peer that dies is noticed by the coordination service's heartbeats; one that stops answering while
     its process lives (hung, stopped, cut off) would leave the others waiting in a collective forever, so
-    every collective gets `collective_timeout_s` (TensorFlow raises DeadlineExceededError; it costs a
-    thread per collective, microseconds against a training step).
+    every compiled call (a chunk of steps, an eval batch, a broadcast) gets `collective_timeout_s` from a
+    host-side watchdog (watchdog.py), which then aborts the collectives (DeadlineExceededError).
+    TensorFlow's own per-collective timeout is not used: it keeps a thread alive per collective.
     """
     _cluster_from_env()
     gpus = tf.config.list_physical_devices("GPU")
     impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
             else tf.distribute.experimental.CommunicationImplementation.RING)
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=impl, timeout_seconds=collective_timeout_s or None)
+    options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit)
+    if not gpus:
+        refuse_cpu_replica_jit("multi_worker", strategy.num_replicas_in_sync, jit)
+    watchdog = CollectiveWatchdog(collective_timeout_s) if collective_timeout_s else None
+    return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit, watchdog=watchdog)
 
 
 def _cluster_from_env() -> tuple[dict[str, list[str]], tuple[str, int]]:
@@ -292,10 +334,17 @@ def make_tpu(address: str, timeout_s: float, precision: str, jit: str,
     """
     result: dict[str, Any] = {}
     ways = spatial_dims[1] if spatial_dims else 1
+    # '' means this host's TPU: $TPU_NAME where set (a TPU node), else 'local' (a TPU VM). TensorFlow's
+    # own default (None) refuses to guess on a TPU VM without TPU_NAME.
+    target = address or os.environ.get("TPU_NAME", "") or "local"
+    if target == "local" and not tf.config.list_physical_devices("TPU"):
+        raise HarnessError("runtime.kind=tpu with runtime.tpu='' (this host's TPU) but TensorFlow sees no "
+                           "TPU here and TPU_NAME is not set; set runtime.tpu to the TPU's name or "
+                           "grpc:// address, or run on the TPU VM")
 
     def connect() -> None:
         try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address or None)
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=target)
             tf.config.experimental_connect_to_cluster(resolver)
             topology = tf.tpu.experimental.initialize_tpu_system(resolver)
             if ways == 1:
@@ -316,7 +365,7 @@ def make_tpu(address: str, timeout_s: float, precision: str, jit: str,
     thread = threading.Thread(target=connect, daemon=True, name="tpu-connect")
     thread.start()
     thread.join(timeout_s)
-    where = address or "(local / TPU_NAME)"
+    where = target
     if thread.is_alive():
         raise HarnessError(f"could not reach TPU {where} within runtime.tpu_timeout_s={timeout_s:g}s")
     if isinstance(result.get("error"), HarnessError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -34,6 +35,7 @@ class MeshRuntime(Runtime):
         self.rules = dict(layout)
         self.batch_dim = self.rules.get(BATCH, "data")
         self._device_type = device_type
+        self._broadcast_fn: Callable | None = None
         super().__init__(precision, jit_compile)
 
     # ----------------------------------------------------------------------------- description
@@ -155,8 +157,33 @@ class MeshRuntime(Runtime):
             return dtensor.unpack(value)[0].numpy()  # replicated: every device holds the whole value
         return np.asarray(value)
 
+    def broadcast_from_chief(self, value: np.ndarray) -> np.ndarray:
+        """A sum over every device of the mesh where only the chief's first device holds `value`: each
+        device holds one block of a tensor sharded over all mesh dimensions, so DTensor all-reduces it
+        across clients (hosts) as it does any reduction."""
+        value = np.asarray(value)
+        if self.num_hosts == 1:
+            return value
+        if self._broadcast_fn is None:
+            dims = list(self.sizes)
+
+            def total(blocks: tf.Tensor) -> tf.Tensor:
+                out = tf.reduce_sum(blocks, axis=list(range(len(dims))))
+                return dtensor.relayout(out, dtensor.Layout.replicated(self.mesh, out.shape.rank))
+
+            self._broadcast_fn = self.function(total)
+        local = self.mesh.local_devices()
+        parts = [tf.constant(value if self.is_chief and i == 0 else np.zeros_like(value), tf.float64)
+                 for i in range(len(local))]
+        parts = [tf.reshape(p, [1] * len(self.sizes) + list(value.shape)) for p in parts]
+        layout = dtensor.Layout(list(self.sizes) + [dtensor.UNSHARDED] * value.ndim, self.mesh)
+        with tf.device(dtensor.device_name()):
+            blocks = dtensor.pack(parts, layout)
+        return self.to_host(self._broadcast_fn(blocks)).reshape(value.shape)
+
     def function(self, fn: Callable) -> Callable:
-        compiled = tf.function(fn, jit_compile=self.jit_compile or None)
+        # The host loop stays a plain tf.function; XLA, where it applies, goes on replica_function.
+        compiled = tf.function(fn)
         mesh = self.mesh
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -165,6 +192,13 @@ class MeshRuntime(Runtime):
 
         call.compiled = compiled  # type: ignore[attr-defined]
         return call
+
+    def replica_function(self, fn: Callable) -> Callable:
+        # DTensor on CPU ignores jit_compile (no XLA module is built; measured with an XLA dump), and on
+        # TPU it always compiles: only a GPU mesh takes the flag. make_mesh says so on a CPU mesh.
+        if self.jit_compile and self.device_type == "GPU":
+            return tf.function(fn, jit_compile=True)
+        return fn
 
 
 def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
@@ -207,6 +241,12 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
                            f"device(s) are available{hosts}{hint}")
     if device_type == "CPU" and cfg.cpu_devices > 1:
         configure_logical_cpus(cfg.cpu_devices)
+    if device_type == "CPU" and cfg.jit_compile:
+        print("runtime: jit_compile does not apply on a CPU mesh (DTensor on CPU builds no XLA program); "
+              "running without XLA", flush=True)
+    if device_type == "GPU":
+        # DTensor's GPU collectives use NCCL only when asked (its default is "0"); set before initializing.
+        os.environ.setdefault("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1")
     if device_type != "CPU":
         dtensor.initialize_accelerator_system(device_type)
     if clients > 1:

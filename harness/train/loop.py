@@ -25,6 +25,7 @@ from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
+from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import EvalPoint, LossTerm, Workload, tidy
 
@@ -48,6 +49,7 @@ class RunResult:
     samples_per_s: float             # training samples per second of training time
     traces: dict[str, int]
     converged_key: str = "epochs_to_converge"
+    loss_scale: dict[str, float] | None = None  # precision=float16: final scale, skipped steps
 
     @property
     def converged_at(self) -> float | None:
@@ -122,13 +124,27 @@ def training_seed(run_seed: int, step: tf.Tensor, replica: tf.Tensor, micro_batc
 
 
 class CompiledSteps:
-    """Builds the train loop and eval step once; counts traces so a retrace after run_start shows."""
+    """Builds the train loop and eval step once; counts traces so a retrace after run_start shows.
+
+    Two levels: the host loop (`train_loop`, `eval_step`: iterator, step loop, cross-replica reductions)
+    is a plain tf.function, and the per-replica computation it runs on every replica (`train_step`,
+    `eval_replica_step`) is what XLA compiles when runtime.jit_compile is on (`Runtime.replica_function`;
+    on TPU the strategy compiles it). XLA never sees host iteration. Compile errors propagate unchanged.
+    """
 
     def __init__(self, runtime: Runtime, workload: Workload) -> None:
         self.runtime = runtime
         self.workload = workload
         self.accumulation = workload.cfg.schedule.gradient_accumulation_steps
         self.traces = {"train": 0, "eval": 0}
+        self.loss_scale: DynamicLossScale | None = None
+        if runtime.precision == "float16":
+            rcfg = workload.cfg.runtime
+            with runtime.scope():
+                self.loss_scale = DynamicLossScale(runtime, rcfg.loss_scale_initial,
+                                                   rcfg.loss_scale_growth_steps)
+        self._train_replica = runtime.replica_function(self.train_step)
+        self._eval_replica = runtime.replica_function(self.eval_replica_step)
         self.train_loop = runtime.function(self._train_loop)
         self.eval_step = runtime.function(self._eval_step)
 
@@ -139,12 +155,20 @@ class CompiledSteps:
         lr = tf.constant(0.0)
         finite = tf.constant(True)
         for _ in tf.range(steps):
-            out = self.runtime.run(self.train_step, (next(iterator),))
+            out = self.runtime.run(self._train_replica, (next(iterator),))
             # Each replica returns its share of the global loss, so the sum is the global loss.
             loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
             lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
             finite = tf.logical_and(finite, tf.math.is_finite(loss))
         return {"loss": loss, "lr": lr, "finite": finite}
+
+    def loss_scale_state(self) -> dict[str, float] | None:
+        """float16 only: the current loss scale and the steps skipped so far (for logs and summary)."""
+        if self.loss_scale is None:
+            return None
+        ls = self.loss_scale
+        return {"scale": float(self.runtime.to_host(ls.scale.read_value())),
+                "skipped_steps": int(self.runtime.to_host(ls.skipped.read_value()))}
 
     def _normalized(self, terms: dict[str, LossTerm]) -> tf.Tensor:
         """sum over terms of total / (count summed over all replicas + epsilon), this replica's share."""
@@ -163,15 +187,17 @@ class CompiledSteps:
         w, k = self.workload, self.accumulation
         params = [p.variable for p in w.optimizer.params]
         step = w.optimizer.step.read_value()
+        scale = self.loss_scale.scale.read_value() if self.loss_scale else None
         micro = tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0)),
                                       batch) if k > 1 else None
         total_loss, total_grads = tf.constant(0.0), None
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
             micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
             seed = training_seed(w.cfg.seed, step, self.runtime.replica_id(), m)
-            with tf.GradientTape() as tape:
+            with self.runtime.batched_mean_updates(), tf.GradientTape() as tape:
                 loss = self._normalized(w.loss(micro_batch, seed)) / k
-            grads = tape.gradient(loss, params)
+                scaled = loss * scale if scale is not None else loss
+            grads = tape.gradient(scaled, params)
             missing = [p.path for p, g in zip(w.optimizer.params, grads) if g is None]
             if missing:
                 raise HarnessError(f"{w.NAME}: the loss does not depend on {', '.join(missing[:5])}; a "
@@ -179,33 +205,41 @@ class CompiledSteps:
             grads = [tf.convert_to_tensor(g) for g in grads]  # embedding gathers give IndexedSlices
             total_loss += loss
             total_grads = grads if total_grads is None else [a + g for a, g in zip(total_grads, grads)]
-        grads = w.process_gradients(self.runtime.all_reduce_gradients(total_grads))
-        lr = w.optimizer.apply(grads)
+        grads = self.runtime.all_reduce_gradients(total_grads)
+        if self.loss_scale is None:
+            lr = w.optimizer.apply(w.process_gradients(grads))
+        else:
+            # Every replica sees the same all-reduced gradients, so all skip (or apply) together.
+            grads, finite = self.loss_scale.unscale(grads, scale)
+            lr = tf.cond(finite, lambda: w.optimizer.apply(w.process_gradients(grads)),
+                         lambda: tf.cast(w.optimizer.learning_rate(), tf.float32))
+            self.loss_scale.update(finite, scale)
         return {"loss": total_loss, "lr": tf.cast(lr, tf.float32)}
 
     # ------------------------------------------------------------------------------------- eval
+    def eval_replica_step(self, batch: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor],
+                                                                       dict[str, tf.Tensor]]:
+        """One replica's eval batch -> (scalar sums, per-example outputs with mask and index)."""
+        batch = dict(batch)
+        mask, index = batch.pop(MASK), batch.pop(INDEX)
+        out = dict(self.workload.eval_step(batch, mask))
+        clash = {MASK, INDEX, COUNT} & set(out)
+        if clash:
+            raise HarnessError(f"{self.workload.NAME}.eval_step returns reserved key(s) {sorted(clash)}")
+        sums = {k: tf.cast(v, tf.float32) for k, v in out.items() if v.shape.rank == 0}
+        sums[COUNT] = tf.reduce_sum(mask)
+        examples = {k: v for k, v in out.items() if v.shape.rank != 0}
+        for k, v in examples.items():
+            if v.shape[0] != mask.shape[0]:
+                raise HarnessError(f"{self.workload.NAME}.eval_step output {k!r} has shape {v.shape}: "
+                                   f"a per-example output needs the batch ({mask.shape[0]}) as axis 0")
+        if examples:
+            examples[MASK], examples[INDEX] = mask, index
+        return sums, examples
+
     def _eval_step(self, iterator: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
         self.traces["eval"] += 1
-
-        def replica_fn(batch: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-            batch = dict(batch)
-            mask, index = batch.pop(MASK), batch.pop(INDEX)
-            out = dict(self.workload.eval_step(batch, mask))
-            clash = {MASK, INDEX, COUNT} & set(out)
-            if clash:
-                raise HarnessError(f"{self.workload.NAME}.eval_step returns reserved key(s) {sorted(clash)}")
-            sums = {k: tf.cast(v, tf.float32) for k, v in out.items() if v.shape.rank == 0}
-            sums[COUNT] = tf.reduce_sum(mask)
-            examples = {k: v for k, v in out.items() if v.shape.rank != 0}
-            for k, v in examples.items():
-                if v.shape[0] != mask.shape[0]:
-                    raise HarnessError(f"{self.workload.NAME}.eval_step output {k!r} has shape {v.shape}: "
-                                       f"a per-example output needs the batch ({mask.shape[0]}) as axis 0")
-            if examples:
-                examples[MASK], examples[INDEX] = mask, index
-            return sums, examples
-
-        sums, examples = self.runtime.run(replica_fn, (next(iterator),))
+        sums, examples = self.runtime.run(self._eval_replica, (next(iterator),))
         return self.runtime.sum(sums), self.runtime.gather(examples)
 
 
@@ -289,6 +323,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
         v.variable.assign(value)
     del saved
     traces_at_start = dict(steps.traces)
+    scale_state = steps.loss_scale_state()
 
     log.end(K.INIT_STOP)
     init_time = time.time() - t_init
@@ -316,6 +351,12 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             out = steps.train_loop(iterator, tf.constant(n))
             loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
             done_steps += n
+            if scale_state is not None:
+                now = steps.loss_scale_state()
+                if now != scale_state:
+                    logging.info("loss scale %g -> %g by step %d (%d step(s) skipped so far)",
+                                 scale_state["scale"], now["scale"], done_steps, now["skipped_steps"])
+                scale_state = now
             rate = n * gbs / max(time.time() - t_chunk, 1e-9)
             progress.train(done_steps, schedule.position(done_steps * gbs), loss, lr, rate,
                            (point.step - done_steps) * gbs / rate,
@@ -371,4 +412,5 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                      run_time_s=run_time, train_time_s=train_time, eval_time_s=eval_time, steps=done_steps,
                      samples=samples, epochs_done=samples / workload.train_samples,
                      samples_per_s=samples / train_time if train_time > 0 else 0.0,
-                     traces=dict(steps.traces), converged_key=schedule.converged_key)
+                     traces=dict(steps.traces), converged_key=schedule.converged_key,
+                     loss_scale=steps.loss_scale_state())

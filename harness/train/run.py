@@ -170,6 +170,9 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
                  "machine": platform.machine()},
         "harness_commit": sysinfo.harness_commit(),
     }
+    if result.loss_scale is not None:
+        summary["loss_scale"] = {"final": result.loss_scale["scale"],
+                                 "skipped_steps": result.loss_scale["skipped_steps"]}
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
 

@@ -2,7 +2,7 @@
 
 Both workers run one all-reduce; then worker 1 stays alive (its heartbeats keep going) but never joins
 the second all-reduce, as a hung peer would. Worker 0 prints the harness's error line for what its
-collective raised: the collective timeout, not a heartbeat, has to end its wait.
+collective raised: the collective timeout (the runtime's watchdog), not a heartbeat, has to end its wait.
 """
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from harness.runtime import distribute  # noqa: E402
 def main(index: int, timeout_s: float) -> None:
     runtime = distribute.make_multi_worker("float32", None, timeout_s)
 
-    @tf.function
-    def all_sum(x: tf.Tensor) -> tf.Tensor:
-        return runtime.run(lambda v: tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, v * tf.ones([4])), (x,))
+    # runtime.function: the loop's own wrapper, whose watchdog enforces the collective timeout.
+    all_sum = runtime.function(lambda x: runtime.run(lambda v: tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, v * tf.ones([4])), (x,)))
 
     print(f"first all-reduce: {all_sum(tf.constant(1.0)).numpy()[0]:g}", flush=True)
     if index == 1:

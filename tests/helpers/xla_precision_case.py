@@ -1,0 +1,87 @@
+"""One workload, small: the per-replica train and eval steps with and without XLA, then bfloat16 and
+float16 (dynamic loss scaling) runs of the same steps. Prints one RESULT line of JSON for
+tests/test_xla_precision.py. A subprocess per workload: each needs a fresh TensorFlow device setup."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import registry  # noqa: E402
+from harness import config as C  # noqa: E402
+from harness.runtime import make_runtime  # noqa: E402
+from harness.train import loop  # noqa: E402
+
+
+def build(config: str, overrides: list[str]):
+    cfg = C.load_config(config, overrides + ["submission.division=open"])
+    rt = make_runtime(cfg.runtime)
+    wl = registry.get(cfg.workload)(cfg, rt)
+    wl.validate()
+    with rt.scope():
+        wl.build()
+    return cfg, rt, wl
+
+
+def train(steps: loop.CompiledSteps, cfg, n: int) -> list[float]:
+    it = iter(loop.train_input(steps.runtime, steps.workload, cfg.schedule.global_batch_size, cfg.seed))
+    return [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(n)]
+
+
+def evaluate(steps: loop.CompiledSteps, cfg) -> float:
+    ebs = cfg.schedule.eval_batch_size
+    metrics, _ = loop.evaluate(steps, loop.eval_input(steps.runtime, steps.workload, ebs, cfg.seed),
+                               loop.eval_steps_for(steps.workload.eval_samples, ebs))
+    return float(metrics[steps.workload.METRIC])
+
+
+def main(config: str, small: list[str], train_steps: int, overflow: bool) -> None:
+    out: dict = {}
+    # float32, the same weights: plain steps, then the XLA-compiled per-replica steps.
+    cfg, rt, wl = build(config, small + ["runtime.jit_compile=false"])
+    init = [v.variable.read_value() for v in rt.variables()]
+    plain = loop.CompiledSteps(rt, wl)
+    rt.jit_compile = True
+    xla = loop.CompiledSteps(rt, wl)
+    out["plain_losses"] = train(plain, cfg, train_steps)
+    out["plain_eval"] = evaluate(plain, cfg)
+    out["xla_eval_same_weights"] = evaluate(xla, cfg)
+    for v, value in zip(rt.variables(), init):
+        v.variable.assign(value)
+    out["xla_losses"] = train(xla, cfg, train_steps)
+    # The replica functions the loop runs are tf.functions with jit_compile=True.
+    out["xla_compiled"] = all(getattr(f, "_jit_compile", False) for f in (xla._train_replica, xla._eval_replica))
+    for precision in ("bfloat16", "float16"):
+        cfg, rt, wl = build(config, small + [f"runtime.precision={precision}", "runtime.jit_compile=false",
+                                             "runtime.loss_scale_growth_steps=1"])
+        steps = loop.CompiledSteps(rt, wl)
+        losses = train(steps, cfg, train_steps)
+        out[precision] = {
+            "losses": losses, "eval": evaluate(steps, cfg),
+            "variable_dtypes": sorted({v.variable.dtype.name for v in rt.variables()}),
+            "loss_scale": steps.loss_scale_state(),
+            "optimizer_step": int(wl.optimizer.step.numpy()),
+        }
+    if overflow:
+        # A loss scale that overflows float16 in the backward pass: every step is skipped, the scale halves.
+        cfg, rt, wl = build(config, small + ["runtime.precision=float16", "runtime.jit_compile=false",
+                                             "runtime.loss_scale_initial=1e38"])
+        steps = loop.CompiledSteps(rt, wl)
+        before = [v.variable.numpy() for v in rt.variables(trainable=True)]
+        losses = train(steps, cfg, train_steps)
+        after = [v.variable.numpy() for v in rt.variables(trainable=True)]
+        out["float16_overflow"] = {
+            "losses": losses, "loss_scale": steps.loss_scale_state(),
+            "optimizer_step": int(wl.optimizer.step.numpy()),
+            "weights_unchanged": all(np.array_equal(a, b) for a, b in zip(before, after))}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["overflow"])

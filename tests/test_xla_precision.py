@@ -1,0 +1,126 @@
+"""Every workload's per-replica train and eval steps under XLA on one CPU device, against the same steps
+without XLA, and in bfloat16 and float16 (dynamic loss scaling) against float32.
+
+Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess per workload
+(tests/helpers/xla_precision_case.py) sharing one build per precision. The full smoke runs under XLA and
+in each precision are manual checks (README, "Accelerator path").
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import registry
+from conftest import REPO
+
+# Two small eval batches per workload; models shrunk where the smoke model is not already tiny.
+SMALL = {
+    "resnet": ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
+               "schedule.eval_batch_size=16", "model.bn_span=32"],
+    "bert": ["data.train_samples=512", "data.eval_samples=45", "schedule.global_batch_size=16",
+             "schedule.eval_batch_size=16", "model.num_layers=1"],
+    "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=24", "schedule.global_batch_size=8",
+                    "schedule.eval_batch_size=12", "model.layer_postprocess_dropout=0",
+                    "model.attention_dropout=0", "model.relu_dropout=0", "eval.extra_decode_length=4",
+                    "model.num_layers=1"],
+    "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
+            "schedule.eval_batch_size=16", "model.bn_span=16"],
+}
+STEPS = 2
+# bfloat16 keeps 8 significant bits: the first loss of an untrained model agrees with float32 to well
+# within 2%; float16 keeps 11 bits.
+RTOL = {"bfloat16": 2e-2, "float16": 5e-3}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {}
+
+
+def run_case(name: str, cache: dict) -> dict:
+    if name not in cache:
+        helper = os.path.join(REPO, "tests", "helpers", "xla_precision_case.py")
+        config = os.path.join(REPO, "configs", name, "smoke.yaml")
+        extra = ["overflow"] if name == "resnet" else []
+        proc = subprocess.run([sys.executable, helper, config, json.dumps(SMALL[name]), str(STEPS), *extra],
+                              cwd=REPO, capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+        cache[name] = json.loads(lines[-1][len("RESULT "):])
+    return cache[name]
+
+
+def test_every_registered_workload_has_a_case():
+    assert sorted(SMALL) == registry.names()
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_xla_train_and_eval_match_the_plain_steps(name, results):
+    r = run_case(name, results)
+    assert r["xla_compiled"]
+    assert len(r["xla_losses"]) == STEPS and all(math.isfinite(x) for x in r["xla_losses"])
+    assert r["xla_losses"] == pytest.approx(r["plain_losses"], rel=1e-4)
+    if name == "ssd":
+        # Top-k and NMS under XLA: scores differ in the last float32 bits, so near-tied boxes can swap
+        # places in the ranking COCOeval walks; the mAP then moves by far less than 1e-3.
+        assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], abs=1e-3)
+    else:
+        assert r["xla_eval_same_weights"] == r["plain_eval"]
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", registry.names())
+def test_low_precision_steps_track_float32_with_float32_state(name, precision, results):
+    r = run_case(name, results)
+    p = r[precision]
+    assert all(math.isfinite(x) for x in p["losses"])
+    assert p["losses"][0] == pytest.approx(r["plain_losses"][0], rel=RTOL[precision])
+    assert 0.0 <= p["eval"] <= 1.0
+    # Master weights, optimizer slots, step counters, loss scale and batch-norm statistics.
+    assert set(p["variable_dtypes"]) <= {"float32", "int64"}
+    if precision == "float16":
+        skipped = p["loss_scale"]["skipped_steps"]
+        assert p["optimizer_step"] == STEPS - skipped
+        # growth_steps=1: each finite step doubles the scale, each skipped one halves it.
+        assert p["loss_scale"]["scale"] == 32768.0 * 2.0 ** (STEPS - 2 * skipped)
+    else:
+        assert p["loss_scale"] is None and p["optimizer_step"] == STEPS
+
+
+def test_float16_overflow_skips_the_update_and_lowers_the_scale(results):
+    o = run_case("resnet", results)["float16_overflow"]
+    assert o["loss_scale"]["skipped_steps"] == STEPS
+    assert o["optimizer_step"] == 0 and o["weights_unchanged"]
+    assert o["loss_scale"]["scale"] == pytest.approx(1e38 / 2 ** STEPS, rel=1e-6)
+    assert all(math.isfinite(x) for x in o["losses"])  # the float32 loss itself stays finite
+
+
+def test_loss_scale_rule_in_isolation():
+    import tensorflow as tf
+
+    from harness.config import RuntimeConfig
+    from harness.nn.loss_scale import DynamicLossScale
+    from harness.runtime import make_runtime
+
+    rt = make_runtime(RuntimeConfig(precision="float16"))
+    ls = DynamicLossScale(rt, initial=8.0, growth_steps=2)
+
+    @tf.function
+    def step(grads):
+        scale = ls.scale.read_value()
+        unscaled, finite = ls.unscale(grads, scale)
+        ls.update(finite, scale)
+        return unscaled, finite
+
+    got, finite = step([tf.constant([8.0, 16.0])])
+    assert bool(finite) and got[0].numpy().tolist() == [1.0, 2.0] and float(ls.scale.numpy()) == 8.0
+    step([tf.constant([1.0])])
+    assert float(ls.scale.numpy()) == 16.0 and int(ls.good_steps.numpy()) == 0  # 2 good steps: doubled
+    _, finite = step([tf.constant([1.0, float("inf")])])
+    assert not bool(finite) and float(ls.scale.numpy()) == 8.0 and int(ls.skipped.numpy()) == 1
