@@ -23,12 +23,11 @@ import re
 import time
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 
 from harness import config as config_lib
 from harness.errors import HarnessError
-from harness.runtime.base import Runtime, check_spatial_partition
+from harness.runtime.base import check_spatial_partition
 from harness.runtime.distribute import StrategyRuntime
 from harness.train.loop import COUNT, INDEX, MASK, CompiledSteps
 
@@ -57,9 +56,11 @@ class CompileReport:
     precision: str = "float32"
     eval_peak_bytes_per_device: int | None = None
     stand_in: list[str] = dataclasses.field(default_factory=list)  # what stood in for what, and how
+    # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
+    traced: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "traced"}
 
     def lines(self) -> list[str]:
         def gib(n: int | None) -> str:
@@ -307,10 +308,12 @@ class Compiled:
     flops: float
     peak_bytes: int | None
     seconds: float
+    traced: Any  # the ConcreteFunction XLA compiled (its graph: what a TPU would be handed)
 
 
-def compile_step(fn: Callable, specs: Any, workload: str, which: str) -> Compiled:
-    """Traces `fn(batch)` under XLA at `specs` (no tensor allocated, nothing run) and reads XLA's numbers."""
+def compile_step(fn: Callable, specs: Any, workload: str, which: str, optimize: bool = True) -> Compiled:
+    """Traces `fn(batch)` under XLA at `specs` (no tensor allocated, nothing run) and reads XLA's numbers;
+    `optimize` also runs XLA's HLO passes and buffer assignment (the memory plan; most of the time)."""
     flat = tf.nest.flatten(specs)
 
     def step(*tensors: tf.Tensor) -> Any:
@@ -322,15 +325,15 @@ def compile_step(fn: Callable, specs: Any, workload: str, which: str) -> Compile
     try:
         ir = compiled.experimental_get_compiler_ir(*flat)
         module = hlo.HloModuleProto.FromString(ir(stage="hlo_serialized"))
-        optimized = hlo.HloProto.FromString(ir(stage="optimized_hlo_proto_serialized"))
+        optimized = hlo.HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")) if optimize else None
     except Exception as e:  # noqa: BLE001 - translated below, or re-raised untouched
         error = xla_compile_error(e, workload, which)
         if error is not None:
             raise error from None
         raise
     seconds = time.time() - t0
-    peak = buffer_bytes(optimized) if optimized.HasField("buffer_assignment") else None
-    return Compiled(count_flops(module), peak, seconds)
+    peak = buffer_bytes(optimized) if optimized is not None and optimized.HasField("buffer_assignment") else None
+    return Compiled(count_flops(module), peak, seconds, compiled.get_concrete_function(*flat))
 
 
 # ------------------------------------------------------------------------------ compile failures
@@ -398,11 +401,9 @@ def eval_replica_fn(steps: CompiledSteps) -> tuple[Callable, str | None]:
                      "workload's eval_step plus the mask count is compiled")
 
 
-def standin_model(cfg: config_lib.Config, overrides: list[str]) -> tuple[Any, StandInRuntime, DevicePlan]:
-    """The config, validated as `run` validates it, with its workload on the stand-in runtime."""
+def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePlan]:
+    """The config's workload on the stand-in runtime, with the batch checks `run` makes."""
     from benchmarks import registry
-    from harness.train import run as run_lib
-    from harness.train import weights_init
 
     plan = device_plan(cfg)
     runtime = StandInRuntime(cfg, plan)
@@ -421,13 +422,14 @@ def standin_model(cfg: config_lib.Config, overrides: list[str]) -> tuple[Any, St
     return workload, runtime, plan
 
 
-def compile_report(config_path: str, overrides: list[str]) -> CompileReport:
-    """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps."""
+def compile_report(config_path: str, overrides: list[str], optimize: bool = True) -> CompileReport:
+    """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
+    (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks)."""
     from harness.train import run as run_lib
     from harness.train import weights_init
 
     cfg = config_lib.load_config(config_path, overrides)
-    workload, runtime, plan = standin_model(cfg, overrides)
+    workload, runtime, plan = standin_model(cfg)
     train_spec, eval_spec, data_notes = workload.dry_run_inputs()
     workload.eval_schedule()
     weights_init.plan(workload, run_lib.run_rulesets(cfg), cfg.submission.division)
@@ -441,9 +443,9 @@ def compile_report(config_path: str, overrides: list[str]) -> CompileReport:
     train_batch = _with_batch(train_spec, per_replica)
     eval_batch = _with_batch(dict(eval_spec, **{MASK: tf.TensorSpec([], tf.float32),
                                                 INDEX: tf.TensorSpec([], tf.int64)}), eval_per_replica)
-    train = compile_step(steps.train_step, train_batch, cfg.workload, "train")
+    train = compile_step(steps.train_step, train_batch, cfg.workload, "train", optimize)
     eval_fn, eval_note = eval_replica_fn(steps)
-    evaluation = compile_step(eval_fn, eval_batch, cfg.workload, "eval")
+    evaluation = compile_step(eval_fn, eval_batch, cfg.workload, "eval", optimize)
 
     model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]
     opt_vars = [v for v in runtime.variables() if v.path.startswith(f"{workload.optimizer.name}/")]
@@ -477,7 +479,8 @@ def compile_report(config_path: str, overrides: list[str]) -> CompileReport:
         peak_bytes_per_device=train.peak_bytes if whole else None,
         eval_peak_bytes_per_device=evaluation.peak_bytes if whole else None,
         compile_seconds={"train": round(train.seconds, 2), "eval": round(evaluation.seconds, 2)},
-        runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes)
+        runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes,
+        traced={"train": train.traced, "eval": evaluation.traced})
 
 
 def main(config_path: str, overrides: list[str], json_path: str | None = None) -> int:
