@@ -336,6 +336,41 @@ def compile_step(fn: Callable, specs: Any, workload: str, which: str, optimize: 
     return Compiled(count_flops(module), peak, seconds, compiled.get_concrete_function(*flat))
 
 
+# ---------------------------------------------------------------------- TPU rules, checked on CPU
+
+# Ops that only a host can run: Python callbacks, summaries and printing, input iterators, files.
+HOST_ONLY_OPS = {
+    "PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction", "PrintV2", "Print", "StringFormat",
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "MakeIterator", "AnonymousIterator",
+    "AnonymousIteratorV2", "AnonymousIteratorV3", "IteratorV2", "OptionalGetValue", "OptionalHasValue",
+    "ReadFile", "WriteFile",
+}
+
+
+def _graph_nodes(concrete: Any) -> list[Any]:
+    """NodeDefs of a traced function and of every function it calls (while bodies, branches, calls)."""
+    graph_def = concrete.graph.as_graph_def()
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
+def host_only_ops(concrete: Any) -> list[str]:
+    """`op_type name` of each node in a traced step that cannot be compiled for a TPU: a host-only op
+    (HOST_ONLY_OPS, summaries) or any string tensor."""
+    bad = []
+    for node in _graph_nodes(concrete):
+        types = []
+        for value in node.attr.values():
+            types += [value.type] if value.type else list(value.list.type)
+        if (node.op in HOST_ONLY_OPS or "Summary" in node.op or tf.string.as_datatype_enum in types):
+            bad.append(f"{node.op} {node.name}")
+    return bad
+
+
+def dynamic_inputs(concrete: Any) -> list[str]:
+    """Inputs of a traced step (batch tensors and captured variables) whose shape is not fully static."""
+    return [f"{t.name} {t.shape}" for t in concrete.inputs if not t.shape.is_fully_defined()]
+
+
 # ------------------------------------------------------------------------------ compile failures
 
 _UNSUPPORTED = re.compile(r"No registered '([\w>]+)' OpKernel for (\w+) devices")
