@@ -17,6 +17,9 @@ from harness.errors import HarnessError  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.g. schedule.max_epochs=5")
 flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
+flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile one train and one eval step "
+                  "under XLA on a stand-in replica; print sizes, FLOPs and memory; no data, no log")
+flags.DEFINE_string("json", None, "run --dry_run: also write the compile report to this JSON file")
 flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the log's own "
                           "benchmark's usual ruleset 4.0.0 or 0.7.0 for transformer)")
 flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
@@ -43,6 +46,7 @@ flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run 
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
+  run CONFIG --dry_run [--set ...] [--json FILE]        compile its steps under XLA before booking hardware
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
   check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
   list                                                  workloads and configs
@@ -80,7 +84,9 @@ def cmd_run(args: list[str]) -> int:
         raise HarnessError("run takes exactly one CONFIG file (overrides go in --set key=value)")
     from harness.train import run
 
-    return run.execute(args[0], FLAGS.set, FLAGS.output_dir)
+    if FLAGS.json and not FLAGS.dry_run:
+        raise HarnessError("--json writes the --dry_run report; add --dry_run")
+    return run.execute(args[0], FLAGS.set, FLAGS.output_dir, dry_run=FLAGS.dry_run, json_path=FLAGS.json)
 
 
 def cmd_check(args: list[str]) -> int:

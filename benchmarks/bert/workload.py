@@ -141,6 +141,30 @@ class BertWorkload(Workload):
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
         return self.source.eval_parse(record)
 
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        m, d = self.cfg.model, self.cfg.data
+        if m.hidden_size % m.num_heads:
+            raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
+        if d.seq_length > m.max_position:
+            raise HarnessError(f"data.seq_length={d.seq_length} exceeds model.max_position={m.max_position}")
+        if self.cfg.submission.division == "closed":
+            self.check_closed_eval_schedule()
+        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
+                                ("model.vocab_size", m.vocab_size, "vocab")):
+            self.runtime.check_divides(what, size, dim)
+        notes = []
+        if m.init_checkpoint:
+            notes.append(f"model.init_checkpoint {m.init_checkpoint} not read: weights from the initializers")
+            m.init_checkpoint = ""  # the dry run's own config: build() then reads no file
+        seq, preds = [d.seq_length], [d.max_predictions]
+        example = {"input_ids": tf.TensorSpec(seq, tf.int32), "input_mask": tf.TensorSpec(seq, tf.int32),
+                   "segment_ids": tf.TensorSpec(seq, tf.int32),
+                   "masked_lm_positions": tf.TensorSpec(preds, tf.int32),
+                   "masked_lm_ids": tf.TensorSpec(preds, tf.int32),
+                   "masked_lm_weights": tf.TensorSpec(preds, tf.float32),
+                   "next_sentence_labels": tf.TensorSpec([], tf.int32)}
+        return example, dict(example), notes
+
     # ------------------------------------------------------------------------------ computation
     def losses(self, batch: dict[str, tf.Tensor], training: bool, seed: tf.Tensor | None = None):
         """Masked-LM cross-entropy summed with weights, the weight sum, and next-sentence CE per sequence."""

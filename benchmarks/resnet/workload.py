@@ -94,6 +94,13 @@ class ResNetWorkload(Workload):
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
         return self.source.eval_parse(record)
 
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        if self.cfg.submission.division == "closed":
+            self.check_closed_eval_schedule()
+        size = self.cfg.data.image_size
+        example = {"image": tf.TensorSpec([size, size, 3], tf.float32), "label": tf.TensorSpec([], tf.int32)}
+        return example, dict(example), []
+
     # ------------------------------------------------------------------------------ computation
     def cross_entropy(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """Per-example softmax cross-entropy with label smoothing."""

@@ -155,6 +155,22 @@ class SSDWorkload(Workload):
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
         return self.source.eval_parse(record)
 
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        c, m = self.cfg, self.cfg.model
+        check_layout(m)
+        if c.submission.division == "closed":
+            self.check_closed()
+        check_spatial_partition(m, c.runtime.spatial_partition)
+        notes = [f"model.num_classes={m.num_classes} not checked against the data's categories"]
+        if m.backbone_checkpoint:
+            notes.append(f"model.backbone_checkpoint {m.backbone_checkpoint} not read: weights from the initializers")
+            m.backbone_checkpoint = ""  # the dry run's own config: build() then reads no file
+        size, boxes = m.image_size, c.data.max_boxes
+        image = tf.TensorSpec([size, size, 3], tf.float32)
+        train = {"image": image, "boxes": tf.TensorSpec([boxes, 4], tf.float32),
+                 "labels": tf.TensorSpec([boxes], tf.int32)}
+        return train, {"image": image}, notes
+
     # ---------------------------------------------------------------------------------- training
     def targets(self, gt_boxes: tf.Tensor, gt_labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Encoded offsets [B, N, 4] and labels [B, N] of every anchor, from the padded box lists."""

@@ -37,6 +37,7 @@ class TransformerWorkload(Workload):
         super().__init__(cfg, runtime)
         self.source = data.make_source(cfg.data)
         self.model: Transformer | None = None
+        self._stand_in: dict[str, int] = {}  # sizes a dry run takes from the config instead of the data
 
     @property
     def eval_cfg(self) -> config.EvalConfig:
@@ -48,7 +49,7 @@ class TransformerWorkload(Workload):
     # ---------------------------------------------------------------------------------- sizes
     @property
     def vocab_size(self) -> int:
-        return self.source.tokenizer.vocab_size
+        return self._stand_in.get("vocab_size") or self.source.tokenizer.vocab_size
 
     @property
     def train_samples(self) -> int:
@@ -57,6 +58,8 @@ class TransformerWorkload(Workload):
     @property
     def eval_length(self) -> int:
         """Static length of eval inputs: the longest eval sentence, rounded up to a multiple of 8."""
+        if "eval_length" in self._stand_in:
+            return self._stand_in["eval_length"]
         longest = max(len(ids) for ids in self.source.eval_set[0])
         return int(math.ceil(longest / 8) * 8)
 
@@ -134,6 +137,37 @@ class TransformerWorkload(Workload):
 
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
         return {"inputs": record}
+
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        c, m = self.cfg, self.cfg.model
+        if not m.vocab_size:
+            raise HarnessError("a dry run reads no vocabulary file: set model.vocab_size (33708 for the "
+                               "reference's vocab.ende.32768)")
+        length = int(math.ceil(c.data.max_sequence_length / 8) * 8)
+        self._stand_in = {"vocab_size": m.vocab_size, "eval_length": length}
+        if c.submission.division == "closed":
+            self.check_closed()
+        if m.hidden_size % m.num_heads or m.hidden_size % 2:
+            raise HarnessError(f"model.hidden_size={m.hidden_size} must be even and a multiple of "
+                               f"model.num_heads={m.num_heads}")
+        row = self.source.row_length
+        if c.data.max_sequence_length > row:
+            raise HarnessError(f"data.max_sequence_length={c.data.max_sequence_length} exceeds data.row_length={row}")
+        if row > m.max_position:
+            raise HarnessError(f"training rows of {row} tokens (data.row_length / max_sequence_length) exceed "
+                               f"model.max_position={m.max_position}")
+        if self.decode_length > m.max_position:
+            raise HarnessError(f"decoding needs {self.decode_length} positions (eval inputs of {length} + "
+                               f"eval.extra_decode_length) but model.max_position={m.max_position}")
+        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.filter_size", m.filter_size, "ff"),
+                                ("model.vocab_size", m.vocab_size, "vocab")):
+            self.runtime.check_divides(what, size, dim)
+        notes = [f"vocabulary of model.vocab_size={m.vocab_size} (no vocab file read); eval inputs of {length} "
+                 f"tokens (data.max_sequence_length rounded up to 8; a real run pads to its longest eval sentence)"]
+        train = {k: tf.TensorSpec([row], tf.int32) for k in (
+            "inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
+            "targets_position")}
+        return train, {"inputs": tf.TensorSpec([length], tf.int32)}, notes
 
     # ------------------------------------------------------------------------------- training
     def token_losses(self, batch: dict[str, tf.Tensor], seed: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:

@@ -78,7 +78,12 @@ def check_log(path: str, rulesets: list[str], eval_every: float | None = None) -
     return verdicts, findings
 
 
-def execute(config_path: str, overrides: list[str], output_dir: str | None = None) -> int:
+def execute(config_path: str, overrides: list[str], output_dir: str | None = None, dry_run: bool = False,
+            json_path: str | None = None) -> int:
+    if dry_run:  # compiles on a stand-in replica: no runtime, data, run directory or log
+        from harness.train import dryrun
+
+        return dryrun.main(config_path, overrides, json_path)
     cfg = config_lib.load_config(config_path, overrides)
     if output_dir:
         cfg.output_dir = output_dir

@@ -251,6 +251,14 @@ class Workload(abc.ABC):
     def mllog_hparams(self) -> dict[str, Any]:
         """Hyperparameter keys and values this benchmark must log for the configured ruleset."""
 
+    # ----------------------------------------------------------------------------------- dry run
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        """Called instead of `validate` by a dry run (harness.train.dryrun), where the data set and
+        checkpoints may be absent: checks what `validate` checks of the config, makes `build` read no
+        file (sizes from the config), and returns the unbatched train example and parsed eval features
+        (as `train_dataset` and `eval_parse` give them) plus a line for each fact stood in for the data."""
+        raise HarnessError(f"the {self.NAME} workload does not describe its inputs for a dry run")
+
     def weights_initialization_map(self) -> dict[str, str]:
         """MLPerf tensor name -> this model's variable path, for rulesets that require one
         `weights_initialization` event per named tensor (empty: the workload names none)."""

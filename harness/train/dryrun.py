@@ -1,0 +1,530 @@
+"""`mlperf-harness run CONFIG --dry_run`: compile a config's steps under XLA before hardware is booked.
+
+The real run's devices are not here, so one CPU device stands in for one replica: it compiles what the
+loop compiles on each replica (`CompiledSteps.train_step`, and the eval replica step) at the real run's
+per-replica batch, with the real replica count and model-axis size answering every config check. Why not
+logical CPU devices: MirroredStrategy over CPUs makes one XLA cluster of all replicas (it compiles per
+replica only on GPUs), and a DTensor CPU mesh ignores `jit_compile`, so neither would show what an
+accelerator compiles. What this cannot show is said in the report's notes: cross-replica collectives
+are identities here, and a replica split over several devices (mesh model axis, TPU spatial
+partitioning) is compiled whole, unpartitioned.
+
+Numbers come from XLA itself: the HLO module TensorFlow hands to XLA (FLOPs are counted from it, since
+TensorFlow's Python API does not expose XLA's HloCostAnalysis) and the optimized module's buffer
+assignment (XLA:CPU's memory plan). No data set, checkpoint or MLPerf log is touched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from harness import config as config_lib
+from harness.errors import HarnessError
+from harness.runtime.base import check_spatial_partition
+from harness.runtime.distribute import StrategyRuntime
+from harness.train.loop import COUNT, INDEX, MASK, CompiledSteps
+
+# -------------------------------------------------------------------------------------- the report
+
+
+@dataclasses.dataclass
+class CompileReport:
+    workload: str            # registry name
+    config: str              # config path
+    replicas: int            # data-parallel replicas of the real run
+    model_axis: int          # devices per replica (1 on tf.distribute runtimes)
+    per_replica_batch: int   # training examples per replica per optimizer step
+    global_batch: int
+    eval_per_replica_batch: int
+    params: int              # trainable parameters
+    train_flops_per_replica_step: float  # one optimizer step of one replica (all of its devices)
+    eval_flops_per_replica_step: float
+    flops_source: str        # "xla cost analysis" or "counted (...)"
+    weight_bytes_per_device: int
+    optimizer_bytes_per_device: int
+    gradient_bytes: int      # bytes all-reduced per step per replica (trainable params x grad dtype)
+    peak_bytes_per_device: int | None
+    compile_seconds: dict[str, float]    # {"train": ..., "eval": ...}
+    runtime_kind: str = ""
+    precision: str = "float32"
+    eval_peak_bytes_per_device: int | None = None
+    stand_in: list[str] = dataclasses.field(default_factory=list)  # what stood in for what, and how
+    # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
+    traced: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "traced"}
+
+    def lines(self) -> list[str]:
+        def gib(n: int | None) -> str:
+            return "not reported" if n is None else f"{n / 2**30:.3f} GiB ({n:,} bytes)"
+
+        return [
+            f"dry run: {self.workload} from {self.config} (XLA compile only: no data read, no log, no timing)",
+            f"runtime: {self.runtime_kind}, {self.replicas} replica(s) x {self.model_axis} device(s) per replica, "
+            f"precision {self.precision}",
+            *(f"stood in: {s}" for s in self.stand_in),
+            f"parameters: {self.params:,} trainable",
+            f"batch: {self.per_replica_batch} per replica ({self.global_batch} global); eval "
+            f"{self.eval_per_replica_batch} per replica",
+            f"compile: train {self.compile_seconds['train']:.1f} s, eval {self.compile_seconds['eval']:.1f} s "
+            f"(trace + XLA HLO passes on this CPU)",
+            f"FLOPs per train step (one replica): {self.train_flops_per_replica_step:.4g}",
+            f"FLOPs per eval step (one replica): {self.eval_flops_per_replica_step:.4g}",
+            f"FLOPs source: {self.flops_source}",
+            f"weights per device: {gib(self.weight_bytes_per_device)}",
+            f"optimizer state per device: {gib(self.optimizer_bytes_per_device)}",
+            f"gradients all-reduced per replica per step: {gib(self.gradient_bytes)}",
+            f"peak memory per device (XLA:CPU buffer assignment, train step): {gib(self.peak_bytes_per_device)}",
+            f"peak memory per device (XLA:CPU buffer assignment, eval step): {gib(self.eval_peak_bytes_per_device)}",
+        ]
+
+
+# ------------------------------------------------------------------------ the real run's devices
+
+@dataclasses.dataclass
+class DevicePlan:
+    replicas: int
+    model_axis: int
+    device_type: str
+    notes: list[str]
+
+
+# TPU slice names count TensorCores (v2, v3, v4, v5p) or chips (v5e, v6e); v4 and v5p chips are one
+# device each (megacore), so their devices are half the number in the name.
+_TPU_NAME = re.compile(r"(v2|v3|v4|v5p|v5e|v5litepod|v6e)-(\d+)", re.IGNORECASE)
+_GPU_COUNT = re.compile(r"(\d+)\s*x\s*[a-z]*gpu|(\d+)x", re.IGNORECASE)
+DEFAULT_GPUS = 8
+
+
+def tpu_devices(name: str) -> int | None:
+    m = _TPU_NAME.search(name or "")
+    if not m:
+        return None
+    generation, n = m.group(1).lower(), int(m.group(2))
+    return n // 2 if generation in ("v4", "v5p") else n
+
+
+def device_plan(cfg: config_lib.Config) -> DevicePlan:
+    """The replica count and devices per replica the real run would have, from the config alone."""
+    r = cfg.runtime
+    if r.kind == "default":
+        return DevicePlan(1, 1, "CPU or GPU", ["one device (runtime.kind=default)"])
+    if r.kind == "mirrored":
+        if r.cpu_devices > 0:
+            return DevicePlan(r.cpu_devices, 1, "CPU", [f"runtime.cpu_devices={r.cpu_devices} logical CPUs"])
+        if r.gpus > 0:
+            return DevicePlan(r.gpus, 1, "GPU", [f"runtime.gpus={r.gpus} GPUs"])
+        m = _GPU_COUNT.search(cfg.submission.platform)
+        if m:
+            n = int(m.group(1) or m.group(2))
+            return DevicePlan(n, 1, "GPU", [f"runtime.gpus=-1 (all visible): {n} GPUs, read from "
+                                            f"submission.platform={cfg.submission.platform!r}"])
+        return DevicePlan(DEFAULT_GPUS, 1, "GPU", [
+            f"runtime.gpus=-1 (all visible) and submission.platform={cfg.submission.platform!r} names no "
+            f"count: {DEFAULT_GPUS} GPUs assumed (one 8-GPU host); --set runtime.gpus=N checks another"])
+    if r.kind == "multi_worker":
+        hosts = 1
+        try:
+            hosts = sum(len(v) for k, v in json.loads(os.environ.get("TF_CONFIG", "{}"))
+                        .get("cluster", {}).items() if k in ("chief", "worker")) or 1
+        except (ValueError, AttributeError, TypeError):
+            pass
+        return DevicePlan(hosts, 1, "GPU", [f"{hosts} worker(s) from TF_CONFIG, one device each"])
+    if r.kind == "tpu":
+        dims = check_spatial_partition(r.spatial_partition, "tpu")
+        ways = dims[1] if dims else 1
+        source = next((s for s in (r.tpu, cfg.submission.platform) if tpu_devices(s)), None)
+        if source is None:
+            raise HarnessError(f"the dry run cannot tell how many TPU cores the run has: name the slice in "
+                               f"submission.platform (e.g. tpu-v3-32), not {cfg.submission.platform!r}")
+        cores = tpu_devices(source)
+        if cores % ways:
+            raise HarnessError(f"runtime.spatial_partition splits each replica over {ways} cores, which does not "
+                               f"divide the {cores} cores of {source}")
+        note = f"{cores} TPU cores read from {source!r}"
+        if ways > 1:
+            note += f", {ways} per replica (image height split; compiled unsplit here)"
+        return DevicePlan(cores // ways, ways, "TPU", [note])
+    if r.kind == "mesh":
+        sizes = {str(k): int(v) for k, v in r.mesh.items()}
+        batch_dim = (r.layout or {}).get("batch", "data")
+        if batch_dim not in sizes:
+            raise HarnessError(f"runtime.layout.batch={batch_dim!r} must name a mesh dimension ({', '.join(sizes)})")
+        model_axis = math.prod(v for k, v in sizes.items() if k != batch_dim)
+        return DevicePlan(sizes[batch_dim], model_axis, "TPU/GPU", [
+            f"mesh {' x '.join(f'{k}={v}' for k, v in sizes.items())}: each replica's {model_axis} device(s) "
+            f"compiled as one unpartitioned program (a DTensor CPU mesh ignores jit_compile)"])
+    raise HarnessError(f"unknown runtime.kind {r.kind!r}")
+
+
+class StandInRuntime(StrategyRuntime):
+    """One CPU device compiling one replica's program, answering size questions as the real run would.
+
+    Collectives are identities (one replica's values stand in for the group's sum), so per-replica
+    shapes, and hence the compiled program, are those of the real replica; mesh configs keep their layout
+    rules so every "does this size divide over the model axis" check runs for real.
+    """
+
+    def __init__(self, cfg: config_lib.Config, plan: DevicePlan) -> None:
+        super().__init__(cfg.runtime.kind, tf.distribute.get_strategy(), "CPU", cfg.runtime.precision, True)
+        self.plan = plan
+        self._real_device_type = plan.device_type
+        self.mesh_sizes: dict[str, int] = {}
+        self.rules: dict[str, str] = {}
+        if cfg.runtime.kind == "mesh":
+            self.mesh_sizes = {str(k): int(v) for k, v in cfg.runtime.mesh.items()}
+            self.rules = dict(cfg.runtime.layout) or {"batch": "data"}
+            self.rules.setdefault("batch", "data")
+
+    @property
+    def num_replicas(self) -> int:
+        return self.plan.replicas
+
+    @property
+    def description(self) -> str:
+        return f"{self.kind} (stood in): {self.plan.replicas} replica(s) x {self.plan.model_axis} device(s)"
+
+    def shards(self, dim_name: str) -> int:
+        mesh_dim = self.rules.get(dim_name)
+        return self.mesh_sizes.get(mesh_dim, 1) if mesh_dim else 1
+
+    def check_divides(self, what: str, size: int, dim_name: str) -> None:
+        n = self.shards(dim_name)
+        if size % n:
+            raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim_name}="
+                               f"{self.rules[dim_name]} of size {n})")
+
+    def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
+        if self.kind == "mesh":
+            from harness.runtime.mesh import MeshRuntime  # the mesh's own rule, on the stood-in sizes
+
+            return MeshRuntime.batch_norm_group(self, span, replica_batch, what)  # type: ignore[arg-type]
+        return super().batch_norm_group(span, replica_batch, what)
+
+    def all_reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        return grads
+
+    def replica_all_sum(self, tensors: Any, group_size: int) -> Any:
+        return tensors
+
+    def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+        if self.kind == "mesh":
+            from harness.runtime.base import one_hot_take_along_axis1
+
+            return one_hot_take_along_axis1(x, index)
+        return super().take_along_axis1(x, index)
+
+    def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
+        return t
+
+    def layout_shards(self, dims: tuple[str | None, ...]) -> int:
+        """How many devices one variable is split over (a mesh dimension counts once per tensor)."""
+        used, n = set(), 1
+        for name in dims:
+            mesh_dim = self.rules.get(name) if name else None
+            if mesh_dim in self.mesh_sizes and mesh_dim not in used and self.mesh_sizes[mesh_dim] > 1:
+                used.add(mesh_dim)
+                n *= self.mesh_sizes[mesh_dim]
+        return n
+
+
+# ---------------------------------------------------------------------------------- XLA numbers
+
+def _hlo_pb2() -> Any:
+    from tensorflow.compiler.xla.service import hlo_pb2
+
+    return hlo_pb2
+
+
+_ELEMENTWISE = {
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power", "atan2", "negate",
+    "abs", "sign", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt", "rsqrt", "cbrt",
+    "tanh", "logistic", "sine", "cosine", "tan", "erf", "floor", "ceil", "round-nearest-afz",
+    "round-nearest-even", "compare", "select", "clamp", "and", "or", "xor", "not", "is-finite",
+}
+
+
+def _elements(shape: Any) -> int:
+    if shape.tuple_shapes:
+        return sum(_elements(s) for s in shape.tuple_shapes)
+    return math.prod(shape.dimensions) if shape.dimensions else 1
+
+
+def count_flops(module: Any) -> float:
+    """Floating-point operations of an HloModuleProto, by XLA's cost-analysis conventions.
+
+    dot: 2 x output elements x contracted size; convolution: 2 x output elements x kernel window x input
+    features per group (padding taps included); elementwise arithmetic, compare and select: one per output
+    element; reduce: one per input element. Called computations (while bodies, conditionals, calls) are
+    counted once per appearance, as XLA's HloCostAnalysis counts a while body once.
+    """
+    computations = {c.id: c for c in module.computations}
+
+    def computation_flops(cid: int, seen: tuple[int, ...]) -> float:
+        if cid in seen:
+            return 0.0
+        comp = computations[cid]
+        by_id = {i.id: i for i in comp.instructions}
+        total = 0.0
+        for ins in comp.instructions:
+            op = ins.opcode
+            out = _elements(ins.shape)
+            if op == "dot":
+                lhs = by_id[ins.operand_ids[0]].shape
+                contracted = math.prod(lhs.dimensions[d] for d in ins.dot_dimension_numbers.lhs_contracting_dimensions)
+                total += 2.0 * out * contracted
+            elif op == "convolution":
+                kernel = by_id[ins.operand_ids[1]].shape
+                dn = ins.convolution_dimension_numbers
+                window = math.prod(kernel.dimensions[d] for d in dn.kernel_spatial_dimensions)
+                total += 2.0 * out * window * kernel.dimensions[dn.kernel_input_feature_dimension]
+            elif op in _ELEMENTWISE:
+                total += out
+            elif op in ("reduce", "reduce-window"):
+                total += sum(_elements(by_id[o].shape) for o in ins.operand_ids[: len(ins.operand_ids) // 2])
+            elif op in ("while", "conditional", "call", "fusion", "map"):
+                total += sum(computation_flops(c, seen + (cid,)) for c in ins.called_computation_ids)
+        return total
+
+    return computation_flops(module.entry_computation_id, ())
+
+
+def buffer_bytes(hlo_proto: Any) -> int:
+    """XLA's memory plan for one execution: every buffer allocation but thread-local ones (parameters,
+    outputs, constants and the one preallocated temporary buffer the heap simulator sized)."""
+    return int(sum(a.size for a in hlo_proto.buffer_assignment.buffer_allocations if not a.is_thread_local))
+
+
+@dataclasses.dataclass
+class Compiled:
+    flops: float
+    peak_bytes: int | None
+    seconds: float
+    traced: Any  # the ConcreteFunction XLA compiled (its graph: what a TPU would be handed)
+
+
+def compile_step(fn: Callable, specs: Any, workload: str, which: str, optimize: bool = True) -> Compiled:
+    """Traces `fn(batch)` under XLA at `specs` (no tensor allocated, nothing run) and reads XLA's numbers;
+    `optimize` also runs XLA's HLO passes and buffer assignment (the memory plan; most of the time)."""
+    flat = tf.nest.flatten(specs)
+
+    def step(*tensors: tf.Tensor) -> Any:
+        return fn(tf.nest.pack_sequence_as(specs, list(tensors)))
+
+    compiled = tf.function(step, jit_compile=True)
+    hlo = _hlo_pb2()
+    t0 = time.time()
+    try:
+        ir = compiled.experimental_get_compiler_ir(*flat)
+        module = hlo.HloModuleProto.FromString(ir(stage="hlo_serialized"))
+        optimized = hlo.HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")) if optimize else None
+    except Exception as e:  # noqa: BLE001 - translated below, or re-raised untouched
+        error = xla_compile_error(e, workload, which)
+        if error is not None:
+            raise error from None
+        raise
+    seconds = time.time() - t0
+    peak = buffer_bytes(optimized) if optimized is not None and optimized.HasField("buffer_assignment") else None
+    return Compiled(count_flops(module), peak, seconds, compiled.get_concrete_function(*flat))
+
+
+# ---------------------------------------------------------------------- TPU rules, checked on CPU
+
+# Ops that only a host can run: Python callbacks, summaries and printing, input iterators, files.
+HOST_ONLY_OPS = {
+    "PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction", "PrintV2", "Print", "StringFormat",
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "MakeIterator", "AnonymousIterator",
+    "AnonymousIteratorV2", "AnonymousIteratorV3", "IteratorV2", "OptionalGetValue", "OptionalHasValue",
+    "ReadFile", "WriteFile",
+}
+
+
+def _graph_nodes(concrete: Any) -> list[Any]:
+    """NodeDefs of a traced function and of every function it calls (while bodies, branches, calls)."""
+    graph_def = concrete.graph.as_graph_def()
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
+def host_only_ops(concrete: Any) -> list[str]:
+    """`op_type name` of each node in a traced step that cannot be compiled for a TPU: a host-only op
+    (HOST_ONLY_OPS, summaries) or any string tensor."""
+    bad = []
+    for node in _graph_nodes(concrete):
+        types = []
+        for value in node.attr.values():
+            types += [value.type] if value.type else list(value.list.type)
+        if (node.op in HOST_ONLY_OPS or "Summary" in node.op or tf.string.as_datatype_enum in types):
+            bad.append(f"{node.op} {node.name}")
+    return bad
+
+
+def dynamic_inputs(concrete: Any) -> list[str]:
+    """Inputs of a traced step (batch tensors and captured variables) whose shape is not fully static."""
+    return [f"{t.name} {t.shape}" for t in concrete.inputs if not t.shape.is_fully_defined()]
+
+
+# ------------------------------------------------------------------------------ compile failures
+
+_UNSUPPORTED = re.compile(r"No registered '([\w>]+)' OpKernel for (\w+) devices")
+_DETECTED = re.compile(r"Detected unsupported operations when trying to compile graph \S+ on (\w+): (\w+)")
+_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+_CREATED = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_XLA_HINTS = ("tf2xla", "XLA", "compile-time constant", "jit_compile", "OpKernel for XLA")
+
+
+def xla_compile_error(exc: BaseException, workload: str, which: str) -> HarnessError | None:
+    """A failure to compile a step under XLA as one line naming the op (None: not a compile failure).
+
+    `which` is "train" or "eval". The line reads `<workload> <which> step does not compile under XLA:
+    <op> ...`, with where the op was created when TensorFlow says so.
+    """
+    if isinstance(exc, HarnessError):
+        return None
+    text = getattr(exc, "message", None) or str(exc)
+    if not any(h in text for h in _XLA_HINTS):
+        return None
+    ops = list(dict.fromkeys(_UNSUPPORTED.findall(text)))
+    detected = _DETECTED.search(text)
+    if ops:
+        names = ", ".join(op for op, _ in ops)
+        what = f"{names} (no {ops[0][1]} kernel)"
+    elif detected:
+        what = f"{detected.group(2)} (no {detected.group(1)} kernel)"
+    else:
+        first = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), type(exc).__name__)
+        first = re.sub(r"^Failed getting HLO text: '?", "", first)
+        node = _NODE.search(text)
+        what = (f"{node.group(1)}: " if node else "") + first[:200]
+    frames = [f for f in _CREATED.findall(text) if "site-packages" not in f[0]]
+    where = f", created at {os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    return HarnessError(f"{workload} {which} step does not compile under XLA: {what}{where}")
+
+
+# --------------------------------------------------------------------------------- the dry run
+
+def _with_batch(spec: dict[str, tf.TensorSpec], batch: int) -> dict[str, tf.TensorSpec]:
+    for k, s in spec.items():
+        if not s.shape.is_fully_defined():
+            raise HarnessError(f"input {k!r} has shape {s.shape}: a compiled step needs static shapes")
+    return {k: tf.TensorSpec([batch] + s.shape.as_list(), s.dtype, name=k) for k, s in spec.items()}
+
+
+def eval_replica_fn(steps: CompiledSteps) -> tuple[Callable, str | None]:
+    """The eval computation one replica runs: the loop's own when it exposes it, else the smallest
+    equivalent (the workload's eval_step plus the example count), said in the second value."""
+    own = getattr(steps, "eval_replica_step", None)
+    if own is not None:
+        return own, None
+
+    def replica(batch: dict[str, tf.Tensor]) -> Any:
+        batch = dict(batch)
+        mask, index = batch.pop(MASK), batch.pop(INDEX)
+        out = dict(steps.workload.eval_step(batch, mask))
+        out[COUNT] = tf.reduce_sum(mask)
+        out[INDEX] = index
+        return out
+
+    return replica, ("eval step: the loop's per-replica eval function is nested in this version, so the "
+                     "workload's eval_step plus the mask count is compiled")
+
+
+def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePlan]:
+    """The config's workload on the stand-in runtime, with the batch checks `run` makes."""
+    from benchmarks import registry
+
+    plan = device_plan(cfg)
+    runtime = StandInRuntime(cfg, plan)
+    workload = registry.get(cfg.workload)(cfg, runtime)
+    gbs, micro = cfg.schedule.global_batch_size, cfg.schedule.gradient_accumulation_steps
+    runtime.check_batch(gbs)
+    if gbs % (runtime.num_replicas * micro):
+        raise HarnessError(f"schedule.global_batch_size={gbs} does not split into {micro} micro-batches "
+                           f"(schedule.gradient_accumulation_steps) on each of {runtime.num_replicas} "
+                           f"replica(s); use a multiple of {runtime.num_replicas * micro}")
+    runtime.check_batch(cfg.schedule.eval_batch_size or gbs, "schedule.eval_batch_size")
+    closed = workload.closed_target(cfg.ruleset)
+    if cfg.submission.division == "closed" and cfg.schedule.target and cfg.schedule.target < closed:
+        raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
+                           f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
+    return workload, runtime, plan
+
+
+def compile_report(config_path: str, overrides: list[str], optimize: bool = True) -> CompileReport:
+    """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
+    (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks)."""
+    from harness.train import run as run_lib
+    from harness.train import weights_init
+
+    cfg = config_lib.load_config(config_path, overrides)
+    workload, runtime, plan = standin_model(cfg)
+    train_spec, eval_spec, data_notes = workload.dry_run_inputs()
+    workload.eval_schedule()
+    weights_init.plan(workload, run_lib.run_rulesets(cfg), cfg.submission.division)
+    with runtime.scope():
+        workload.build()
+    steps = CompiledSteps(runtime, workload)
+
+    gbs = cfg.schedule.global_batch_size
+    ebs = cfg.schedule.eval_batch_size or gbs
+    per_replica, eval_per_replica = gbs // plan.replicas, ebs // plan.replicas
+    train_batch = _with_batch(train_spec, per_replica)
+    eval_batch = _with_batch(dict(eval_spec, **{MASK: tf.TensorSpec([], tf.float32),
+                                                INDEX: tf.TensorSpec([], tf.int64)}), eval_per_replica)
+    train = compile_step(steps.train_step, train_batch, cfg.workload, "train", optimize)
+    eval_fn, eval_note = eval_replica_fn(steps)
+    evaluation = compile_step(eval_fn, eval_batch, cfg.workload, "eval", optimize)
+
+    model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]
+    opt_vars = [v for v in runtime.variables() if v.path.startswith(f"{workload.optimizer.name}/")]
+
+    def per_device(infos: list) -> int:
+        return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size / runtime.layout_shards(v.dims)
+                       for v in infos))
+
+    trainable = runtime.variables(trainable=True)
+    notes = list(plan.notes) + [
+        f"one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
+        f"(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled"]
+    if plan.model_axis > 1:
+        notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "
+                     f"devices repeat is counted once); bytes per device divide each variable by its layout; "
+                     f"XLA's peak is that of the unpartitioned replica, so it is not reported per device")
+    notes += data_notes + ([eval_note] if eval_note else [])
+    if workload.cfg.schedule.gradient_accumulation_steps > 1:
+        notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
+    whole = plan.model_axis == 1
+    return CompileReport(
+        workload=cfg.workload, config=config_path, replicas=plan.replicas, model_axis=plan.model_axis,
+        per_replica_batch=per_replica, global_batch=gbs, eval_per_replica_batch=eval_per_replica,
+        params=int(sum(v.variable.shape.num_elements() for v in trainable)),
+        train_flops_per_replica_step=train.flops, eval_flops_per_replica_step=evaluation.flops,
+        flops_source="counted (from the HLO module TensorFlow gives XLA: dot/convolution 2 per multiply-add, "
+                     "elementwise 1 per element, while-loop bodies once; XLA's HloCostAnalysis is not exposed "
+                     "by TensorFlow's Python API)",
+        weight_bytes_per_device=per_device(model_vars), optimizer_bytes_per_device=per_device(opt_vars),
+        gradient_bytes=int(sum(v.variable.shape.num_elements() * v.variable.dtype.size for v in trainable)),
+        peak_bytes_per_device=train.peak_bytes if whole else None,
+        eval_peak_bytes_per_device=evaluation.peak_bytes if whole else None,
+        compile_seconds={"train": round(train.seconds, 2), "eval": round(evaluation.seconds, 2)},
+        runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes,
+        traced={"train": train.traced, "eval": evaluation.traced})
+
+
+def main(config_path: str, overrides: list[str], json_path: str | None = None) -> int:
+    """`run CONFIG --dry_run`: prints the report (and writes it as JSON); 0, or HarnessError -> 2."""
+    report = compile_report(config_path, overrides)
+    for line in report.lines():
+        print(line)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        print(f"json: {json_path}")
+    return 0

@@ -1,0 +1,138 @@
+"""`run CONFIG --dry_run`: every hardware config builds and compiles under XLA on a stand-in replica (at
+reduced width here; the README gives the full-size commands), with XLA's numbers, and a step that does
+not compile is one `error:` line."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from benchmarks import registry
+from conftest import REPO, run_cli, stderr_error_lines
+from dry_run_shared import HARDWARE_CONFIGS, REDUCED, reduced_report, workload_of
+from harness import config as config_lib
+from harness.errors import HarnessError
+from harness.runtime import make_runtime
+from harness.runtime.base import InputContext
+from harness.train import dryrun
+
+# (replicas, devices per replica, per-replica batch) the real run would have.
+EXPECTED_DEVICES = {
+    "configs/resnet/gpu-8x.yaml": (8, 1, 408),
+    "configs/resnet/tpu-v3-32.yaml": (32, 1, 102),
+    "configs/ssd/reference.yaml": (8, 1, 128),
+    "configs/ssd/tpu-v3-32-spatial.yaml": (8, 4, 32),
+    "configs/transformer/tpu-v3-32-mp4.yaml": (8, 4, 256),
+    "configs/transformer/reference.yaml": (256, 1, 8),
+}
+
+
+def test_the_hardware_configs_are_all_covered():
+    assert set(EXPECTED_DEVICES) <= set(HARDWARE_CONFIGS)
+    assert {workload_of(c) for c in HARDWARE_CONFIGS} == set(REDUCED)
+
+
+@pytest.mark.parametrize("config", HARDWARE_CONFIGS)
+def test_every_hardware_config_compiles_at_reduced_width(config):
+    r = reduced_report(config)
+    if config in EXPECTED_DEVICES:
+        assert (r.replicas, r.model_axis, r.per_replica_batch) == EXPECTED_DEVICES[config]
+    assert r.per_replica_batch * r.replicas == r.global_batch
+    assert r.params > 0 and r.gradient_bytes == 4 * r.params  # float32 gradients
+    # Sharded variables take 1/model_axis of their bytes at most; weights hold at least the parameters.
+    assert 4 * r.params / r.model_axis <= r.weight_bytes_per_device <= 4 * r.params * 1.1 + 2**20
+    assert r.optimizer_bytes_per_device > 0
+    assert r.train_flops_per_replica_step > 2 * r.params * r.per_replica_batch  # at least a forward pass
+    assert r.eval_flops_per_replica_step > 0
+    assert r.flops_source.startswith("counted")
+    assert any("one CPU device compiled one replica's program" in n for n in r.stand_in)
+    json.dumps(r.to_dict())
+
+
+def test_flops_are_counted_as_xla_counts_them_on_a_hand_checked_step():
+    w = tf.Variable(tf.ones([256, 512]))
+    k = tf.Variable(tf.ones([3, 3, 16, 32]))
+
+    def step(batch):
+        return tf.matmul(batch["x"], w), tf.nn.conv2d(batch["image"], k, 1, "VALID")
+
+    specs = {"x": tf.TensorSpec([64, 256]), "image": tf.TensorSpec([8, 32, 32, 16])}
+    compiled = dryrun.compile_step(step, specs, "toy", "train", optimize=True)
+    matmul = 2 * 64 * 256 * 512
+    conv = 2 * (8 * 30 * 30 * 32) * (3 * 3 * 16)
+    assert compiled.flops == matmul + conv
+    # XLA's memory plan holds at least the inputs, weights and outputs.
+    floats = 64 * 256 + 8 * 32 * 32 * 16 + 256 * 512 + 3 * 3 * 16 * 32 + 64 * 512 + 8 * 30 * 30 * 32
+    assert compiled.peak_bytes >= 4 * floats
+
+
+def test_a_step_that_does_not_compile_is_one_line_naming_the_op():
+    def step(batch):
+        return tf.strings.length(tf.strings.as_string(batch["x"]))  # strings: no XLA kernel
+
+    with pytest.raises(HarnessError) as e:
+        dryrun.compile_step(step, {"x": tf.TensorSpec([4])}, "toy", "eval")
+    message = str(e.value)
+    assert message.startswith("toy eval step does not compile under XLA: AsString"), message
+    assert "\n" not in message and "test_dry_run.py" in message
+    assert dryrun.xla_compile_error(ValueError("shapes differ"), "toy", "train") is None
+
+
+@pytest.mark.parametrize("workload", sorted(REDUCED))
+def test_dry_run_inputs_match_what_the_data_gives(workload):
+    small = {"transformer": ["data.synthetic_train_pairs=200", "data.eval_samples=8", "data.train_samples=8"],
+             "ssd": ["data.train_samples=8", "data.eval_samples=8", "submission.division=open"]}.get(workload, [])
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"), small)
+    runtime = make_runtime(cfg.runtime)
+    w = registry.get(workload)(cfg, runtime)
+    if workload == "transformer":  # a dry run takes the vocabulary's size from the config
+        cfg.model.vocab_size = w.vocab_size
+    train, evaluation, _ = registry.get(workload)(cfg, runtime).dry_run_inputs()
+    ctx = InputContext(num_hosts=1, host_id=0, batch_size=2, seed=0)
+    assert w.train_dataset(ctx).element_spec == train
+    parsed = w.eval_records(ctx).map(w.eval_parse).element_spec
+    if workload == "transformer":  # eval inputs stood in at data.max_sequence_length, not the longest
+        parsed = {k: tf.TensorSpec([8 * -(-cfg.data.max_sequence_length // 8)], s.dtype) for k, s in parsed.items()}
+    assert parsed == evaluation
+
+
+def test_device_plans_come_from_the_config_or_are_refused():
+    cfg = config_lib.load_config(os.path.join(REPO, "configs/resnet/tpu-v3-32.yaml"), [])
+    assert dryrun.device_plan(cfg).replicas == 32
+    cfg.submission.platform, cfg.runtime.tpu = "my-pod", "my-tpu"
+    with pytest.raises(HarnessError, match="cannot tell how many TPU cores"):
+        dryrun.device_plan(cfg)
+    assert dryrun.tpu_devices("tpu-v4-32") == 16 and dryrun.tpu_devices("v5litepod-16") == 16
+
+
+def test_cli_dry_run_prints_the_report_writes_json_and_no_log(tmp_path):
+    out, js = tmp_path / "runs", tmp_path / "report.json"
+    sets = [a for o in REDUCED["resnet"] + [f"output_dir={out}"] for a in ("--set", o)]
+    proc = run_cli("run", "configs/resnet/gpu-8x.yaml", "--dry_run", "--json", str(js), *sets)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FLOPs per train step (one replica):" in proc.stdout
+    assert re.search(r"peak memory per device \(XLA:CPU buffer assignment, train step\): \d+\.\d+ GiB", proc.stdout)
+    assert "stood in: runtime.gpus=8 GPUs" in proc.stdout
+    report = json.loads(js.read_text())
+    assert report["replicas"] == 8 and report["peak_bytes_per_device"] > 0
+    assert not out.exists()
+
+
+def test_cli_compile_failure_is_one_error_line(tmp_path):
+    # A real workload whose training loss gains an op with no XLA kernel (a helper patches it in).
+    helper = os.path.join(REPO, "tests", "helpers", "broken_step.py")
+    proc = subprocess.run([sys.executable, helper, "run", "configs/resnet/smoke.yaml", "--dry_run", "--set",
+                           f"output_dir={tmp_path / 'runs'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert stderr_error_lines(proc) == [l for l in proc.stderr.splitlines() if l.strip()][-1:]
+    line = stderr_error_lines(proc)[0]
+    assert line.startswith("error: resnet train step does not compile under XLA: AsString"), line
+    assert "broken_step.py" in line  # where the op was created
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
