@@ -33,6 +33,7 @@ flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementa
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
+  data count CONFIG [--set key=value ...]               the sample counts the config's data files hold
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
   check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
   list                                                  workloads and configs
@@ -69,6 +70,18 @@ def cmd_run(args: list[str]) -> int:
     from harness.train import run
 
     return run.execute(args[0], FLAGS.set, FLAGS.output_dir)
+
+
+def cmd_data(args: list[str]) -> int:
+    if len(args) != 2 or args[0] != "count":
+        raise HarnessError("data takes `count CONFIG` (overrides go in --set key=value)")
+    from harness.train import reference
+
+    counts = reference.count_data(args[1], FLAGS.set)
+    for key, n in counts.items():
+        print(f"data.{key}={n}")
+    print("use: " + " ".join(f"--set data.{k}={n}" for k, n in counts.items()))
+    return 0
 
 
 def cmd_check(args: list[str]) -> int:
@@ -109,7 +122,7 @@ def cmd_package(args: list[str]) -> int:
     return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
+COMMANDS = {"run": cmd_run, "data": cmd_data, "check": cmd_check, "list": cmd_list, "report": cmd_report,
             "campaign": cmd_campaign, "package": cmd_package}
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import cached_count, check_count, list_files
+from harness.train.datafiles import cached_count, check_count, counted_records, list_files
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 
@@ -584,10 +584,15 @@ class TFRecordSource(_Source):
                      f"{self.cfg.eval_pattern} under {self.cfg.data_dir}")
         for _ in self._scan(train_files, TRAIN_SCAN_RECORDS):
             pass
-        # Training uses the images with boxes; counted once over all shards and cached beside them.
-        with_boxes = cached_count(train_files, "images with boxes", {}, lambda: count_images_with_boxes(train_files))
-        _check_count("images with boxes", self.cfg.train_samples, with_boxes, "train_samples",
+        _check_count("images with boxes", self.cfg.train_samples, self.counts()["train_samples"], "train_samples",
                      f"{self.cfg.train_pattern} under {self.cfg.data_dir}")
+
+    def counts(self) -> dict[str, int]:
+        """Training images with boxes (the ones training uses; counted once over every shard and cached beside
+        them) and eval records."""
+        train = self._files(self.cfg.train_pattern)
+        return {"train_samples": cached_count(train, "images with boxes", {}, lambda: count_images_with_boxes(train)),
+                "eval_samples": counted_records(self._files(self.cfg.eval_pattern))}
 
     # -- pipelines
     def train(self, ctx: InputContext) -> tf.data.Dataset:

@@ -184,6 +184,9 @@ class TFRecordSource(Source):
                         f"{self.cfg.train_pattern} under {self.cfg.data_dir} (packed as data.packing, "
                         f"data.row_length and data.max_sequence_length say)")
 
+    def counts(self) -> dict[str, int]:
+        return {"train_samples": self.counted_rows(), "eval_samples": len(self.eval_set[0])}
+
     def counted_rows(self) -> int:
         """Rows one epoch packs into: the files' pairs read round-robin over the sorted shards (the order the
         reference-layout writers use), length-filtered and packed in that order. Counted from the pairs'
@@ -238,6 +241,10 @@ class TFDSSource(TFRecordSource):
         except Exception as e:  # noqa: BLE001
             raise HarnessError(f"cannot read TFDS {self.cfg.tfds_name} split {split!r} from {self.cfg.data_dir}: "
                                f"{str(e).splitlines()[0][:200]}") from None
+
+    def counts(self) -> dict[str, int]:
+        raise HarnessError("data.source=tfds: counting the rows would encode the whole corpus on the host; "
+                           "state data.train_samples")
 
     def counted_rows(self) -> None:
         """Counting would encode the whole corpus on the host: data.train_samples is required instead."""

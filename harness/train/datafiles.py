@@ -113,6 +113,11 @@ def cached_count(files: list[str], what: str, settings: dict[str, Any], count: C
     return n
 
 
+def counted_records(files: list[str]) -> int:
+    """`count_records(files)`, cached beside them."""
+    return cached_count(files, "records", {}, lambda: count_records(files))
+
+
 def check_count(key: str, stated: int, counted: int, what: str, where: str) -> None:
     """One line when a config's sample count is not what the files hold, with the number to set."""
     if stated != counted:

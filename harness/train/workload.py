@@ -199,6 +199,12 @@ class Workload(abc.ABC):
     def validate(self) -> None:
         """Checks inputs (data paths, sizes, rules) before the log is created; raise HarnessError."""
 
+    def data_counts(self) -> dict[str, int]:
+        """The sample counts the data files hold, by the `data.` key each belongs in (`mlperf-harness data
+        count`); default: the source's `counts()`, {} when it has none (synthetic data is generated to fit)."""
+        counts = getattr(getattr(self, "source", None), "counts", None)
+        return counts() if callable(counts) else {}
+
     def reference_model(self) -> ReferenceModel | None:
         """The model the rules fix for the closed division (harness.train.reference checks a closed run on
         real data against it before `validate`); None: the workload declares none."""
