@@ -57,11 +57,12 @@ def count_records(files: list[str]) -> int:
             while pos < size:
                 header = f.read(_HEADER)
                 if len(header) < _HEADER:
-                    raise HarnessError(f"{path} is truncated or not a TFRecord file (a record header ends at byte "
-                                       f"{pos + len(header)} of {size})")
+                    raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (a record header ends "
+                                       f"at byte {pos + len(header)} of {size})")
                 pos += _HEADER + int.from_bytes(header[:8], "little") + 4
                 if pos > size:
-                    raise HarnessError(f"{path} is truncated or not a TFRecord file (a record runs past its end)")
+                    raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (a record runs past "
+                                       f"its end)")
                 f.seek(pos)
                 total += 1
     return total
