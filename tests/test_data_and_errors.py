@@ -102,10 +102,10 @@ def test_cli_unknown_key_and_workload(tmp_out, tmp_path):
 
 def test_missing_data_path_and_no_matching_files(tmp_out, tmp_path):
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
-                   *sets(data__source="tfrecord", data__data_dir=str(tmp_path / "nope")))
+                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path / "nope")))
     assert_clean_error(proc, "does not exist")
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
-                   *sets(data__source="tfrecord", data__data_dir=str(tmp_path)))
+                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path)))
     assert_clean_error(proc, "no files match", "train-*-of-*")
     assert not glob.glob(os.path.join(tmp_out, "**", "result_*.txt"), recursive=True)
 

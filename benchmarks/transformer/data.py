@@ -130,7 +130,7 @@ def _lengths(records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 def _pair_lengths(files: list[str]):
     """(inputs, targets) lengths of every pair, one record from each sorted file in turn."""
     ds = tf.data.Dataset.from_tensor_slices(sorted(files)).interleave(
-        tf.data.TFRecordDataset, cycle_length=len(files), block_length=1, deterministic=True)
+        tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
     for n_in, n_tgt in ds.batch(4096).map(_lengths).as_numpy_iterator():
         yield from zip(n_in.tolist(), n_tgt.tolist())
 
