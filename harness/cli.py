@@ -19,7 +19,8 @@ flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.
 flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
 flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile one train and one eval step "
                   "under XLA on a stand-in replica; print sizes, FLOPs and memory; no data, no log")
-flags.DEFINE_string("json", None, "run --dry_run: also write the compile report to this JSON file")
+flags.DEFINE_string("report_json", None, "run --dry_run: also write the compile report to this JSON file "
+                    "(plan --model_cost reads it)")
 flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the log's own "
                           "benchmark's usual ruleset 4.0.0 or 0.7.0 for transformer)")
 flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
@@ -46,7 +47,8 @@ flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run 
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
-  run CONFIG --dry_run [--set ...] [--json FILE]        compile its steps under XLA before booking hardware
+  run CONFIG --dry_run [--report_json FILE]             compile its steps under XLA before booking hardware
+  data count CONFIG [--set key=value ...]               the sample counts the config's data files hold
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
   check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
   list                                                  workloads and configs
@@ -84,9 +86,21 @@ def cmd_run(args: list[str]) -> int:
         raise HarnessError("run takes exactly one CONFIG file (overrides go in --set key=value)")
     from harness.train import run
 
-    if FLAGS.json and not FLAGS.dry_run:
-        raise HarnessError("--json writes the --dry_run report; add --dry_run")
-    return run.execute(args[0], FLAGS.set, FLAGS.output_dir, dry_run=FLAGS.dry_run, json_path=FLAGS.json)
+    if FLAGS.report_json and not FLAGS.dry_run:
+        raise HarnessError("--report_json writes the --dry_run report; add --dry_run")
+    return run.execute(args[0], FLAGS.set, FLAGS.output_dir, dry_run=FLAGS.dry_run, json_path=FLAGS.report_json)
+
+
+def cmd_data(args: list[str]) -> int:
+    if len(args) != 2 or args[0] != "count":
+        raise HarnessError("data takes `count CONFIG` (overrides go in --set key=value)")
+    from harness.train import reference
+
+    counts = reference.count_data(args[1], FLAGS.set)
+    for key, n in counts.items():
+        print(f"data.{key}={n}")
+    print("use: " + " ".join(f"--set data.{k}={n}" for k, n in counts.items()))
+    return 0
 
 
 def cmd_check(args: list[str]) -> int:
@@ -137,7 +151,7 @@ def cmd_plan(args: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
-            "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan}
+            "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan, "data": cmd_data}
 
 
 def main(argv: list[str]) -> None:

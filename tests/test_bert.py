@@ -82,7 +82,8 @@ def test_synthetic_data_is_deterministic_and_well_formed():
 
 
 def test_tfrecord_source_reads_the_mlperf_format_split_over_hosts(tmp_path):
-    cfg = config_lib.load_config(SMOKE, TINY + [f"data.data_dir={tmp_path}", "data.source=tfrecord"]).data
+    cfg = config_lib.load_config(SMOKE, TINY + [f"data.data_dir={tmp_path}", "data.source=tfrecord",
+                                                "data.train_samples=40", "data.eval_samples=15"]).data
     arrays = SyntheticSource(cfg, 64).generate(40, stream=3)
     tfrecord_writer.write(str(tmp_path / "part-00000-of-00002"), tfrecord_writer.rows(arrays, 0, 20))
     tfrecord_writer.write(str(tmp_path / "part-00001-of-00002"), tfrecord_writer.rows(arrays, 20, 40))

@@ -187,7 +187,7 @@ def test_package_tree_passes_official_package_checker(packaged):
     assert os.access(os.path.join(impl, "run_and_time.sh"), os.X_OK)
     with open(os.path.join(org, "systems", "cpu-smoke.json")) as f:
         system = json.load(f)
-    assert system["status"] == "Available on-premise" and system["division"] == "closed"
+    assert system["status"] == "Available on-premise" and system["division"] == "open"
     assert system["framework"].startswith("TensorFlow 2.")
     assert system["host_storage_type"] == "local SSD" and system["accelerators_per_node"] == "0"
     report = json.load(open(os.path.join(out, "package_report.json")))

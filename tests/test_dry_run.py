@@ -113,7 +113,7 @@ def test_device_plans_come_from_the_config_or_are_refused():
 def test_cli_dry_run_prints_the_report_writes_json_and_no_log(tmp_path):
     out, js = tmp_path / "runs", tmp_path / "report.json"
     sets = [a for o in REDUCED["resnet"] + [f"output_dir={out}"] for a in ("--set", o)]
-    proc = run_cli("run", "configs/resnet/gpu-8x.yaml", "--dry_run", "--json", str(js), *sets)
+    proc = run_cli("run", "configs/resnet/gpu-8x.yaml", "--dry_run", "--report_json", str(js), *sets)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "FLOPs per train step (one replica):" in proc.stdout
     assert re.search(r"peak memory per device \(XLA:CPU buffer assignment, train step\): \d+\.\d+ GiB", proc.stdout)

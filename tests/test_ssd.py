@@ -16,6 +16,7 @@ from harness.train.run import execute
 from harness.runtime import make_runtime
 
 from benchmarks.ssd import boxes
+from benchmarks.ssd.data import count_images_with_boxes
 from benchmarks.ssd.tfrecord_writer import write_synthetic
 from harness.review.integrity import ssd_rules_epochs
 
@@ -56,7 +57,9 @@ def test_closed_rules_are_enforced_at_load(tmp_path):
     refused(tmp_path, ["optimizer.warmup_epochs=0"], "at least one warmup step")
     refused(tmp_path, ["model.neg_ratio=2"], "3 hard negatives per positive")
     refused(tmp_path, ["data.source=tfrecord", "data.data_dir=/nonexistent"],
-            "is SSD300 on ResNet-34 with 81 classes: model.image_size, model.width, model.blocks")
+            r"^closed division on real data needs the reference SSD300 on ResNet-34: model.image_size=64 \(reference "
+            r"300\), model.width=16 \(reference 64\), model.blocks=\[1, 1, 1\] \(reference \[3, 4, 6\]\), .*"
+            r"model.num_classes=4 \(reference 81\); use submission.division=open$")
     refused(tmp_path, ["runtime.kind=default", "model.bn_span=0", "model.backbone_checkpoint=''"],
             "set model.backbone_checkpoint", config=REFERENCE)
 
@@ -145,7 +148,8 @@ def test_tfrecord_source_runs_end_to_end_against_the_json(tmp_path, tmp_out):
     paths = write_synthetic(str(tmp_path), train_images=64, val_images=24, image_size=64, seed=0, num_shards=2)
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
                    *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path),
-                         data__annotation_file=paths["val_json"], data__train_samples=64,
+                         data__annotation_file=paths["val_json"],
+                         data__train_samples=count_images_with_boxes(paths["train"]),
                          data__eval_samples=24, schedule__max_epochs=1, schedule__eval_every_epochs=1,
                          schedule__eval_batch_size=16, schedule__global_batch_size=16))
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -157,7 +157,12 @@ def test_tfrecord_round_trip(tmp_path, with_label):
                                           with_label=with_label, empty_fraction=0.3)
     assert [os.path.basename(p) for p in out["train"]] == ["train-00000-of-00002.tfrecord",
                                                            "train-00001-of-00002.tfrecord"]
-    src = make_source(tfrecord_cfg(out), MODEL)
+    train = synthetic_shapes.generate(16, split="train", seed=2, image_size=S, max_boxes=3, empty_fraction=0.3)
+    nonempty = np.flatnonzero(train["num_boxes"] > 0)
+    with pytest.raises(HarnessError, match=f"data.train_samples=16 but train-\\* under .* holds {len(nonempty)} images "
+                                           f"with boxes; set data.train_samples={len(nonempty)}$"):
+        make_source(tfrecord_cfg(out), MODEL).validate()
+    src = make_source(tfrecord_cfg(out, train_samples=len(nonempty)), MODEL)
     src.validate()
     assert src.category_map.category_ids == [1, 5, 9]
     val = synthetic_shapes.generate(10, split="val", seed=2, image_size=S, max_boxes=3, empty_fraction=0.3)
@@ -171,8 +176,6 @@ def test_tfrecord_round_trip(tmp_path, with_label):
         image = src.eval_parse(tf.constant(rec))["image"].numpy()
         np.testing.assert_array_equal(unnormalize(image), val["images"][image_id - 1])
 
-    train = synthetic_shapes.generate(16, split="train", seed=2, image_size=S, max_boxes=3, empty_fraction=0.3)
-    nonempty = np.flatnonzero(train["num_boxes"] > 0)
     assert 0 < len(nonempty) < 16
     labels = src.category_map.to_label(train["labels"])
     seen = set()

@@ -134,7 +134,7 @@ def write_wmt_files(folder: str, shards: int = 2, per_shard: int = 30, drop: str
     return tok, dict(source="tfrecord", data_dir=folder, vocab_file=os.path.join(folder, "vocab.ende.32768"),
                      eval_source_file=os.path.join(folder, "newstest2014.en"),
                      eval_reference_file=os.path.join(folder, "newstest2014.de"),
-                     max_sequence_length=16, row_length=32, train_samples=10, eval_samples=7, shuffle_buffer=8)
+                     max_sequence_length=16, row_length=32, train_samples=0, eval_samples=7, shuffle_buffer=8)
 
 
 def test_tfrecord_source_packs_rows_and_reads_the_eval_text(tmp_path):

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.nn.optim import LAMB
+from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.bert import tensor_names, checkpoint, config, data
@@ -41,6 +42,15 @@ def lamb_schedule(base_lr: float, end_lr: float, warmup_steps: int, start_warmup
     return lr
 
 
+# BERT-large (uncased, 30522 wordpieces) on the rules' phase-2 data: 512-token sequences with at most 76
+# masked-LM predictions, dropout 0.1 as the reference.
+REFERENCE_MODEL = ReferenceModel("BERT-large", {
+    "model.num_layers": 24, "model.hidden_size": 1024, "model.num_heads": 16, "model.ff_size": 4096,
+    "model.vocab_size": 30522, "model.max_position": 512, "model.type_vocab_size": 2,
+    "model.hidden_dropout": 0.1, "model.attention_dropout": 0.1,
+    "data.seq_length": 512, "data.max_predictions": 76})
+
+
 class BertWorkload(Workload):
     NAME = "bert"
     MLPERF_KEY = "bert"
@@ -57,6 +67,9 @@ class BertWorkload(Workload):
         if ruleset == "0.7.0":
             return 0.712 if self.cfg.schedule.global_batch_size < 8192 else 0.706
         return 0.720
+
+    def reference_model(self) -> ReferenceModel:
+        return REFERENCE_MODEL
 
     # ----------------------------------------------------------------------------- schedule
     @property

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import list_files, sharded_records
+from harness.train.datafiles import check_count, counted_records, list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -146,9 +146,16 @@ class TFRecordSource:
     def files(self, pattern: str) -> list[str]:
         return list_files(self.cfg.data_dir, pattern, "ImageNet shards")
 
+    def counts(self) -> dict[str, int]:
+        """Records in the training and eval files (from the record headers, cached beside the data)."""
+        return {"train_samples": counted_records(self.files(self.cfg.train_pattern)),
+                "eval_samples": counted_records(self.files(self.cfg.eval_pattern))}
+
     def validate(self) -> None:
-        self.files(self.cfg.train_pattern)
-        self.files(self.cfg.eval_pattern)
+        """The files exist and hold exactly data.train_samples / data.eval_samples images."""
+        for key, counted in self.counts().items():
+            pattern = self.cfg.train_pattern if key == "train_samples" else self.cfg.eval_pattern
+            check_count(key, getattr(self.cfg, key), counted, "images", f"{pattern} under {self.cfg.data_dir}")
 
     def parse(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return self._parse(record, FEATURES)[:2]

@@ -8,10 +8,17 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.nn.optim import LARS, SGDMomentum, poly_warmup_schedule
+from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm, Workload
 
 from benchmarks.resnet import tensor_names, config, data
 from benchmarks.resnet.model import ResNet
+
+
+# ResNet-50 v1.5 on 224 px ImageNet-1k (the MLPerf reference); both TF references start every BN gamma at 1.
+REFERENCE_MODEL = ReferenceModel("ResNet-50 v1.5", {
+    "model.blocks": [3, 4, 6, 3], "model.width": 64, "model.stem": "imagenet", "model.zero_init_residual": False,
+    "data.image_size": 224, "data.num_classes": 1000})
 
 
 class ResNetWorkload(Workload):
@@ -32,6 +39,9 @@ class ResNetWorkload(Workload):
 
     def closed_target(self, ruleset: str) -> float:
         return 0.759
+
+    def reference_model(self) -> ReferenceModel:
+        return REFERENCE_MODEL
 
     def validate(self) -> None:
         if self.cfg.submission.division == "closed":

@@ -11,10 +11,13 @@ from benchmarks.ssd.anchors import SSD300
 @dataclasses.dataclass
 class DataConfig:
     source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
-    data_dir: str = field("", doc="tfrecord: folder of train-*/val-* shards (create_coco_tf_record or TF "
-                          "Object Detection API schema); tfds: the TFDS data_dir holding coco/2017")
-    train_pattern: str = field("train-*", doc="tfrecord: glob of training shards under data_dir")
-    eval_pattern: str = field("val-*", doc="tfrecord: glob of eval shards under data_dir")
+    data_dir: str = field("", doc="tfrecord: folder of COCO shards, tensorflow/tpu's train-*/val-* or the TF "
+                          "Object Detection API's coco_train.record-*/coco_val.record-*; tfds: the TFDS data_dir "
+                          "holding coco/2017")
+    train_pattern: str = field("train-*", doc="tfrecord: glob of training shards under data_dir (the default also "
+                               "finds coco_train.record-*)")
+    eval_pattern: str = field("val-*", doc="tfrecord: glob of eval shards under data_dir (the default also finds "
+                              "coco_val.record-*)")
     annotation_file: str = field("", doc="tfrecord: instances_val2017.json, the ground truth COCOeval scores "
                                  "against (its image ids must be those of the eval records)")
     tfds_name: str = field("coco/2017")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import list_files
+from harness.train.datafiles import cached_count, check_count, counted_records, list_files
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 
@@ -234,8 +234,21 @@ def _named_records(file: tf.Tensor) -> tf.data.Dataset:
 
 
 def _check_count(what: str, want: int, have: int, key: str, where: str) -> None:
-    if want != have:
-        raise HarnessError(f"data.{key}={want} but {where} holds {have} {what}; set data.{key}={have}")
+    check_count(key, want, have, what, where)
+
+
+_BOXES_ONLY = {"image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32)}
+
+
+def _boxes_per_record(records: tf.Tensor) -> tf.Tensor:
+    xmin = tf.io.parse_example(records, _BOXES_ONLY)["image/object/bbox/xmin"]
+    return tf.math.bincount(tf.cast(xmin.indices[:, 0], tf.int32), minlength=tf.size(records))
+
+
+def count_images_with_boxes(files: list[str]) -> int:
+    """Records of `files` with at least one box: the images training uses (empty ones are dropped)."""
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(8, len(files))).batch(1024).map(_boxes_per_record)
+    return sum(int(np.count_nonzero(n)) for n in ds.as_numpy_iterator())
 
 
 # ----------------------------------------------------------------------------------------------- sources
@@ -384,6 +397,11 @@ class SyntheticSource(_Source):
 
 # ------------------------------------------------------------------------------------------------ TFRecords
 
+# Shard names of the two COCO converters, each default pattern with the other's: tensorflow/tpu's
+# create_coco_tf_record writes train-/val-NNNNN-of-NNNNN.tfrecord, the TF Object Detection API's
+# create_coco_tf_record writes coco_train.record-/coco_val.record-NNNNN-of-NNNNN.
+LAYOUTS = {"train-*": "coco_train.record-*", "val-*": "coco_val.record-*"}
+
 _BOX_KEYS = ("xmin", "ymin", "xmax", "ymax")  # ltrb
 SCAN_FEATURES = {
     "image/source_id": tf.io.FixedLenFeature([], tf.string, default_value=""),
@@ -435,6 +453,14 @@ class TFRecordSource(_Source):
         return {str(c["name"]): int(c["id"]) for c in self._annotations().dataset["categories"]}
 
     def _files(self, pattern: str) -> list[str]:
+        """The shards `pattern` names; a default pattern that finds none tries the other converter's (LAYOUTS)."""
+        other, folder = LAYOUTS.get(pattern), self.cfg.data_dir
+        if other and folder and os.path.isdir(folder) and not tf.io.gfile.glob(os.path.join(folder, pattern)):
+            if not tf.io.gfile.glob(os.path.join(folder, other)):
+                key = "train_pattern" if pattern == self.cfg.train_pattern else "eval_pattern"
+                raise HarnessError(f"no COCO shards under {folder} match {pattern} (tensorflow/tpu naming) or {other} "
+                                   f"(Object Detection API naming); set data.{key} to their glob")
+            pattern = other
         return list_files(self.cfg.data_dir, pattern, "COCO TFRecord shards")
 
     # -- parsing
@@ -558,6 +584,15 @@ class TFRecordSource(_Source):
                      f"{self.cfg.eval_pattern} under {self.cfg.data_dir}")
         for _ in self._scan(train_files, TRAIN_SCAN_RECORDS):
             pass
+        _check_count("images with boxes", self.cfg.train_samples, self.counts()["train_samples"], "train_samples",
+                     f"{self.cfg.train_pattern} under {self.cfg.data_dir}")
+
+    def counts(self) -> dict[str, int]:
+        """Training images with boxes (the ones training uses; counted once over every shard and cached beside
+        them) and eval records."""
+        train = self._files(self.cfg.train_pattern)
+        return {"train_samples": cached_count(train, "images with boxes", {}, lambda: count_images_with_boxes(train)),
+                "eval_samples": counted_records(self._files(self.cfg.eval_pattern))}
 
     # -- pipelines
     def train(self, ctx: InputContext) -> tf.data.Dataset:

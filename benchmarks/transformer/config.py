@@ -22,8 +22,9 @@ class DataConfig:
     packing: bool = field(True, doc="pack several pairs into each row (segment ids keep them apart); "
                           "false: one pair per row, padded")
     row_length: int = field(0, min=0, doc="tokens per training row (0 = max_sequence_length)")
-    train_samples: int = field(0, min=0, doc="rows in one epoch (MLPerf train_samples); synthetic: 0 = "
-                               "counted; tfrecord/tfds: required, rows after packing")
+    train_samples: int = field(0, min=0, doc="rows in one epoch (MLPerf train_samples); synthetic and "
+                               "tfrecord: 0 = counted (tfrecord: once, cached beside the files; `mlperf-harness "
+                               "data count CONFIG` prints it), a stated count must match; tfds: required")
     eval_samples: int = field(3003, min=1, doc="sentences in the eval set (newstest2014: 3003)")
     shuffle_buffer: int = field(10000, min=1)
     synthetic_seed: int = field(0, doc="fixes the synthetic language and corpus; the run seed fixes the order")

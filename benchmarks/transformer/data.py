@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import list_files, sharded_records
+from harness.train.datafiles import cached_count, check_count, list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -117,6 +117,24 @@ class SyntheticSource(Source):
         return [with_eos(self.tokenizer.encode(s)) for s, _ in pairs], [t for _, t in pairs]
 
 
+_LENGTH_SPEC = {"inputs": tf.io.VarLenFeature(tf.int64), "targets": tf.io.VarLenFeature(tf.int64)}
+
+
+def _lengths(records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    ex = tf.io.parse_example(records, _LENGTH_SPEC)
+    n = tf.size(records)
+    return tuple(tf.math.bincount(tf.cast(ex[k].indices[:, 0], tf.int32), minlength=n, maxlength=n)
+                 for k in ("inputs", "targets"))
+
+
+def _pair_lengths(files: list[str]):
+    """(inputs, targets) lengths of every pair, one record from each sorted file in turn."""
+    ds = tf.data.Dataset.from_tensor_slices(sorted(files)).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
+    for n_in, n_tgt in ds.batch(4096).map(_lengths).as_numpy_iterator():
+        yield from zip(n_in.tolist(), n_tgt.tolist())
+
+
 def _read_lines(path: str, what: str) -> list[str]:
     if not path:
         raise HarnessError(f"data.{what} is required for data.source=tfrecord")
@@ -135,6 +153,7 @@ class TFRecordSource(Source):
     def __init__(self, cfg: DataConfig) -> None:
         super().__init__(cfg)
         self._tokenizer: Subtokenizer | None = None
+        self._rows_counted: int | None = None
 
     @property
     def tokenizer(self) -> Subtokenizer:
@@ -160,9 +179,25 @@ class TFRecordSource(Source):
         if missing:
             raise HarnessError(f"{files[0]}: records lack feature(s) {', '.join(missing)} (expected int64 "
                                f"'inputs' and 'targets', the reference's encoded format)")
-        if not self.cfg.train_samples:
-            raise HarnessError("data.train_samples (training rows per epoch) is required for "
-                               f"data.source={self.cfg.source}")
+        if self.cfg.train_samples:
+            check_count("train_samples", self.cfg.train_samples, self.counted_rows(), "training rows",
+                        f"{self.cfg.train_pattern} under {self.cfg.data_dir} (packed as data.packing, "
+                        f"data.row_length and data.max_sequence_length say)")
+
+    def counts(self) -> dict[str, int]:
+        return {"train_samples": self.counted_rows(), "eval_samples": len(self.eval_set[0])}
+
+    def counted_rows(self) -> int:
+        """Rows one epoch packs into: the files' pairs read round-robin over the sorted shards (the order the
+        reference-layout writers use), length-filtered and packed in that order. Counted from the pairs'
+        lengths once, and cached beside the data keyed by the files and the packing settings."""
+        if self._rows_counted is None:
+            files, c = self.files(), self.cfg
+            settings = {"row_length": self.row_length, "max_sequence_length": c.max_sequence_length,
+                        "packing": c.packing}
+            self._rows_counted = cached_count(files, "packed rows", settings, lambda: packing.count_rows(
+                _pair_lengths(files), self.row_length, c.max_sequence_length, c.packing))
+        return self._rows_counted
 
     def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         ex = tf.io.parse_single_example(record, self.SPEC)
@@ -206,6 +241,14 @@ class TFDSSource(TFRecordSource):
         except Exception as e:  # noqa: BLE001
             raise HarnessError(f"cannot read TFDS {self.cfg.tfds_name} split {split!r} from {self.cfg.data_dir}: "
                                f"{str(e).splitlines()[0][:200]}") from None
+
+    def counts(self) -> dict[str, int]:
+        raise HarnessError("data.source=tfds: counting the rows would encode the whole corpus on the host; "
+                           "state data.train_samples")
+
+    def counted_rows(self) -> None:
+        """Counting would encode the whole corpus on the host: data.train_samples is required instead."""
+        return None
 
     def validate(self) -> None:
         self.tokenizer  # noqa: B018 - a missing vocab file fails here

@@ -85,3 +85,20 @@ def within_length(max_length: int):
     def keep(pair: dict[str, tf.Tensor]) -> tf.Tensor:
         return tf.logical_and(tf.size(pair["inputs"]) <= max_length, tf.size(pair["targets"]) <= max_length)
     return keep
+
+
+def count_rows(lengths, row_length: int, max_length: int, packing: bool) -> int:
+    """The rows `within_length` + `to_rows(..., flush_at_end=True)` make of pairs with these (inputs, targets)
+    lengths in this order, computed from the lengths alone (what `mlperf-harness data count` reports)."""
+    rows, used_in, used_tgt, open_row = 0, 0, 0, False
+    for n_in, n_tgt in lengths:
+        if n_in > max_length or n_tgt > max_length:
+            continue
+        if not packing:
+            rows += 1
+        elif open_row and used_in + n_in <= row_length and used_tgt + n_tgt <= row_length:
+            used_in, used_tgt = used_in + n_in, used_tgt + n_tgt
+        else:
+            rows += open_row
+            used_in, used_tgt, open_row = n_in, n_tgt, True
+    return rows + (packing and open_row)

@@ -18,10 +18,19 @@ from harness.errors import HarnessError
 from harness.train.loop import INDEX
 from harness.mlperf import Logged
 from harness.nn.optim import Adam, rsqrt_warmup_schedule
+from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm, Workload
 
 from benchmarks.transformer import bleu, config, data
 from benchmarks.transformer.model import Transformer
+
+
+VOCAB = "vocabulary size (data.vocab_file)"
+# Transformer-big (6 + 6 layers) over the reference's shared 33,708-subword vocabulary (specs/transformer.md).
+REFERENCE_MODEL = ReferenceModel("Transformer-big", {
+    "model.num_layers": 6, "model.hidden_size": 1024, "model.num_heads": 16, "model.filter_size": 4096,
+    VOCAB: 33708, "model.layer_postprocess_dropout": 0.1, "model.attention_dropout": 0.1,
+    "model.relu_dropout": 0.1, "model.label_smoothing": 0.1})
 
 
 class TransformerWorkload(Workload):
@@ -45,6 +54,15 @@ class TransformerWorkload(Workload):
 
     def closed_target(self, ruleset: str) -> float:
         return 0.25
+
+    def reference_model(self) -> ReferenceModel:
+        return REFERENCE_MODEL
+
+    def model_settings(self) -> dict[str, Any]:
+        """The config's values, and the vocabulary the model is built with (the data's)."""
+        settings = super().model_settings()
+        settings[VOCAB] = self.vocab_size
+        return settings
 
     # ---------------------------------------------------------------------------------- sizes
     @property

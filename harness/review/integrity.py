@@ -296,6 +296,71 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
     return bad
 
 
+# Logged MLPerf keys the rules fix for a closed run (the reference dataset), whoever wrote the log.
+CLOSED_FIXED_KEYS = {"bert": {"max_sequence_length": 512}}
+MODEL_KEY = "harness_model"  # the harness's model disclosure (harness.train.reference)
+
+
+def _model_text(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_model_text(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "missing" if value is None else str(value)
+
+
+def _model_same(a: object, b: object) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_model_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def check_closed_model(events: list[LogEvent]) -> list[Finding]:
+    """A closed log on real data must come from the reference model, as far as the log shows it.
+
+    Errors: a logged key the rules fix for the closed division (CLOSED_FIXED_KEYS) with another value; a
+    harness log (it names its `harness_data_source`) whose model disclosure (`harness_model`: the run's
+    settings beside the reference's) differs, or that has none (written before the harness checked models,
+    so nothing shows the model was the reference). Synthetic-data logs are smoke tests and are not judged;
+    logs of other tools carry no disclosure and are judged by their fixed keys only.
+    """
+    if _value(events, "submission_division") != "closed":
+        return []
+    source = _value(events, "harness_data_source")
+    if source == "synthetic":
+        return []
+    findings: list[Finding] = []
+    benchmark = str(_value(events, "submission_benchmark"))
+    for key, want in CLOSED_FIXED_KEYS.get(benchmark, {}).items():
+        e = _first(events, key)
+        if e is not None and not _model_same(e.value, want):
+            findings.append(Finding("error", "closed_fixed_key",
+                                    f"{key}={_model_text(e.value)} (line {e.line_no}) but closed {benchmark} "
+                                    f"fixes it at {want}"))
+    if source is None:
+        return findings
+    model = _first(events, MODEL_KEY)
+    value = model.value if model is not None else None
+    if not isinstance(value, dict) or not isinstance(value.get("settings"), dict) \
+            or not isinstance(value.get("reference"), dict):
+        findings.append(Finding("error", "model_undisclosed",
+                                f"closed {benchmark} log on {source} data discloses no model ({MODEL_KEY}); "
+                                f"nothing shows it trained the reference model (rerun with this harness)"))
+        return findings
+    settings, reference = value["settings"], value["reference"]
+    off = [f"{k}={_model_text(settings.get(k))} (reference {_model_text(v)})" for k, v in reference.items()
+           if not _model_same(settings.get(k), v)]
+    if off:
+        findings.append(Finding("error", "model_not_reference",
+                                f"closed log on {source} data from a model that is not the reference "
+                                f"{value.get('reference_model', '')} (line {model.line_no}): {', '.join(off)}"))
+    return findings
+
+
 def check_integrity(events: list[LogEvent], eval_every: float | None = None,
                     ruleset: str | None = None) -> list[Finding]:
     """All single-log checks; an empty list means nothing suspicious was found.
@@ -303,7 +368,7 @@ def check_integrity(events: list[LogEvent], eval_every: float | None = None,
     With a `ruleset`, closed ResNet/BERT logs are also held to that ruleset's eval schedule.
     """
     findings = (_check_run_markers(events) + _check_time_order(events)
-                + _check_cadence(events, eval_every) + _check_eval_pairs(events))
+                + _check_cadence(events, eval_every) + _check_eval_pairs(events) + check_closed_model(events))
     if ruleset is not None:
         findings += check_eval_schedule(events, ruleset)
     return findings

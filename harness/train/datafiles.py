@@ -1,7 +1,10 @@
 """Finding a workload's data files, with the clear errors every file-based source needs."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -35,3 +38,88 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return ds.shuffle(shuffle_buffer, seed=ctx.seed)
+
+
+# ------------------------------------------------------------------------------------------ counting
+
+COUNT_CACHE = ".mlperf-harness-counts.json"
+_HEADER = 12  # uint64 payload length + uint32 masked CRC of it; the payload is followed by a uint32 CRC
+
+
+def count_records(files: list[str]) -> int:
+    """Records in TFRecord files, from their length headers alone (each payload is skipped, not read)."""
+    total = 0
+    for path in files:
+        size = tf.io.gfile.stat(path).length
+        opener = open if "://" not in path else tf.io.gfile.GFile
+        with opener(path, "rb") as f:
+            pos = 0
+            while pos < size:
+                header = f.read(_HEADER)
+                if len(header) < _HEADER:
+                    raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (a record header ends "
+                                       f"at byte {pos + len(header)} of {size})")
+                pos += _HEADER + int.from_bytes(header[:8], "little") + 4
+                if pos > size:
+                    raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (a record runs past "
+                                       f"its end)")
+                f.seek(pos)
+                total += 1
+    return total
+
+
+def _fingerprint(files: list[str], what: str, settings: dict[str, Any]) -> str:
+    stats = [(os.path.basename(p), tf.io.gfile.stat(p).length, tf.io.gfile.stat(p).mtime_nsec) for p in files]
+    blob = json.dumps([what, settings, stats], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _cache_paths(files: list[str]) -> list[str]:
+    """Beside the data first; the user's cache folder when the data folder is read-only."""
+    home = os.path.join(os.path.expanduser("~"), ".cache", "mlperf-harness", COUNT_CACHE.lstrip("."))
+    return [os.path.join(os.path.dirname(files[0]), COUNT_CACHE), home]
+
+
+def _read_cache(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_count(files: list[str], what: str, settings: dict[str, Any], count: Callable[[], int]) -> int:
+    """`count()` of `files`, computed once and kept in COUNT_CACHE beside them, keyed by the files' names,
+    sizes and mtimes, `what` is counted and the `settings` the count depends on (e.g. packing)."""
+    key = _fingerprint(files, what, settings)
+    paths = _cache_paths(files) if "://" not in files[0] else _cache_paths(files)[1:]
+    for path in paths:
+        entry = _read_cache(path).get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("count"), int):
+            return entry["count"]
+    n = int(count())
+    for path in paths:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            data = _read_cache(path)
+            data[key] = {"what": what, "settings": settings, "files": len(files), "count": n}
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+            break
+        except OSError:
+            continue
+    return n
+
+
+def counted_records(files: list[str]) -> int:
+    """`count_records(files)`, cached beside them."""
+    return cached_count(files, "records", {}, lambda: count_records(files))
+
+
+def check_count(key: str, stated: int, counted: int, what: str, where: str) -> None:
+    """One line when a config's sample count is not what the files hold, with the number to set."""
+    if stated != counted:
+        raise HarnessError(f"data.{key}={stated} but {where} holds {counted} {what}; set data.{key}={counted}")

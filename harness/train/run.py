@@ -14,7 +14,7 @@ from benchmarks import registry
 from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import sysinfo
-from harness.train import weights_init
+from harness.train import reference, weights_init
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
@@ -46,6 +46,9 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
         else:
             log.event(key, value)
     weights_init.log_events(log, initialized or {})
+    model = reference.disclosure(workload)
+    if model is not None:  # not an MLPerf key: the model beside its reference, for `check` and `package`
+        log.event(reference.LOG_KEY, model)
     # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
     log.event("harness_data_source", workload.data_source)
 
@@ -101,6 +104,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     if cfg.submission.division == "closed" and cfg.schedule.target and cfg.schedule.target < closed:
         raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
                            f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
+    reference.check_closed_model(workload)
     workload.validate()
     schedule = workload.eval_schedule()
     # A ruleset that names the reference model's tensors must find all of them in this model, now.
@@ -155,6 +159,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "workload": cfg.workload, "benchmark": workload.MLPERF_KEY, "ruleset": cfg.ruleset, "seed": cfg.seed,
         "status": result.status, "reason": result.reason,
         "data_source": workload.data_source, "synthetic_data": workload.is_synthetic,
+        "model": reference.disclosure(workload),
         "time_to_train_s": round(result.run_time_s, 3),
         "time_to_train_min": round(result.run_time_s / 60, 4),
         result.converged_key: result.converged_at,

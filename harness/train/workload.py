@@ -27,6 +27,7 @@ import tensorflow as tf
 from harness.config import Config
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext, Runtime
+from harness.train.reference import ReferenceModel, lookup
 
 EPOCH, SAMPLE = "epoch", "sample"
 
@@ -197,6 +198,24 @@ class Workload(abc.ABC):
 
     def validate(self) -> None:
         """Checks inputs (data paths, sizes, rules) before the log is created; raise HarnessError."""
+
+    def data_counts(self) -> dict[str, int]:
+        """The sample counts the data files hold, by the `data.` key each belongs in (`mlperf-harness data
+        count`); default: the source's `counts()`, {} when it has none (synthetic data is generated to fit)."""
+        counts = getattr(getattr(self, "source", None), "counts", None)
+        return counts() if callable(counts) else {}
+
+    def reference_model(self) -> ReferenceModel | None:
+        """The model the rules fix for the closed division (harness.train.reference checks a closed run on
+        real data against it before `validate`); None: the workload declares none."""
+        return None
+
+    def model_settings(self) -> dict[str, Any]:
+        """What this run builds, for each key of `reference_model().values`. Default: the config value at
+        that dotted path; a workload overrides it for a value the config leaves to the data (e.g. 0 = the
+        vocab file's size)."""
+        ref = self.reference_model()
+        return {} if ref is None else {key: lookup(self.cfg, key) for key in ref.values}
 
     # --------------------------------------------------------------------------- model and inputs
     @abc.abstractmethod
