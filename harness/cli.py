@@ -30,6 +30,10 @@ flags.DEFINE_string("out", None, "package/report: output directory")
 flags.DEFINE_string("system", None, "package: system name (default: the logs' submission_platform)")
 flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
 flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
+flags.DEFINE_integer("port", 0, "data-service: port to listen on (dispatcher: required; worker: 0 = any)")
+flags.DEFINE_string("dispatcher", None, "data-service worker: the dispatcher's HOST:PORT")
+flags.DEFINE_string("advertise", "", "data-service worker: host name clients reach it by (default: "
+                    "localhost for a local dispatcher, else this machine's name)")
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
@@ -39,6 +43,7 @@ USAGE = """usage: mlperf-harness COMMAND ...
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
   package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
   report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
+  data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
 """
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,8 +114,24 @@ def cmd_package(args: list[str]) -> int:
     return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
 
 
+def cmd_data_service(args: list[str]) -> int:
+    from harness.train import data_service
+
+    if args == ["dispatcher"]:
+        if not FLAGS.port:
+            raise HarnessError("data-service dispatcher needs --port P")
+        data_service.serve_dispatcher(FLAGS.port)
+    elif args == ["worker"]:
+        if not FLAGS.dispatcher:
+            raise HarnessError("data-service worker needs --dispatcher HOST:PORT")
+        data_service.serve_worker(FLAGS.dispatcher, FLAGS.port, FLAGS.advertise)
+    else:
+        raise HarnessError("data-service takes `dispatcher --port P` or `worker --dispatcher HOST:P`")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
-            "campaign": cmd_campaign, "package": cmd_package}
+            "campaign": cmd_campaign, "package": cmd_package, "data-service": cmd_data_service}
 
 
 def main(argv: list[str]) -> None:

@@ -88,6 +88,11 @@ class ResNetWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        if not isinstance(self.source, (data.TFRecordSource, data.SyntheticSource)):
+            return super().train_epoch_dataset(ctx)
+        return self.source.train(ctx, repeat=False)
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 
