@@ -4,12 +4,16 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 from benchmarks.ssd.anchors import SSD300
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
+    """COCO sources and augmentation; the input-technique keys (parallel_reads, deterministic, threads,
+    cache_eval, prefetch_to_device, service) come from harness.train.input_pipeline.PipelineConfig."""
+
     source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
     data_dir: str = field("", doc="tfrecord: folder of train-*/val-* shards (create_coco_tf_record or TF "
                           "Object Detection API schema); tfds: the TFDS data_dir holding coco/2017")

@@ -38,7 +38,8 @@ class PipelineConfig:
                                 "(1 = one file after another)")
     deterministic: bool = field(False, doc="training: keep element order through parallel reads and maps; "
                                 "false lets a ready element overtake a slow one (the order is a shuffle "
-                                "either way, which the rules allow)")
+                                "either way, which the rules allow). Synthetic sources always keep it: their "
+                                "runs stay reproducible")
     threads: int = field(0, min=0, doc="training pipeline's private thread pool size (0 = TF's shared, "
                          "autotuned pool)")
     cache_eval: bool = field(True, doc="decode the eval set once and replay it from memory at every eval "
@@ -55,9 +56,9 @@ def pipeline_config(data_cfg: Any) -> PipelineConfig:
     return data_cfg if isinstance(data_cfg, PipelineConfig) else PipelineConfig()
 
 
-def train_options(cfg: PipelineConfig) -> tf.data.Options:
+def train_options(cfg: PipelineConfig, synthetic: bool = False) -> tf.data.Options:
     options = tf.data.Options()
-    options.deterministic = cfg.deterministic
+    options.deterministic = cfg.deterministic or synthetic
     options.autotune.enabled = True
     if cfg.threads:
         options.threading.private_threadpool_size = cfg.threads

@@ -75,11 +75,11 @@ def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: i
 
     def dataset_fn(ctx: InputContext) -> tf.data.Dataset:
         if pipe.service.dispatcher and not dummy:
-            epoch = workload.train_epoch_dataset(ctx).with_options(train_options(pipe))
+            epoch = workload.train_epoch_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
             examples = workload.train_samples if ctx.num_hosts == 1 else int(epoch.cardinality())
             ds = data_service.distribute_epochs(epoch, examples, ctx.batch_size, pipe.service)
         else:
-            ds = workload.train_dataset(ctx).with_options(train_options(pipe))
+            ds = workload.train_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
             ds = ds.batch(ctx.batch_size, drop_remainder=True)
         if dummy:
             ds = tf.data.Dataset.from_tensors(_zeros_like_spec(ds.element_spec)).repeat()
