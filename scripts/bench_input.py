@@ -78,12 +78,12 @@ def write_imagenet_like(out_dir: str, images: int, shards: int = 8,
 # ------------------------------------------------------------------------------------- pipelines
 
 def harness_batches(config: str, overrides: list[str], batch: int) -> tuple[Any, Any]:
-    """(an iterator of the harness's device-ready training batches, the workload)."""
+    """(the harness's device-ready training batches, an iterable; (workload, runtime, config))."""
     cfg = config_lib.load_config(config, overrides)
     runtime = make_runtime(cfg.runtime)
     workload = registry.get(cfg.workload)(cfg, runtime)
     workload.validate()
-    return iter(train_input(runtime, workload, batch, cfg.seed)), (workload, runtime, cfg)
+    return train_input(runtime, workload, batch, cfg.seed), (workload, runtime, cfg)
 
 
 def bare_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: int) -> Any:
@@ -102,7 +102,7 @@ def bare_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: i
 
     ds = tf.data.Dataset.from_tensor_slices((encoded, boxes)).repeat().enumerate()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return iter(ds.batch(batch).prefetch(tf.data.AUTOTUNE))
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
 def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
@@ -114,14 +114,20 @@ def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def interleaved(sides: dict[str, Any], batch: int, seconds: float, rounds: int) -> dict[str, float]:
-    """Samples/s of each side, rounds alternating between them (after one warm-up round each)."""
-    for it in sides.values():
-        rate(it, batch, min(seconds, 2.0))
+def interleaved(sides: dict[str, Any], batch: int, seconds: float, rounds: int,
+                warmup: float = 1.5) -> dict[str, float]:
+    """Samples/s of each side (an iterable of batches), rounds alternating between them.
+
+    Each round opens a fresh iterator, warms it up uncounted and closes it after: only the measured
+    side runs, so no idle side's background threads (prefetch, autotuning) compete with it.
+    """
     totals = {k: [0, 0.0] for k in sides}
     for _ in range(rounds):
-        for k, it in sides.items():
+        for k, data in sides.items():
+            it = iter(data)
+            rate(it, batch, warmup)
             n, t = rate(it, batch, seconds)
+            del it
             totals[k][0] += n
             totals[k][1] += t
     return {k: n / t for k, (n, t) in totals.items()}
@@ -130,7 +136,7 @@ def interleaved(sides: dict[str, Any], batch: int, seconds: float, rounds: int) 
 def eval_pass_rates(workload: Any, runtime: Any, cfg: Any, batch: int) -> tuple[float, float]:
     """Samples/s of the first eval pass (decoding) and the second (cached replay with data.cache_eval)."""
     steps = eval_steps_for(workload.eval_samples, batch)
-    it = iter(eval_input(runtime, workload, batch, cfg.seed))
+    it = iter(eval_input(runtime, workload, batch, cfg.seed))  # one iterator: the cache lives across passes
     out = []
     for _ in range(2):
         t0 = time.perf_counter()
