@@ -152,28 +152,46 @@ def test_resnet_tfrecord_smoke_through_the_service_reaches_target(fleet, imagene
     assert any("of step time waiting for data (data.source=tfrecord" in line for line in run.stdout), run.stdout
 
 
-def test_killed_worker_is_survived_or_ends_the_run_with_one_error(imagenet_dir, tmp_path):
-    own = Fleet()  # its own fleet: a worker of it dies
+def test_killed_worker_is_survived_or_ends_the_run_with_one_error(fleet, imagenet_dir, tmp_path):
+    """Last in this file: it kills one of the shared fleet's workers."""
     out = str(tmp_path / "runs")
-    run = None
+    run = Proc(*smoke_args(imagenet_dir, out, fleet.dispatcher, "schedule.log_every_steps=4",
+                           "data.service.stall_timeout_s=10"))
     try:
-        run = Proc(*smoke_args(imagenet_dir, out, own.dispatcher, "schedule.log_every_steps=4",
-                               "data.service.stall_timeout_s=10"))
         run.wait_line("| input wait", START_TIMEOUT_S)
-        own.workers[0].p.send_signal(signal.SIGKILL)
+        fleet.workers[0].p.send_signal(signal.SIGKILL)
         run.p.wait(timeout=300)  # bounded: a hang fails here
     finally:
-        if run is not None:
-            run.stop()
-        own.stop()
+        run.stop()
     time.sleep(0.2)
     (run_dir,) = glob.glob(os.path.join(out, "resnet", "*"))
     if run.p.returncode == 0:  # survived: the service re-routed the lost worker's share
+        print("killed worker: survived")
         with open(os.path.join(run_dir, "summary.json")) as f:
             assert json.load(f)["compliant"]
         return
+    print(f"killed worker: run ended with {run.p.returncode}: {run.stderr[-1:]}")
     errors = stderr_error_lines(subprocess.CompletedProcess([], run.p.returncode, "", "\n".join(run.stderr)))
     assert run.p.returncode == 2 and len(errors) == 1, (run.p.returncode, run.stderr[-10:])
     assert "tf.data service" in errors[0], errors
     assert os.path.exists(os.path.join(run_dir, "incomplete_result_1.log")), os.listdir(run_dir)
     assert not glob.glob(os.path.join(run_dir, "result_*.txt")), os.listdir(run_dir)
+
+
+@pytest.mark.parametrize("workload, dispatcher, message", [
+    ("resnet", "grpc://127.0.0.1:{free}", "no dispatcher listening"),
+    ("resnet", "http://127.0.0.1:5050", "expected grpc://HOST:PORT"),
+    ("ssd", "grpc://127.0.0.1:{free}", "cannot send data.source=synthetic"),
+])
+def test_service_refusals_come_before_the_log(workload, dispatcher, message):
+    from benchmarks import registry
+    from harness import config as config_lib
+    from harness.errors import HarnessError
+    from harness.runtime import make_runtime
+    from harness.train import data_service
+
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"),
+                                 [f"data.service.dispatcher={dispatcher.format(free=free_port())}"])
+    wl = registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
+    with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
+        data_service.validate(wl)
