@@ -31,6 +31,10 @@ class DataConfig(PipelineConfig):
         "eval central 224/256 crop then resize; mean/stddev)")
     decode_and_crop: bool = field(True, doc="tfrecord training: decode only the random crop window of each "
                                   "JPEG (decode_and_crop_jpeg); false decodes the whole image, then crops")
+    normalize_on_device: bool = field(
+        False, doc="tfrecord/tfds training: the host sends the resized crop as uint8 (rounded) and the device "
+        "casts and normalizes it: a quarter of the bytes to copy and batch, no float pass on the host; "
+        "false = the reference's float pipeline on the host")
     synthetic_seed: int = field(0, doc="fixes the synthetic dataset itself; the run seed fixes the order")
     synthetic_noise: float = field(1.0, min=0.0, doc="pixel noise stddev of synthetic images")
     synthetic_label_noise: float = field(0.2, min=0.0, max=0.9,

@@ -58,6 +58,19 @@ def normalize(image: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
     return image - REFERENCE_MEAN_RGB
 
 
+def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing) -> tf.Tensor:
+    """The training image as the host sends it: normalized float32, or (`data.normalize_on_device`) the
+    resized pixels rounded to uint8, which `device_image` normalizes on the device."""
+    if on_device:
+        return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    return normalize(image, prep)
+
+
+def device_image(image: tf.Tensor, prep: Preprocessing | None) -> tf.Tensor:
+    """The model's input from a batch: uint8 pixels from the host are normalized here, on the device."""
+    return normalize(image, prep) if image.dtype == tf.uint8 and prep is not None else image
+
+
 def _resize(image: tf.Tensor, height: tf.Tensor | int, width: tf.Tensor | int, prep: Preprocessing) -> tf.Tensor:
     if prep.v1_resize:
         return tf.compat.v1.image.resize(image, [height, width], method=tf.image.ResizeMethod.BILINEAR,
@@ -193,7 +206,7 @@ class TFRecordSource:
             seed = tf.stack([base[0] * 1000003 + base[1], index])
             image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None,
                                              c.decode_and_crop)
-            return {"image": normalize(image, prep), "label": label}
+            return {"image": host_image(image, c.normalize_on_device, prep), "label": label}
 
         if not repeat:  # every service job would restart the index at 0: draw each example's crop seed
             return ds.map(lambda r: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), r),
@@ -255,7 +268,8 @@ class TFDSSource:
         def preprocess(index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             seed = tf.stack([tf.constant(ctx.seed * 1000003 + ctx.host_id, tf.int64), index])
             image = random_resized_crop_decoded(ex["image"], size, seed, prep)
-            return {"image": normalize(image, prep), "label": tf.cast(ex["label"], tf.int32)}
+            return {"image": host_image(image, self.cfg.normalize_on_device, prep),
+                    "label": tf.cast(ex["label"], tf.int32)}
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
