@@ -44,6 +44,10 @@ flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PN
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
 flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
+flags.DEFINE_integer("port", 0, "data-service: port to listen on (dispatcher: required; worker: 0 = any)")
+flags.DEFINE_string("dispatcher", None, "data-service worker: the dispatcher's HOST:PORT")
+flags.DEFINE_string("advertise", "", "data-service worker: host name clients reach it by (default: "
+                    "localhost for a local dispatcher, else this machine's name)")
 
 USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
@@ -57,6 +61,7 @@ USAGE = """usage: mlperf-harness COMMAND ...
   report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
   plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json]
                                                         project time to train at scale
+  data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
 """
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,8 +155,25 @@ def cmd_plan(args: list[str]) -> int:
                         FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out)
 
 
+def cmd_data_service(args: list[str]) -> int:
+    from harness.train import data_service
+
+    if args == ["dispatcher"]:
+        if not FLAGS.port:
+            raise HarnessError("data-service dispatcher needs --port P")
+        data_service.serve_dispatcher(FLAGS.port)
+    elif args == ["worker"]:
+        if not FLAGS.dispatcher:
+            raise HarnessError("data-service worker needs --dispatcher HOST:PORT")
+        data_service.serve_worker(FLAGS.dispatcher, FLAGS.port, FLAGS.advertise)
+    else:
+        raise HarnessError("data-service takes `dispatcher --port P` or `worker --dispatcher HOST:P`")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
-            "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan, "data": cmd_data}
+            "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan, "data": cmd_data,
+            "data-service": cmd_data_service}
 
 
 def main(argv: list[str]) -> None:

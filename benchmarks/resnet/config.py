@@ -4,10 +4,14 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
+    """ImageNet sources and steps; the input-technique keys (parallel_reads, deterministic, threads,
+    cache_eval, prefetch_to_device, service) come from harness.train.input_pipeline.PipelineConfig."""
+
     source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
     data_dir: str = field("", doc="tfrecord: folder of train-*/validation-* shards; tfds: TFDS data dir")
     train_pattern: str = field("train-*-of-*")
@@ -25,6 +29,12 @@ class DataConfig:
         "attempts, dataset boxes; eval resize shorter side to 256 then central 224; mean subtraction). "
         "google_tpu: Google's accepted v0.7 TPU submission's (area 8%-100%, 10 attempts, whole image; "
         "eval central 224/256 crop then resize; mean/stddev)")
+    decode_and_crop: bool = field(True, doc="tfrecord training: decode only the random crop window of each "
+                                  "JPEG (decode_and_crop_jpeg); false decodes the whole image, then crops")
+    normalize_on_device: bool = field(
+        False, doc="tfrecord/tfds training: the host sends the resized crop as uint8 (rounded) and the device "
+        "casts and normalizes it: a quarter of the bytes to copy and batch, no float pass on the host; "
+        "false = the reference's float pipeline on the host")
     synthetic_seed: int = field(0, doc="fixes the synthetic dataset itself; the run seed fixes the order")
     synthetic_noise: float = field(1.0, min=0.0, doc="pixel noise stddev of synthetic images")
     synthetic_label_noise: float = field(0.2, min=0.0, max=0.9,

@@ -58,6 +58,19 @@ def normalize(image: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
     return image - REFERENCE_MEAN_RGB
 
 
+def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing) -> tf.Tensor:
+    """The training image as the host sends it: normalized float32, or (`data.normalize_on_device`) the
+    resized pixels rounded to uint8, which `device_image` normalizes on the device."""
+    if on_device:
+        return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    return normalize(image, prep)
+
+
+def device_image(image: tf.Tensor, prep: Preprocessing | None) -> tf.Tensor:
+    """The model's input from a batch: uint8 pixels from the host are normalized here, on the device."""
+    return normalize(image, prep) if image.dtype == tf.uint8 and prep is not None else image
+
+
 def _resize(image: tf.Tensor, height: tf.Tensor | int, width: tf.Tensor | int, prep: Preprocessing) -> tf.Tensor:
     if prep.v1_resize:
         return tf.compat.v1.image.resize(image, [height, width], method=tf.image.ResizeMethod.BILINEAR,
@@ -85,13 +98,17 @@ def sample_crop(image_shape: tf.Tensor, boxes: tf.Tensor, seed: tf.Tensor,
 
 
 def random_resized_crop_jpeg(encoded: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing,
-                             boxes: tf.Tensor | None = None) -> tf.Tensor:
-    """Training crop decoding only the crop window, then flip and resize (steps per `prep`)."""
+                             boxes: tf.Tensor | None = None, decode_and_crop: bool = True) -> tf.Tensor:
+    """Training crop decoding only the crop window (or, `decode_and_crop=False`, the whole image, then
+    slicing the same window), then flip and resize (steps per `prep`)."""
     shape = tf.io.extract_jpeg_shape(encoded)
     begin, crop = sample_crop(shape, boxes if boxes is not None else _whole_image_box(), seed, prep)
-    y, x, _ = tf.unstack(begin)
-    h, w, _ = tf.unstack(crop)
-    image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
+    if decode_and_crop:
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(crop)
+        image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
+    else:
+        image = tf.slice(tf.image.decode_jpeg(encoded, channels=3), begin, crop)
     return _flip_and_resize(image, size, seed, prep)
 
 
@@ -180,10 +197,13 @@ class TFRecordSource:
         with tf.control_dependencies([check]):
             return tf.identity(ex["image/encoded"]), tf.identity(label), boxes
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
-        ds = sharded_records(self.files(self.cfg.train_pattern), ctx, self.cfg.shuffle_buffer,
-                             cycle_length=16, deterministic=False)
-        size = self.cfg.image_size
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """Training examples (`repeat=False`: one epoch, for the tf.data service). Element order follows
+        the dataset options' `deterministic` (data.deterministic, applied by the harness)."""
+        c = self.cfg
+        ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
+                             deterministic=None, repeat=repeat)
+        size = c.image_size
         base = tf.constant([ctx.seed, ctx.host_id], tf.int64)
 
         prep = self.prep
@@ -191,10 +211,14 @@ class TFRecordSource:
         def preprocess(index: tf.Tensor, record: tf.Tensor) -> dict[str, tf.Tensor]:
             encoded, label, boxes = self.parse_with_boxes(record)
             seed = tf.stack([base[0] * 1000003 + base[1], index])
-            image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None)
-            return {"image": normalize(image, prep), "label": label}
+            image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None,
+                                             c.decode_and_crop)
+            return {"image": host_image(image, c.normalize_on_device, prep), "label": label}
 
-        return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        if not repeat:  # every service job would restart the index at 0: draw each example's crop seed
+            return ds.map(lambda r: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), r),
+                          num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self.files(self.cfg.eval_pattern))
@@ -251,7 +275,8 @@ class TFDSSource:
         def preprocess(index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             seed = tf.stack([tf.constant(ctx.seed * 1000003 + ctx.host_id, tf.int64), index])
             image = random_resized_crop_decoded(ex["image"], size, seed, prep)
-            return {"image": normalize(image, prep), "label": tf.cast(ex["label"], tf.int32)}
+            return {"image": host_image(image, self.cfg.normalize_on_device, prep),
+                    "label": tf.cast(ex["label"], tf.int32)}
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -299,10 +324,12 @@ class SyntheticSource:
 
     CACHE_BYTES = 1 << 30
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
         c = self.cfg
         ds = tf.data.Dataset.range(c.train_samples).shard(ctx.num_hosts, ctx.host_id)
         per_host = -(-c.train_samples // ctx.num_hosts)
+        if not repeat:  # one epoch (tf.data service): the workers generate, shuffled afresh per job
+            return ds.shuffle(min(per_host, c.shuffle_buffer)).map(self.example, num_parallel_calls=tf.data.AUTOTUNE)
         if per_host * c.image_size ** 2 * 3 * 4 <= self.CACHE_BYTES:
             # Small sets are generated once (during the first epoch) and replayed from memory, so later
             # epochs leave the CPU to the model, as a real input pipeline on its own hosts would.

@@ -98,6 +98,11 @@ class ResNetWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        if not isinstance(self.source, (data.TFRecordSource, data.SyntheticSource)):
+            return super().train_epoch_dataset(ctx)
+        return self.source.train(ctx, repeat=False)
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 
@@ -120,12 +125,12 @@ class ResNetWorkload(Workload):
             / self.cfg.data.num_classes, logits)
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        logits = self.model(batch["image"], training=True)
+        logits = self.model(data.device_image(batch["image"], getattr(self.source, "prep", None)), training=True)
         per_example = self.cross_entropy(logits, batch["label"])
         return {"cross_entropy": LossTerm(tf.reduce_sum(per_example), tf.shape(per_example)[0])}
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        logits = self.model(batch["image"], training=False)
+        logits = self.model(data.device_image(batch["image"], getattr(self.source, "prep", None)), training=False)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), batch["label"]), tf.float32)
         return {"correct": tf.reduce_sum(correct * mask), "examples": tf.reduce_sum(mask)}
 

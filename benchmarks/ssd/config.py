@@ -4,12 +4,16 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 from benchmarks.ssd.anchors import SSD300
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
+    """COCO sources and augmentation; the input-technique keys (parallel_reads, deterministic, threads,
+    cache_eval, prefetch_to_device, service) come from harness.train.input_pipeline.PipelineConfig."""
+
     source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
     data_dir: str = field("", doc="tfrecord: folder of COCO shards, tensorflow/tpu's train-*/val-* or the TF "
                           "Object Detection API's coco_train.record-*/coco_val.record-*; tfds: the TFDS data_dir "

@@ -601,8 +601,9 @@ class TFRecordSource(_Source):
             raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
         ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
         ds = ds.shuffle(len(files), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
-        ds = ds.interleave(_named_records, cycle_length=min(16, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=True)
+        # Order: data.deterministic, through the dataset options the harness sets.
+        ds = ds.interleave(_named_records, cycle_length=min(self.cfg.parallel_reads, len(files)),
+                           num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.shuffle(self.cfg.shuffle_buffer, seed=ctx.seed, reshuffle_each_iteration=True)
         lookups = self._lookups()
 

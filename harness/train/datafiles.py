@@ -25,19 +25,25 @@ def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
 
 
 def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cycle_length: int,
-                    deterministic: bool) -> tf.data.Dataset:
+                    deterministic: bool | None, repeat: bool = True) -> tf.data.Dataset:
     """This host's share of the training files as an endless, shuffled stream of raw records.
 
     Whole files go to hosts (so no record is read twice), file order is reshuffled every pass, and
-    records from `cycle_length` files are interleaved and shuffled again.
+    records from `cycle_length` files are interleaved and shuffled again. `repeat=False` gives one pass
+    (one tf.data service job), shuffled afresh by each job rather than from the run seed.
+    `deterministic=None` leaves the order to the dataset's options.
     """
     if len(files) < ctx.num_hosts:
         raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
     ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
-    ds = ds.shuffle(len(files), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+    seed = ctx.seed if repeat else None
+    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    return ds.shuffle(shuffle_buffer, seed=ctx.seed)
+                       num_parallel_calls=tf.data.AUTOTUNE if cycle_length > 1 else None,
+                       deterministic=deterministic)
+    return ds.shuffle(shuffle_buffer, seed=seed)
 
 
 # ------------------------------------------------------------------------------------------ counting

@@ -23,6 +23,8 @@ from absl import logging
 
 from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
+from harness.train import data_service
+from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, train_options
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
 from harness.nn.loss_scale import DynamicLossScale
@@ -50,6 +52,7 @@ class RunResult:
     traces: dict[str, int]
     converged_key: str = "epochs_to_converge"
     loss_scale: dict[str, float] | None = None  # precision=float16: final scale, skipped steps
+    input_wait_s: float = 0.0        # training time the steps spent blocked on the input iterator
 
     @property
     def converged_at(self) -> float | None:
@@ -63,14 +66,28 @@ def _zeros_like_spec(spec: Any) -> Any:
 
 
 def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: int,
-                dummy: bool = False) -> Any:
-    """Per-replica (or per-host on a mesh) batches of training examples, or zeros of the same shape."""
+                dummy: bool = False, wait: InputWait | None = None) -> Any:
+    """Per-replica (or per-host on a mesh) batches of training examples, or zeros of the same shape.
+
+    The workload's pipeline runs with the `data.*` technique options, on this host or, with
+    `data.service.dispatcher`, on the service's workers one epoch per job; `wait` measures how long the
+    steps block on it.
+    """
+    pipe = pipeline_config(workload.cfg.data)
 
     def dataset_fn(ctx: InputContext) -> tf.data.Dataset:
-        ds = workload.train_dataset(ctx).batch(ctx.batch_size, drop_remainder=True)
+        if pipe.service.dispatcher and not dummy:
+            epoch = workload.train_epoch_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
+            examples = workload.train_samples if ctx.num_hosts == 1 else int(epoch.cardinality())
+            ds = data_service.distribute_epochs(epoch, examples, ctx.batch_size, pipe.service)
+        else:
+            ds = workload.train_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
+            ds = ds.batch(ctx.batch_size, drop_remainder=True)
         if dummy:
             ds = tf.data.Dataset.from_tensors(_zeros_like_spec(ds.element_spec)).repeat()
-        return ds.prefetch(tf.data.AUTOTUNE)
+        if pipe.prefetch_to_device or dummy:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        return wait.measure(ds) if wait is not None else ds
 
     return runtime.distribute_dataset(dataset_fn, global_batch, seed)
 
@@ -85,8 +102,11 @@ def eval_input(runtime: Runtime, workload: Workload, global_batch: int, seed: in
 
     Every host builds the same ordered record stream, pads it, and keeps its contiguous share before
     parsing, so each replica sees the same number of batches and each real example is counted once.
-    Each example carries its position in the eval set (`eval_index`, -1 for padding).
+    Each example carries its position in the eval set (`eval_index`, -1 for padding). With
+    `data.cache_eval` the set repeats, for one iterator kept across evals, and is decoded once: the first
+    eval fills an in-memory cache (when this host's share fits `data.cache_eval_max_mb`), later ones replay it.
     """
+    pipe = pipeline_config(workload.cfg.data)
     n = workload.eval_samples
     padded = eval_steps_for(n, global_batch) * global_batch
 
@@ -108,6 +128,11 @@ def eval_input(runtime: Runtime, workload: Workload, global_batch: int, seed: in
         ds = ds.batch(ctx.batch_size, drop_remainder=True)
         if dummy:
             ds = tf.data.Dataset.from_tensors(_zeros_like_spec(ds.element_spec)).repeat()
+        elif pipe.cache_eval:
+            size = nbytes(ds.element_spec)
+            if size is not None and size * (per_host // ctx.batch_size) <= pipe.cache_eval_max_mb * 2 ** 20:
+                ds = ds.cache()
+            ds = ds.repeat()
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return runtime.distribute_dataset(dataset_fn, global_batch, seed)
@@ -287,7 +312,7 @@ def by_index(state: dict[str, Any]) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------- the controller
 
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
-              progress: Progress | None = None) -> RunResult:
+              progress: Progress | None = None, wait: InputWait | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
 
     Inputs are validated by the caller (harness.train.run.execute) before the log file is created.
@@ -308,7 +333,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
-    dist_train = train_input(runtime, workload, gbs, cfg.seed)
+    wait = wait or InputWait()
+    dist_train = train_input(runtime, workload, gbs, cfg.seed, wait=wait)
     dist_eval = eval_input(runtime, workload, ebs, cfg.seed)
     num_eval_steps = eval_steps_for(workload.eval_samples, ebs)
 
@@ -330,6 +356,9 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     log.start(K.RUN_START)
     t_run = time.time()
     iterator = iter(dist_train)
+    # A cached eval set repeats: one iterator across evals (the first eval fills the cache).
+    eval_data = iter(dist_eval) if pipeline_config(cfg.data).cache_eval else dist_eval
+    input_wait = waited = 0.0
 
     status, reason = "aborted", ""
     evals: list[dict[str, Any]] = []
@@ -351,16 +380,20 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             out = steps.train_loop(iterator, tf.constant(n))
             loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
             done_steps += n
+            chunk_time = max(time.time() - t_chunk, 1e-9)
+            rate = n * gbs / chunk_time
+            chunk_wait, waited = wait.total() - waited, wait.total()  # read after the loss: no extra sync
+            input_wait += chunk_wait
             if scale_state is not None:
                 now = steps.loss_scale_state()
                 if now != scale_state:
                     logging.info("loss scale %g -> %g by step %d (%d step(s) skipped so far)",
                                  scale_state["scale"], now["scale"], done_steps, now["skipped_steps"])
                 scale_state = now
-            rate = n * gbs / max(time.time() - t_chunk, 1e-9)
             progress.train(done_steps, schedule.position(done_steps * gbs), loss, lr, rate,
                            (point.step - done_steps) * gbs / rate,
-                           print_line=bool(log_every) and done_steps % log_every == 0)
+                           print_line=bool(log_every) and done_steps % log_every == 0,
+                           input_wait=min(chunk_wait / chunk_time, 1.0))
             if not finite:
                 break
         block_time = time.time() - t0
@@ -371,7 +404,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
 
         t1 = time.time()
         log.start(K.EVAL_START, metadata={"epoch_num": here.epoch_num})
-        metrics, counted = evaluate(steps, dist_eval, num_eval_steps)
+        metrics, counted = evaluate(steps, eval_data, num_eval_steps)
         if counted != workload.eval_samples:
             raise HarnessError(f"eval counted {counted} examples but eval_samples is "
                                f"{workload.eval_samples}: the eval data does not match the config")
@@ -389,7 +422,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
         evals.append({"epoch_num": here.epoch_num, "score": score, "metrics": metrics,
                       "elapsed_s": round(elapsed, 3), "counted": counted, "loss": loss,
                       "samples_per_s": round(rate, 1)})
-        progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed)
+        progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed,
+                      input_wait=min(input_wait / train_time, 1.0) if train_time > 0 else None)
         if not finite:
             reason = f"non-finite training loss ({loss}) at step {done_steps}"
             break
@@ -403,6 +437,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
 
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run
+    progress.input_wait(input_wait / train_time if train_time > 0 else 0.0,
+                        f"data.source={getattr(cfg.data, 'source', '?')}")
     progress.close()
     if steps.traces != traces_at_start:
         logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start,
@@ -413,4 +449,4 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                      samples=samples, epochs_done=samples / workload.train_samples,
                      samples_per_s=samples / train_time if train_time > 0 else 0.0,
                      traces=dict(steps.traces), converged_key=schedule.converged_key,
-                     loss_scale=steps.loss_scale_state())
+                     loss_scale=steps.loss_scale_state(), input_wait_s=input_wait)

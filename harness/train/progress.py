@@ -8,6 +8,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# A run whose steps wait this share of their time for input or more is called input-bound.
+INPUT_BOUND_SHARE = 0.25
+
+
+def _wait_column(share: float | None) -> str:
+    return f" | input wait {share:4.0%}" if share is not None else ""
+
 
 class Progress:
     """Prints progress lines and, when `tensorboard_dir` is set, writes scalars there. A non-chief host
@@ -31,25 +38,35 @@ class Progress:
             print(text, flush=True)
 
     def train(self, step: int, position: float, loss: float, lr: float, samples_per_s: float,
-              to_next_eval_s: float | None, print_line: bool) -> None:
-        """One chunk of training finished at optimizer step `step` (`position` epochs or samples)."""
+              to_next_eval_s: float | None, print_line: bool, input_wait: float | None = None) -> None:
+        """One chunk of training finished at optimizer step `step` (`position` epochs or samples);
+        `input_wait` is the share of the chunk's time its steps spent blocked on input."""
         if not self.enabled:
             return
         if print_line:
             eta = f"{to_next_eval_s:7.1f} s" if to_next_eval_s is not None else "      ?"
             self.line(f"  step {step:>8} | {self.unit} {position:>10} | loss {loss:8.4f} | lr {lr:.4g} | "
-                      f"{samples_per_s:9.1f} samples/s | next eval in {eta}")
-        self._scalars(step, {"train/loss": loss, "train/learning_rate": lr,
-                             "train/samples_per_s": samples_per_s})
+                      f"{samples_per_s:9.1f} samples/s | next eval in {eta}{_wait_column(input_wait)}")
+        scalars = {"train/loss": loss, "train/learning_rate": lr, "train/samples_per_s": samples_per_s}
+        if input_wait is not None:
+            scalars["train/input_wait_share"] = input_wait
+        self._scalars(step, scalars)
 
     def eval(self, step: int, position: float, loss: float, samples_per_s: float, metrics: dict[str, float],
-             elapsed_s: float) -> None:
+             elapsed_s: float, input_wait: float | None = None) -> None:
         if not self.enabled:
             return
         score = metrics[self.metric]
         self.line(f"{self.unit} {position:>8} | loss {loss:8.4f} | {samples_per_s:9.1f} samples/s | "
-                  f"eval {self.metric} {score:.4f} (target {self.target}) | elapsed {elapsed_s:7.1f} s")
+                  f"eval {self.metric} {score:.4f} (target {self.target}) | elapsed {elapsed_s:7.1f} s"
+                  f"{_wait_column(input_wait)}")
         self._scalars(step, {f"eval/{name}": value for name, value in metrics.items()})
+
+    def input_wait(self, share: float, what: str) -> None:
+        """The run's verdict on its input: the share of training time its steps waited for data."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "input keeps up"
+        self.line(f"{verdict}: {share:.0%} of step time waiting for data ({what}, {cores} cores)")
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         if self._writer is None:

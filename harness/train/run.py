@@ -14,8 +14,9 @@ from benchmarks import registry
 from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import sysinfo
-from harness.train import reference, weights_init
+from harness.train import data_service, reference, weights_init
 from harness.errors import BAD_DATA_MARK, HarnessError
+from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
 from harness.mlperf import KEYS as K
@@ -106,6 +107,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
                            f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
     reference.check_closed_model(workload)
     workload.validate()
+    data_service.validate(workload)
     schedule = workload.eval_schedule()
     # A ruleset that names the reference model's tensors must find all of them in this model, now.
     initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
@@ -121,10 +123,13 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         print(f"{cfg.workload}: {runtime.description}, global batch {cfg.schedule.global_batch_size}, "
               f"target {workload.target}{synthetic}", flush=True)
     log = MLPerfLog(log_path if chief else None)
+    wait = InputWait()
     try:
-        result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
-                           progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
-                                             schedule.unit, workload.METRIC, workload.target))
+        with data_service.StallGuard(wait, pipeline_config(cfg.data).service, log.path, cfg.seed):
+            result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
+                               progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard
+                                                 else None, schedule.unit, workload.METRIC, workload.target),
+                               wait=wait)
     except BaseException as e:
         log.close()
         if chief and os.path.exists(log_path):
@@ -134,6 +139,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
                 if runtime.kind == "multi_worker" else None)
         if lost is not None:
             raise lost from None
+        short_epoch = data_service.failure(e)
+        if short_epoch is not None:
+            raise short_epoch from None
         bad_record = _data_assertion(str(e)) if isinstance(e, tf.errors.OpError) else None
         if bad_record:
             raise HarnessError(f"corrupt input data: {bad_record}") from None
@@ -170,6 +178,9 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
         "global_batch_size": cfg.schedule.global_batch_size, "runtime": runtime.description,
         "num_replicas": runtime.num_replicas, "device_type": runtime.device_type,
         "num_hosts": runtime.num_hosts, "traces": result.traces,
+        "input_wait": {"seconds": round(result.input_wait_s, 3),
+                       "share_of_train_time": round(result.input_wait_s / result.train_time_s, 4)
+                       if result.train_time_s > 0 else 0.0},
         "compliance": {r: {"verdict": v.label, "passed": v.passed, "errors": v.errors}
                        for r, v in verdicts.items()},
         "checker": {"package": "mlperf-logging", "version": checker_version()},

@@ -226,6 +226,14 @@ class Workload(abc.ABC):
     def train_dataset(self, ctx: InputContext) -> tf.data.Dataset:
         """This host's training examples, unbatched, shuffled and repeated forever."""
 
+    def train_epoch_dataset(self, ctx: InputContext) -> tf.data.Dataset:
+        """One epoch of this host's training examples, unbatched and shuffled but NOT repeated: what the
+        tf.data service's workers preprocess per job (`data.service`). A source that cannot give one
+        refuses the service."""
+        raise HarnessError(f"data.service: {self.NAME} cannot send data.source="
+                           f"{getattr(self.cfg.data, 'source', '?')} to a tf.data service (it has no "
+                           f"one-epoch training pipeline); preprocess locally")
+
     @abc.abstractmethod
     def eval_records(self, ctx: InputContext) -> tf.data.Dataset:
         """The whole eval set as raw records in a fixed order (cheap: parsing happens after sharding)."""

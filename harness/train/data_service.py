@@ -1,0 +1,155 @@
+"""Training preprocessing on a fleet of tf.data service workers (`data.service.dispatcher`).
+
+The fleet: one dispatcher and any number of workers, each a foreground process
+(`mlperf-harness data-service dispatcher --port P`, `... worker --dispatcher HOST:P`). A training host sends
+one epoch of its preprocessing pipeline per service job (`distributed_epoch`: the workers split the
+epoch's files between them, so each example is processed once), checks that the epoch delivered exactly
+its number of examples, and repeats with a new job. Batches are re-formed on the host, so epochs join
+without dropping a remainder. Eval never uses the service: it stays local and exact.
+
+A worker that dies mid-epoch loses the files it held; the epoch then comes up short and the run ends with
+one `error:` line (never a silent short epoch, never a hang). A dispatcher that is not listening is
+refused before the log is created.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+import tensorflow as tf
+
+from harness.errors import HarnessError
+from harness.runtime.base import InputContext
+from harness.train.input_pipeline import InputWait, ServiceConfig, pipeline_config
+
+SHORT_EPOCH = "tf.data service epoch came up short"
+WORKER_TIMEOUT_MS = 5000  # the dispatcher drops a worker silent this long, and its tasks with it
+
+
+def address(dispatcher: str) -> tuple[str, int]:
+    """HOST, PORT of `grpc://HOST:PORT` (or `HOST:PORT`), with one clear error for anything else."""
+    url = urllib.parse.urlsplit(dispatcher if "://" in dispatcher else f"grpc://{dispatcher}")
+    if url.scheme != "grpc" or not url.hostname or not url.port:
+        raise HarnessError(f"data.service.dispatcher={dispatcher!r}: expected grpc://HOST:PORT")
+    return url.hostname, url.port
+
+
+def check_reachable(cfg: ServiceConfig, timeout_s: float = 10.0) -> None:
+    """Refuses a dispatcher that is not listening (the tf.data client would retry it forever)."""
+    host, port = address(cfg.dispatcher)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise HarnessError(f"data.service.dispatcher {cfg.dispatcher}: no dispatcher listening ({e}); start "
+                           f"one with `mlperf-harness data-service dispatcher --port {port}`") from None
+
+
+def validate(workload: Any) -> None:
+    """Before the log exists: a configured dispatcher must be listening and the workload's source must
+    give one epoch for it."""
+    cfg = pipeline_config(workload.cfg.data).service
+    if not cfg.dispatcher:
+        return
+    address(cfg.dispatcher)
+    workload.train_epoch_dataset(InputContext(num_hosts=1, host_id=0, batch_size=1, seed=workload.cfg.seed))
+    check_reachable(cfg)
+
+
+def distribute_epochs(epoch: tf.data.Dataset, epoch_examples: int, batch_size: int, cfg: ServiceConfig,
+                      job_name: str | None = None) -> tf.data.Dataset:
+    """Endless batches of `epoch` (one finite, unbatched epoch of this host's examples), preprocessed by
+    the service's workers one epoch per job; an epoch that does not deliver `epoch_examples` fails."""
+    host, port = address(cfg.dispatcher)
+    served = epoch.batch(batch_size).apply(tf.data.experimental.service.distribute(
+        processing_mode=cfg.processing_mode, service=f"grpc://{host}:{port}", job_name=job_name))
+    served = served.unbatch().apply(tf.data.experimental.assert_cardinality(epoch_examples))
+    return served.repeat().batch(batch_size, drop_remainder=True)
+
+
+def failure(error: BaseException) -> HarnessError | None:
+    """The one-line error for a run whose service epoch came up short (a worker lost), else None."""
+    text = str(error)
+    if isinstance(error, tf.errors.OpError) and "was expected to contain" in text:
+        detail = text.strip().splitlines()[0][:200]
+        return HarnessError(f"{SHORT_EPOCH} ({detail}): a data-service worker was probably lost with the "
+                            f"files it held; restart the worker and the run")
+    return None
+
+
+class StallGuard:
+    """Ends a run whose training input from the service stalls, instead of letting it hang.
+
+    A worker lost mid-epoch takes its files with it and the tf.data client waits for them forever, blocked
+    inside a TensorFlow op no Python exception can reach. This thread watches the input meter; when a
+    batch has been awaited `cfg.stall_timeout_s`, it prints one `error:` line, renames the MLPerf log
+    `incomplete_result_<seed>.log` (so no tool mistakes it for a result) and exits with code 2.
+    """
+
+    def __init__(self, wait: InputWait, cfg: ServiceConfig, log_path: str | None, seed: int) -> None:
+        self.wait, self.cfg, self.log_path, self.seed = wait, cfg, log_path, seed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="data-service-stall-guard", daemon=True)
+
+    def __enter__(self) -> "StallGuard":
+        if self.cfg.dispatcher:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.cfg.stall_timeout_s / 4)):
+            stalled = self.wait.pending_s()
+            if stalled >= self.cfg.stall_timeout_s and not self._stop.is_set():
+                self._fail(stalled)
+
+    def _fail(self, stalled: float) -> None:
+        if self.log_path and os.path.exists(self.log_path):
+            os.replace(self.log_path, os.path.join(os.path.dirname(self.log_path),
+                                                   f"incomplete_result_{self.seed}.log"))
+        print(f"error: no training batch from the tf.data service at {self.cfg.dispatcher} for {stalled:.0f} s "
+              f"(data.service.stall_timeout_s): a worker was lost with the files it held, or none is "
+              f"running; restart the workers and the run", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
+
+
+# ------------------------------------------------------------------------------ fleet processes
+
+def serve_dispatcher(port: int) -> None:
+    """Runs a dispatcher on `port` in the foreground; prints one line when it is listening."""
+    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
+        port=port, worker_timeout_ms=WORKER_TIMEOUT_MS))
+    print(f"data-service dispatcher ready: grpc://{socket.gethostname()}:{port} (port {port})", flush=True)
+    _wait(server)
+
+
+def serve_worker(dispatcher: str, port: int = 0, advertise: str = "") -> None:
+    """Runs a worker for `dispatcher` (HOST:PORT) in the foreground; prints one line when registered.
+
+    `advertise` is the host name clients use to reach this worker: localhost for a dispatcher on this
+    machine, else this machine's name.
+    """
+    host, dport = address(dispatcher)
+    if not advertise:
+        advertise = "localhost" if host in ("localhost", "127.0.0.1", "::1") else socket.getfqdn()
+    server = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=f"{host}:{dport}", worker_address=f"{advertise}:%port%", port=port,
+        heartbeat_interval_ms=1000))
+    print(f"data-service worker ready: {advertise}:{server._address.split(':')[-1]} -> dispatcher "
+          f"{host}:{dport}", flush=True)
+    _wait(server)
+
+
+def _wait(server: object) -> None:
+    try:
+        server.join()  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        time.sleep(0)

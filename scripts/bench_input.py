@@ -1,0 +1,211 @@
+"""The training input pipeline alone, against the bare rate of its most expensive op, in one process.
+
+The pipeline side is the harness's own training input (`harness.train.loop.train_input`: records ->
+parsed -> the reference preprocessing -> batched -> device-ready) over files this script writes at real
+sizes in a temp dir. The bare side is the pipeline's most expensive op alone in a tight tf.data map with
+the same parallelism, over the same encoded images already in memory. Rounds alternate between the two
+(the machine's other load hits both alike) and the ratio of their summed rates is the headline.
+
+    python scripts/bench_input.py resnet [CONFIG] [--set key=value ...] [--seconds 4] [--rounds 4] [--ablate]
+
+resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
+`decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. `--ablate` repeats the
+measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import registry  # noqa: E402
+from harness import config as config_lib  # noqa: E402
+from harness.runtime import make_runtime  # noqa: E402
+from harness.train.loop import eval_input, eval_steps_for, train_input  # noqa: E402
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth random scene with edges and grain: JPEG sizes and decode cost near a real photo's."""
+    low = rng.uniform(0, 255, size=(height // 25 + 1, width // 25 + 1, 3)).astype(np.float32)
+    image = tf.image.resize(low, [height, width], method="bicubic").numpy()
+    for _ in range(6):  # a few hard-edged objects
+        y, x = rng.integers(0, height - 40), rng.integers(0, width - 40)
+        h, w = rng.integers(20, height // 2), rng.integers(20, width // 2)
+        image[y:y + h, x:x + w] = rng.uniform(0, 255, size=3)
+    image += rng.normal(0, 12, size=image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def write_imagenet_like(out_dir: str, images: int, shards: int = 8,
+                        seed: int = 0) -> tuple[list[bytes], np.ndarray]:
+    """`train-*`/`validation-*` shards of 500x375 JPEGs with one object box each; returns the encoded
+    JPEGs and their boxes [N, 4] (ymin, xmin, ymax, xmax)."""
+    rng = np.random.default_rng(seed)
+    encoded = []
+    for i in range(images):
+        h, w = (375, 500) if i % 4 else (500, 375)
+        encoded.append(tf.io.encode_jpeg(photo_like(rng, h, w), quality=90).numpy())
+    corner = rng.uniform(0, 0.4, size=(images, 2))
+    boxes = np.concatenate([corner, corner + rng.uniform(0.3, 0.6, size=(images, 2))], axis=1).astype(np.float32)
+    for split in ("train", "validation"):
+        writers = [tf.io.TFRecordWriter(os.path.join(out_dir, f"{split}-{k:05d}-of-{shards:05d}"))
+                   for k in range(shards)]
+        for i, jpeg in enumerate(encoded):
+            y0, x0, y1, x1 = boxes[i].tolist()
+            f = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                 "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1 + i % 1000])),
+                 **{f"image/object/bbox/{k}": tf.train.Feature(float_list=tf.train.FloatList(value=[v]))
+                    for k, v in zip(("ymin", "xmin", "ymax", "xmax"), (y0, x0, y1, x1))}}
+            writers[i % shards].write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+        for wr in writers:
+            wr.close()
+    return encoded, boxes
+
+
+# ------------------------------------------------------------------------------------- pipelines
+
+def harness_batches(config: str, overrides: list[str], batch: int) -> tuple[Any, Any]:
+    """(the harness's device-ready training batches, an iterable; (workload, runtime, config))."""
+    cfg = config_lib.load_config(config, overrides)
+    runtime = make_runtime(cfg.runtime)
+    workload = registry.get(cfg.workload)(cfg, runtime)
+    workload.validate()
+    return train_input(runtime, workload, batch, cfg.seed), (workload, runtime, cfg)
+
+
+def bare_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: int) -> Any:
+    """decode_and_crop_jpeg alone, on crop windows the reference sampler draws from the same boxes,
+    AUTOTUNE parallelism, over the encoded images in memory."""
+    from benchmarks.resnet import data
+
+    prep = data.PREPROCESSING[workload.cfg.data.preprocessing]
+
+    def decode(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        jpeg, box = item
+        begin, crop = data.sample_crop(tf.io.extract_jpeg_shape(jpeg), tf.reshape(box, [1, 1, 4]),
+                                       tf.stack([tf.constant(7, tf.int64), index]), prep)
+        window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+        return tf.shape(tf.image.decode_and_crop_jpeg(jpeg, window, channels=3))
+
+    ds = tf.data.Dataset.from_tensor_slices((encoded, boxes)).repeat().enumerate()
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
+    """Samples and seconds of pulling batches for about `seconds`."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        tf.nest.map_structure(lambda t: t, next(iterator))
+        n += batch
+    return n, time.perf_counter() - t0
+
+
+def interleaved(sides: dict[str, Any], batch: int, seconds: float, rounds: int,
+                warmup: float = 1.5) -> dict[str, float]:
+    """Samples/s of each side (an iterable of batches), rounds alternating between them.
+
+    Each round opens a fresh iterator, warms it up uncounted and closes it after: only the measured
+    side runs, so no idle side's background threads (prefetch, autotuning) compete with it.
+    """
+    totals = {k: [0, 0.0] for k in sides}
+    for _ in range(rounds):
+        for k, data in sides.items():
+            it = iter(data)
+            rate(it, batch, warmup)
+            n, t = rate(it, batch, seconds)
+            del it
+            totals[k][0] += n
+            totals[k][1] += t
+    return {k: n / t for k, (n, t) in totals.items()}
+
+
+def eval_pass_rates(workload: Any, runtime: Any, cfg: Any, batch: int) -> tuple[float, float]:
+    """Samples/s of the first eval pass (decoding) and the second (cached replay with data.cache_eval)."""
+    steps = eval_steps_for(workload.eval_samples, batch)
+    it = iter(eval_input(runtime, workload, batch, cfg.seed))  # one iterator: the cache lives across passes
+    out = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        out.append(steps * batch / (time.perf_counter() - t0))
+    return out[0], out[1]
+
+
+# ------------------------------------------------------------------------------------------ main
+
+ABLATIONS = {  # the technique, and the override that switches it off
+    "crop before decode": "data.decode_and_crop=false",
+    "parallel interleaved reads": "data.parallel_reads=1",
+    "non-deterministic order": "data.deterministic=true",
+    f"autotuned pool (vs private {CORES} threads)": f"data.threads={CORES}",
+    "prefetch to device": "data.prefetch_to_device=false",
+}
+OPTIONS = {  # off by default (they change the reference's numerics slightly), measured on
+    "normalize on device (host sends uint8)": "data.normalize_on_device=true",
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workload", choices=("resnet",))
+    p.add_argument("config", nargs="?", default=None)
+    p.add_argument("--set", action="append", default=[], help="config override key=value")
+    p.add_argument("--images", type=int, default=256, help="distinct JPEGs written (the pipeline repeats them)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=4.0, help="per side per round")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--ablate", action="store_true", help="also measure with each data.* technique off")
+    a = p.parse_args()
+
+    config = a.config or f"configs/{a.workload}/reference.yaml"
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        encoded, boxes = write_imagenet_like(tmp, a.images)
+        kb = np.mean([len(e) for e in encoded]) / 1024
+        base = ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
+                f"data.train_samples={a.images}", f"data.eval_samples={a.images}", "runtime.kind=default"] + a.set
+        print(f"{a.workload}: {a.images} JPEGs ~500x375 ({kb:.0f} KB mean), batch {a.batch}, {CORES} cores, "
+              f"{a.rounds} rounds x {a.seconds:g} s per side; load average {load[0]:.1f} at start", flush=True)
+
+        def measure(extra: list[str]) -> tuple[float, float, Any]:
+            pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
+            bare = bare_resnet(encoded, boxes, workload, a.batch)
+            rates = interleaved({"pipeline": pipeline, "bare": bare}, a.batch, a.seconds, a.rounds)
+            return rates["pipeline"], rates["bare"], (workload, runtime, cfg)
+
+        pipe, bare, (workload, runtime, cfg) = measure([])
+        print(f"pipeline (records -> device-ready batches): {pipe:8.1f} samples/s ({pipe / CORES:.1f} per core)")
+        print(f"bare decode_and_crop_jpeg, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
+        print(f"ratio pipeline / bare decode: {pipe / bare:.3f}  (load average {os.getloadavg()[0]:.1f} at end)",
+              flush=True)
+        if a.ablate:
+            for name, override in ABLATIONS.items():
+                p_off, b_off, _ = measure([override])
+                print(f"  off: {name:<40} ({override}): ratio {p_off / b_off:.3f}  ({p_off:.1f} samples/s)",
+                      flush=True)
+            for name, override in OPTIONS.items():
+                p_on, b_on, _ = measure([override])
+                print(f"  on:  {name:<40} ({override}): ratio {p_on / b_on:.3f}  ({p_on:.1f} samples/s)",
+                      flush=True)
+            first, cached = eval_pass_rates(workload, runtime, cfg, a.batch)
+            print(f"  eval set decoded once and cached (data.cache_eval): first pass {first:.1f} samples/s, "
+                  f"cached pass {cached:.1f} samples/s ({cached / first:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()

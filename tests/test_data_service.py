@@ -1,0 +1,197 @@
+"""tf.data service: a dispatcher and two workers started by `mlperf-harness data-service` on 127.0.0.1
+(subprocesses, always cleaned up, every wait bounded). Each epoch served sees every id exactly once; the
+ResNet TFRecord smoke reaches its target through the service with a compliant log; a worker killed
+mid-run is survived or ends the run with one `error:` line and an incomplete log, never a hang."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, harness_cmd, stderr_error_lines
+from harness.train.data_service import distribute_epochs
+from harness.train.input_pipeline import ServiceConfig
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+START_TIMEOUT_S = 180  # importing TensorFlow on a loaded 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A subprocess whose stdout lines are read by a thread, so every wait on it can be bounded."""
+
+    def __init__(self, *args: str) -> None:
+        self.p = subprocess.Popen(harness_cmd(*args), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._read, args=(self.p.stdout, self.stdout, True), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.p.stderr, self.stderr, False), daemon=True).start()
+
+    def _read(self, stream, store: list[str], announce: bool) -> None:
+        for line in stream:
+            store.append(line.rstrip("\n"))
+            if announce:
+                self.lines.put(line)
+
+    def wait_line(self, text: str, timeout: float) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.1, min(1.0, deadline - time.time())))
+            except queue.Empty:
+                if self.p.poll() is not None:
+                    break
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout} s; stdout {self.stdout[-5:]}, "
+                             f"stderr {self.stderr[-5:]}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(timeout=30)
+
+
+class Fleet:
+    """A dispatcher and two workers on 127.0.0.1, started with the harness's own command."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.procs: list[Proc] = []
+        try:
+            self.procs.append(Proc("data-service", "dispatcher", f"--port={self.port}"))
+            self.procs[0].wait_line("data-service dispatcher ready", START_TIMEOUT_S)
+            self.workers = [Proc("data-service", "worker", f"--dispatcher=127.0.0.1:{self.port}")
+                            for _ in range(2)]
+            self.procs += self.workers
+            for w in self.workers:
+                w.wait_line("data-service worker ready", START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def dispatcher(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    f = Fleet()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
+
+    out = str(tmp_path_factory.mktemp("imagenet"))
+    write_imagenet_tfrecords(out, 2048, 200, image_size=40)
+    return out
+
+
+def smoke_args(data_dir: str, out: str, dispatcher: str, *extra: str) -> list[str]:
+    # 2048 images, batch 64: epoch 4 is 128 steps, as in the 4096-image smoke at batch 128.
+    sets = {"data.data_dir": data_dir, "data.train_samples": 2048, "data.eval_samples": 200,
+            "schedule.global_batch_size": 64, "data.service.dispatcher": dispatcher}
+    args = ["run", os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml"), f"--output_dir={out}"]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    return args + [a for e in extra for a in ("--set", e)]
+
+
+def test_every_epoch_through_the_service_sees_each_id_once(fleet):
+    n, batch = 100, 8
+    epoch = tf.data.Dataset.range(n).shuffle(n)
+    ds = distribute_epochs(epoch, n, batch, ServiceConfig(dispatcher=fleet.dispatcher))
+    ids = [int(i) for b in ds.take(3 * n // batch) for i in b.numpy()]  # 300 ids: 3 epochs (drop the tail)
+    assert len(ids) == 3 * n - (3 * n) % batch
+    assert sorted(ids[:n]) == list(range(n)), "epoch 1"
+    assert sorted(ids[n:2 * n]) == list(range(n)), "epoch 2"
+    assert len(set(ids[2 * n:])) == len(ids[2 * n:]), "epoch 3 repeats an id"
+
+
+def test_resnet_tfrecord_smoke_through_the_service_reaches_target(fleet, imagenet_dir, tmp_path):
+    out = str(tmp_path / "runs")
+    run = Proc(*smoke_args(imagenet_dir, out, fleet.dispatcher))
+    try:
+        run.p.wait(timeout=600)
+    finally:
+        run.stop()
+    time.sleep(0.2)  # the reader threads drain the pipes
+    assert run.p.returncode == 0, (run.stdout[-10:], run.stderr[-10:])
+    (summary_path,) = glob.glob(os.path.join(out, "resnet", "*", "summary.json"))
+    with open(summary_path) as f:
+        summary = json.load(f)
+    assert summary["status"] == "success" and summary["compliant"], summary
+    assert all(v["passed"] for v in summary["compliance"].values()), summary["compliance"]
+    assert 0.0 <= summary["input_wait"]["share_of_train_time"] <= 1.0, summary["input_wait"]
+    assert any("of step time waiting for data (data.source=tfrecord" in line for line in run.stdout), run.stdout
+
+
+def test_killed_worker_is_survived_or_ends_the_run_with_one_error(fleet, imagenet_dir, tmp_path):
+    """Last in this file: it kills one of the shared fleet's workers."""
+    out = str(tmp_path / "runs")
+    run = Proc(*smoke_args(imagenet_dir, out, fleet.dispatcher, "schedule.log_every_steps=4",
+                           "data.service.stall_timeout_s=10"))
+    try:
+        run.wait_line("| input wait", START_TIMEOUT_S)
+        fleet.workers[0].p.send_signal(signal.SIGKILL)
+        run.p.wait(timeout=300)  # bounded: a hang fails here
+    finally:
+        run.stop()
+    time.sleep(0.2)
+    (run_dir,) = glob.glob(os.path.join(out, "resnet", "*"))
+    if run.p.returncode == 0:  # survived: the service re-routed the lost worker's share
+        print("killed worker: survived")
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            assert json.load(f)["compliant"]
+        return
+    print(f"killed worker: run ended with {run.p.returncode}: {run.stderr[-1:]}")
+    errors = stderr_error_lines(subprocess.CompletedProcess([], run.p.returncode, "", "\n".join(run.stderr)))
+    assert run.p.returncode == 2 and len(errors) == 1, (run.p.returncode, run.stderr[-10:])
+    assert "tf.data service" in errors[0], errors
+    assert os.path.exists(os.path.join(run_dir, "incomplete_result_1.log")), os.listdir(run_dir)
+    assert not glob.glob(os.path.join(run_dir, "result_*.txt")), os.listdir(run_dir)
+
+
+@pytest.mark.parametrize("workload, dispatcher, message", [
+    ("resnet", "grpc://127.0.0.1:{free}", "no dispatcher listening"),
+    ("resnet", "http://127.0.0.1:5050", "expected grpc://HOST:PORT"),
+    ("ssd", "grpc://127.0.0.1:{free}", "cannot send data.source=synthetic"),
+])
+def test_service_refusals_come_before_the_log(workload, dispatcher, message):
+    from benchmarks import registry
+    from harness import config as config_lib
+    from harness.errors import HarnessError
+    from harness.runtime import make_runtime
+    from harness.train import data_service
+
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"),
+                                 [f"data.service.dispatcher={dispatcher.format(free=free_port())}"])
+    wl = registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
+    with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
+        data_service.validate(wl)
