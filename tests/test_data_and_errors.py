@@ -117,7 +117,14 @@ def test_corrupt_record_gives_clear_error_and_no_valid_looking_log(imagenet_dir,
         with open(f, "rb") as src:
             raw = bytearray(src.read())
         if os.path.basename(f).startswith("train"):
-            raw[len(raw) // 2:len(raw) // 2 + 64] = b"\xff" * 64  # breaks a record's CRC
+            # Inside the payload of a record near the middle: its header stays intact, so the record count at
+            # load holds and the reader meets the bad CRC mid-run.
+            start = 0
+            while start < len(raw) // 2:
+                length = int.from_bytes(raw[start:start + 8], "little")
+                payload, start = start + 12, start + 12 + length + 4
+            assert length > 64
+            raw[payload:payload + 64] = b"\xff" * 64  # breaks that record's CRC
         with open(os.path.join(data, os.path.basename(f)), "wb") as dst:
             dst.write(raw)
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(data))
