@@ -90,7 +90,8 @@ def trace(config: str, small: list[str]) -> dict:
                                for o in g.get_operations()
                                if "_XlaMustCompile" in o.node_def.attr and o.node_def.attr["_XlaMustCompile"].b)
     except Exception as e:  # noqa: BLE001 - what tracing raises is the result
-        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+        out["error"] = f"{type(e).__name__}: {lines[-1][:300] if lines else ''}"
     return out
 
 
