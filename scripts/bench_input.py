@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -17,7 +17,6 @@ import os
 import socket
 import sys
 import threading
-import time
 import urllib.parse
 from typing import Any
 
@@ -148,8 +147,8 @@ def serve_worker(dispatcher: str, port: int = 0, advertise: str = "") -> None:
 
 
 def _wait(server: object) -> None:
+    """Serves until the process is stopped (Ctrl-C ends it quietly: stopping is how a server is used)."""
     try:
         server.join()  # type: ignore[attr-defined]
     except KeyboardInterrupt:
-        sys.stdout.flush()
-        time.sleep(0)
+        pass

@@ -79,6 +79,9 @@ def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: i
         if pipe.service.dispatcher and not dummy:
             epoch = workload.train_epoch_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
             examples = workload.train_samples if ctx.num_hosts == 1 else int(epoch.cardinality())
+            if examples < 0:
+                raise HarnessError("data.service on several hosts needs a source whose per-host epoch size "
+                                   "is known to tf.data (its cardinality); preprocess locally")
             ds = data_service.distribute_epochs(epoch, examples, ctx.batch_size, pipe.service)
         else:
             ds = workload.train_dataset(ctx).with_options(train_options(pipe, workload.is_synthetic))
@@ -382,7 +385,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             done_steps += n
             chunk_time = max(time.time() - t_chunk, 1e-9)
             rate = n * gbs / chunk_time
-            chunk_wait, waited = wait.total() - waited, wait.total()  # read after the loss: no extra sync
+            total_wait = wait.total()  # a host variable, read after the loss: no extra sync
+            chunk_wait, waited = total_wait - waited, total_wait
             input_wait += chunk_wait
             if scale_state is not None:
                 now = steps.loss_scale_state()

@@ -1,0 +1,41 @@
+"""The `data.*` input techniques that change what the host computes give the model the same input."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.resnet import data as resnet_data
+from harness.train.input_pipeline import PipelineConfig, nbytes, pipeline_config, train_options
+
+
+def test_normalize_on_device_matches_the_host_float_pipeline_to_half_a_grey_level():
+    prep = resnet_data.PREPROCESSING["reference"]
+    resized = tf.random.stateless_uniform([2, 8, 8, 3], [3, 4], 0.0, 255.0)
+    sent = resnet_data.host_image(resized, True, prep)
+    assert sent.dtype == tf.uint8
+    on_device = resnet_data.device_image(sent, prep)
+    on_host = resnet_data.host_image(resized, False, prep)
+    assert on_host.dtype == on_device.dtype == tf.float32
+    assert float(tf.reduce_max(tf.abs(on_device - on_host))) <= 0.5 + 1e-4
+    assert resnet_data.device_image(on_host, prep) is on_host  # float input passes through
+
+
+def test_crop_before_decode_equals_decode_then_crop():
+    image = tf.cast(tf.random.stateless_uniform([120, 160, 3], [1, 2], 0, 255), tf.uint8)
+    jpeg = tf.io.encode_jpeg(image, quality=90)
+    prep = resnet_data.PREPROCESSING["reference"]
+    seed = tf.constant([5, 6], tf.int64)
+    a = resnet_data.random_resized_crop_jpeg(jpeg, 32, seed, prep, decode_and_crop=True)
+    b = resnet_data.random_resized_crop_jpeg(jpeg, 32, seed, prep, decode_and_crop=False)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2.0)
+
+
+def test_options_and_defaults():
+    assert isinstance(pipeline_config(object()), PipelineConfig)  # a workload without the keys
+    cfg = PipelineConfig(threads=3)
+    options = train_options(cfg)
+    assert options.deterministic is False and options.threading.private_threadpool_size == 3
+    assert train_options(cfg, synthetic=True).deterministic is True
+    spec = {"image": tf.TensorSpec([4, 2, 3], tf.float32), "label": tf.TensorSpec([4], tf.int32)}
+    assert nbytes(spec) == 4 * 2 * 3 * 4 + 4 * 4
+    assert nbytes({"x": tf.TensorSpec([None, 2], tf.float32)}) is None
