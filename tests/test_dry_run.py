@@ -123,10 +123,12 @@ def test_cli_dry_run_prints_the_report_writes_json_and_no_log(tmp_path):
     assert not out.exists()
 
 
-def test_cli_compile_failure_is_one_error_line(tmp_path):
-    # A real workload whose training loss gains an op with no XLA kernel (a helper patches it in).
+@pytest.mark.parametrize("mode", [["--dry_run"], ["--set", "runtime.jit_compile=true"]], ids=["dry_run", "run"])
+def test_cli_compile_failure_is_one_error_line(tmp_path, mode):
+    # A real workload whose training loss gains an op with no XLA kernel (a helper patches it in); the
+    # real run meets it at its warm-up compile, before run_start.
     helper = os.path.join(REPO, "tests", "helpers", "broken_step.py")
-    proc = subprocess.run([sys.executable, helper, "run", "configs/resnet/smoke.yaml", "--dry_run", "--set",
+    proc = subprocess.run([sys.executable, helper, "run", "configs/resnet/smoke.yaml", *mode, "--set",
                            f"output_dir={tmp_path / 'runs'}"], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -135,4 +137,8 @@ def test_cli_compile_failure_is_one_error_line(tmp_path):
     assert line.startswith("error: resnet train step does not compile under XLA: AsString"), line
     assert "broken_step.py" in line  # where the op was created
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    if mode == ["--dry_run"]:
+        assert not (tmp_path / "runs").exists()
+    else:  # no result log: the log that was opened is kept as incomplete
+        assert not list((tmp_path / "runs").rglob("result_*.txt"))
+        assert list((tmp_path / "runs").rglob("incomplete_result_*.log"))

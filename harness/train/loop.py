@@ -12,10 +12,11 @@ decision, made on the chief and broadcast.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +31,7 @@ from harness.train.progress import Progress
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import EvalPoint, LossTerm, Workload, tidy
+from harness.train.xla_errors import xla_compile_error
 
 # Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
 MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
@@ -314,6 +316,18 @@ def by_index(state: dict[str, Any]) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------------- the controller
 
+@contextlib.contextmanager
+def compile_errors_as_one_line(runtime: Runtime, workload: Workload, which: str) -> Iterator[None]:
+    """Under XLA, a step that does not compile fails its first call: say which op, in one line."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - translated, or re-raised untouched
+        error = xla_compile_error(e, workload.NAME, which) if runtime.jit_compile else None
+        if error is not None:
+            raise error from None
+        raise
+
+
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
               progress: Progress | None = None, wait: InputWait | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
@@ -343,10 +357,12 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
 
     # Compile and warm up on zeros, then put every variable back: the timed run starts from init.
     saved = [v.variable.read_value() for v in runtime.variables()]
-    warm = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed, dummy=True)),
-                            tf.constant(1))
-    float(warm["loss"])
-    steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
+    with compile_errors_as_one_line(runtime, workload, "train"):
+        warm = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed, dummy=True)),
+                                tf.constant(1))
+        float(warm["loss"])
+    with compile_errors_as_one_line(runtime, workload, "eval"):
+        steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
     runtime.broadcast_from_chief(np.zeros(2))
     for v, value in zip(runtime.variables(), saved):
         v.variable.assign(value)
