@@ -115,7 +115,8 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     try:
         result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
                            progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
-                                             schedule.unit, workload.METRIC, workload.target))
+                                             schedule.unit, workload.METRIC, workload.target,
+                                             workload.target_relation))
     except BaseException as e:
         log.close()
         if chief and os.path.exists(log_path):
