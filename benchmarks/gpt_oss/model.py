@@ -66,12 +66,15 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
     qb = tf.reshape(q, [b, nb, blk, kv, g, d])
     kb = _lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0)
     vb = _lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0)
-    allowed = tf.constant(visible(seq, window, block))[None]                    # [1, nb, blk, keys]
+    # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
+    mask = visible(seq, window, block)
+    allowed = tf.constant(mask.reshape((1,) + mask.shape))                       # [1, nb, blk, keys]
     if segments is not None:
         sq = tf.reshape(segments, [b, nb, blk])
         sk = _lookback(sq, back, -1)
-        allowed = tf.logical_and(allowed, tf.equal(sq[..., :, None], sk[..., None, :]))
-    bias = tf.where(allowed, 0.0, NEG_INF)[:, :, None, None]                      # [b, nb, 1, 1, blk, keys]
+        allowed = tf.logical_and(allowed, tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2)))
+    bias = tf.where(allowed, 0.0, NEG_INF)
+    bias = tf.expand_dims(tf.expand_dims(bias, 2), 2)                             # [b, nb, 1, 1, blk, keys]
     scores = tf.einsum("bnqhgd,bnkhd->bnhgqk", qb, kb)
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
     out = tf.einsum("bnhgqk,bnkhd->bnqhgd", tf.cast(probs, v.dtype), vb)
@@ -137,12 +140,12 @@ def route(logits: tf.Tensor, k: int, capacity: int) -> Routing:
     b, ng, s, e = logits.shape
     index = tf.math.top_k(tf.stop_gradient(logits), k).indices                  # [b, g, s, k]
     choice = tf.one_hot(index, e, dtype=tf.float32)                               # [b, g, s, k, e]
-    gates = tf.nn.softmax(tf.reduce_sum(choice * logits[..., None, :], -1), -1)   # [b, g, s, k]
+    gates = tf.nn.softmax(tf.reduce_sum(choice * tf.expand_dims(logits, 3), -1), -1)  # [b, g, s, k]
     priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
     position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
     position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
     kept = tf.cast(position < capacity, tf.float32)
-    slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * kept[..., None]
+    slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
     dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
     combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
     fraction = tf.reduce_mean(choice, [2, 3])                                     # f_i: sums to 1

@@ -163,7 +163,7 @@ class GptOssWorkload(Workload):
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
         xent, weights, routings = self.token_losses(batch["tokens"])
-        w = weights * mask[:, None]
+        w = weights * tf.expand_dims(mask, 1)
         return {"nll": tf.reduce_sum(xent * w), "tokens": tf.reduce_sum(w), "rows": tf.reduce_sum(mask),
                 # Health metric (ST-MoE): expert assignments dropped for capacity, real rows only.
                 "dropped": tf.add_n([tf.reduce_sum(r.dropped * mask) for r in routings])}
