@@ -150,21 +150,38 @@ def test_indexed_rows_are_consecutive_windows_of_the_documents(tmp_path):
     np.testing.assert_array_equal(rows, [stream[i * 8:i * 8 + 9] for i in range(3)])
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"), "bad magic"),
-    (lambda p: open(p + ".bin", "ab").write(b"\x00\x01"), "bytes but"),
-    (lambda p: os.remove(p + ".bin"), "does not exist"),
-    (lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8), "truncated or corrupt"),
-])
-def test_a_bad_indexed_file_is_one_error_line(tmp_path, damage, message):
+DAMAGES = {
+    "bad magic": lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"),
+    "bytes but": lambda p: open(p + ".bin", "ab").write(b"\x00\x01"),
+    "does not exist": lambda p: os.remove(p + ".bin"),
+    "truncated or corrupt": lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8),
+    "outside model.vocab_size": lambda p: indexed_dataset.write(p, [np.arange(40) + 60]),
+}
+
+
+def _damaged(tmp_path, message):
     prefix = str(tmp_path / "c4")
     indexed_dataset.write(prefix, [np.arange(40) % 30, np.arange(25) % 30])
-    damage(prefix)
+    DAMAGES[message](prefix)
+    return prefix
+
+
+@pytest.mark.parametrize("message", sorted(DAMAGES))
+def test_a_bad_indexed_file_is_refused_with_a_clear_message(tmp_path, message):
+    _damaged(tmp_path, message)
+    cfg = DataConfig(source="indexed", data_dir=str(tmp_path), train_prefix="c4", eval_prefix="c4",
+                     seq_length=8, eval_samples=2)
+    with pytest.raises(HarnessError, match=message):
+        data.Source(cfg, 64).validate()
+
+
+def test_a_bad_indexed_file_is_one_error_line_from_the_cli(tmp_path):
+    _damaged(tmp_path, "truncated or corrupt")
     proc = run_cli("run", SMOKE, "--output_dir", str(tmp_path / "runs"), "--set", "data.source=indexed",
                    "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set",
                    "data.eval_prefix=c4", "--set", "model.full_attention_span=0", timeout=300)
     lines = stderr_error_lines(proc)
-    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert proc.returncode == 2 and len(lines) == 1 and "truncated or corrupt" in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -257,7 +274,8 @@ SCRIPT = """
         "model.head_dim=4", "model.num_experts=8", "model.expert_hidden=8", "model.moe_group_size=128",
         "model.attention_block=64"])
     ref_params = sum(int(np.prod(p.variable.shape)) for p in wl.optimizer.params)
-    ref_loss = float(tf.function(xent)(next(iter(loop.train_input(rt, wl, 2, 0)))))
+    terms = wl.loss(next(iter(loop.train_input(rt, wl, 2, 0))), tf.zeros([2], tf.int64))  # eager: one forward
+    ref_loss = float(terms["cross_entropy"].total / terms["cross_entropy"].count)
     print("RESULT " + json.dumps(dict(mesh=mesh, one=one, shapes=shapes, hp={{k: hp[k] for k in
         ("expert_parallelism", "tensor_parallelism", "moe_aux_loss_coeff", "moe_z_loss_coeff",
          "moe_expert_capacity_factor")}}, xla=xla, graph=graph, eval_nll=float(ev["nll"]),

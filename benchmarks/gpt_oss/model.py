@@ -149,8 +149,14 @@ def route(logits: tf.Tensor, k: int, capacity: int) -> Routing:
     dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
     combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
     fraction = tf.reduce_mean(choice, [2, 3])                                     # f_i: sums to 1
-    prob = tf.reduce_mean(tf.nn.softmax(logits, -1), 2)                           # P_i
-    lse = tf.reduce_logsumexp(logits, -1)
+    # Softmax and logsumexp spelled out: the gradients of tf.nn.softmax and tf.reduce_logsumexp sum with
+    # keep_dims, which DTensor's reduce expander rejects on these batch-split logits.
+    # Partial reductions are einsums with ones (their gradients are einsums too, not Tile).
+    top = tf.stop_gradient(tf.reduce_max(logits, -1))
+    exp = tf.exp(logits - tf.expand_dims(top, -1))
+    total = tf.einsum("bgse,e->bgs", exp, tf.ones([e]))
+    prob = tf.einsum("bgse,s->bge", exp / tf.expand_dims(total, -1), tf.fill([s], 1.0 / s))  # P_i
+    lse = top + tf.math.log(total)
     return Routing(dispatch, combine, balance_sum=float(e) * tf.reduce_sum(fraction * prob),
                    z_sum=tf.reduce_sum(tf.square(lse)), dropped=tf.reduce_sum(1.0 - kept, [1, 2, 3]),
                    groups=b * ng, tokens=b * ng * s)
