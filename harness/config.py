@@ -99,7 +99,8 @@ class Config:
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    config_file: str = field("", doc="internal: the YAML file the run was started from (set on load)")
+    # Not a field (so never dumped or read back): the YAML file the run was loaded from (MLPerf config_filename).
+    config_file = ""
     # The workload's own sections (data, model, optimizer, ...), keyed by their top-level YAML name.
     sections: dict[str, Any] = field(default_factory=dict, doc="internal")
 
