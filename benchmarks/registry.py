@@ -12,6 +12,7 @@ _WORKLOADS = {
     "bert": "benchmarks.bert.workload:BertWorkload",
     "transformer": "benchmarks.transformer.workload:TransformerWorkload",
     "ssd": "benchmarks.ssd.workload:SSDWorkload",
+    "gpt_oss_20b": "benchmarks.gpt_oss.workload:GptOssWorkload",
 }
 
 

@@ -22,7 +22,8 @@ from harness.errors import HarnessError
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
-RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0", "5.1.0",
+            "6.0.0", "6.1.0")
 
 
 def field(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, min: float | None = None,
@@ -106,6 +107,8 @@ class Config:
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    # Not a field (so never dumped or read back): the YAML file the run was loaded from (MLPerf config_filename).
+    config_file = ""
     # The workload's own sections (data, model, optimizer, ...), keyed by their top-level YAML name.
     sections: dict[str, Any] = field(default_factory=dict, doc="internal")
 
@@ -302,6 +305,7 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
     sections = workload_cls.SECTIONS
     plain = {k: v for k, v in data.items() if k not in sections}
     cfg = from_dict(Config, plain)
+    cfg.config_file = path
     cfg.sections = {key: from_dict(cls, data.get(key) or {}, key) for key, cls in sections.items()}
     for i, ruleset in enumerate([cfg.ruleset] + list(cfg.check_rulesets)):
         where = "ruleset" if i == 0 else f"check_rulesets[{i - 1}]"

@@ -48,6 +48,13 @@ MATRIX = {
                  model__aspect_ratios="[[2],[2,3],[2,3],[2,3],[2],[2]]", data__train_samples=32,
                  data__eval_samples=16, schedule__global_batch_size=16, schedule__eval_batch_size=16,
                  schedule__max_epochs=5)),
+    # gpt_oss_20b in the open division: closed needs 1024 eval rows of 8192 tokens and an eval every
+    # 12,288 samples. The open checker still checks every other key, max_sequence_length 8192 included,
+    # so the run keeps 8192-token rows: one step at width 8 and one eval row (the target is missed).
+    "gpt_oss_20b": ("configs/gpt_oss_20b/smoke.yaml",
+                    sets(model__hidden_size=8, model__head_dim=2, model__expert_hidden=8,
+                         data__synthetic_train_rows=2, data__eval_samples=1, schedule__eval_batch_size=2,
+                         schedule__max_epochs=1, data__eval_every_samples=2)),
 }
 
 

@@ -88,7 +88,7 @@ def test_olympic_two_failed_runs_gives_no_score():
 
 
 def test_olympic_run_count_note_and_requirements():
-    assert N_REQUIRED == {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10}
+    assert N_REQUIRED == {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10, "gpt_oss_20b": 10}
     score = olympic_score(summaries([(10, "success"), (11, "success"), (12, "success"), (13, "success")]))
     assert score.score_min == pytest.approx(11.5) and "4 run(s) given; resnet requires 5" in score.note
     bert = olympic_score(summaries([(m, "success") for m in range(20, 30)], benchmark="bert"))

@@ -29,6 +29,9 @@ SMALL = {
     "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=45", "schedule.global_batch_size=8",
                     "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0", "model.attention_dropout=0",
                     "model.relu_dropout=0", "eval.extra_decode_length=4"],
+    # Rows of 256 tokens (the smoke's 8192 are for the logged runs); 45 eval rows.
+    "gpt_oss_20b": ["data.seq_length=256", "data.synthetic_train_rows=64", "data.eval_samples=45",
+                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }

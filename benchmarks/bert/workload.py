@@ -55,6 +55,8 @@ class BertWorkload(Workload):
     NAME = "bert"
     MLPERF_KEY = "bert"
     RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+    RULESET_NOTE = ("MLPerf Training 5.1 retired BERT: the 5.1.0 checker's closed and open common rules reject "
+                    "submission_benchmark 'bert' (mlperf-logging 4.1.68)")
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     METRIC = "masked-LM accuracy"
 

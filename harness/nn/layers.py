@@ -255,3 +255,31 @@ class MultiHeadAttention(Block):
             # -10000: BERT's reference value (any large value gives the same softmax in float32).
             bias = padding_bias(key_mask, -10000.0) if key_mask is not None else tf.zeros([1, 1, 1, 1])
         return self.attend(x, k, v, bias, seed)
+
+
+class RMSNorm(Block):
+    """Root-mean-square norm (no centering, no bias), as in Llama/GPT-OSS: x * rsqrt(mean(x^2) + eps) * gamma."""
+
+    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-6) -> None:
+        super().__init__(runtime, path, seed)
+        self.epsilon = epsilon
+        self.gamma = self.var("gamma", (dim,), (None,), constant(1.0))
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        xf = tf.cast(x, tf.float32)
+        y = xf * tf.math.rsqrt(tf.reduce_mean(tf.square(xf), -1, keepdims=True) + self.epsilon) * self.gamma
+        return tf.cast(y, x.dtype)
+
+
+def rotary(x: tf.Tensor, base: float) -> tf.Tensor:
+    """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
+    at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim). Static shapes only."""
+    seq, dim = x.shape[1], x.shape[-1]
+    half = dim // 2
+    inv = base ** (-tf.range(half, dtype=tf.float32) * 2.0 / dim)
+    angle = tf.range(seq, dtype=tf.float32)[:, None] * inv[None, :]          # [seq, half]
+    shape = [1, seq] + [1] * (len(x.shape) - 3) + [half]
+    cos, sin = tf.reshape(tf.cos(angle), shape), tf.reshape(tf.sin(angle), shape)
+    cos, sin = tf.cast(cos, x.dtype), tf.cast(sin, x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return tf.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)

@@ -6,6 +6,7 @@ the same tf.function can return stale values. Slots are created by `build`, befo
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Sequence
 
@@ -261,3 +262,49 @@ class Adam(Optimizer):
         self.slots["m"][i].assign(m)
         self.slots["v"][i].assign(v)
         p.variable.assign(p.variable.read_value() - self._lr_t * m / (tf.sqrt(v) + self.epsilon))
+
+
+def cosine_warmup_schedule(base_lr: float, end_lr: float, warmup_steps: int, decay_steps: int) -> Schedule:
+    """Linear warmup from 0 to `base_lr` over `warmup_steps`, then a cosine from `base_lr` to `end_lr`
+    over `decay_steps` (Megatron's "cosine with linear warmup"), `end_lr` after that."""
+    def lr(step: tf.Tensor) -> tf.Tensor:
+        s = tf.cast(step, tf.float32)
+        warm = base_lr * s / float(max(warmup_steps, 1))
+        frac = tf.clip_by_value((s - warmup_steps) / float(max(decay_steps, 1)), 0.0, 1.0)
+        decayed = end_lr + (base_lr - end_lr) * 0.5 * (1.0 + tf.cos(math.pi * frac))
+        return tf.where(s < float(warmup_steps), warm, decayed)
+    return lr
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW as Megatron runs it):
+    bias-corrected moments, w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w); excluded weights (norms,
+    biases) get no decay."""
+
+    slot_names = ("m", "v")
+
+    def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.95, epsilon: float = 1e-5,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        step = self.step.read_value()
+        lr = self.schedule(step)
+        t = tf.cast(step + 1, tf.float32)
+        self._c1, self._c2 = 1.0 - tf.pow(self.beta_1, t), 1.0 - tf.pow(self.beta_2, t)
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            self.update(i, p, tf.cast(g, tf.float32), lr)
+        self.step.assign(step + 1)
+        return lr
+
+    def update(self, i, p, g, lr) -> None:
+        w = p.variable.read_value()
+        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
+        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
+        self.slots["m"][i].assign(m)
+        self.slots["v"][i].assign(v)
+        u = (m / self._c1) / (tf.sqrt(v / self._c2) + self.epsilon)
+        if not self.excluded(p.path):
+            u = u + self.weight_decay * w
+        p.variable.assign(w - lr * u)

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
 from harness.review.integrity import Finding, check_integrity, check_seeds
-from harness.review.logparse import TARGETS, LogEvent, RunSummary, parse_log, summarize
+from harness.review.logparse import LOWER_IS_BETTER, TARGETS, LogEvent, RunSummary, parse_log, reaches, summarize
 from harness.review.scoring import OlympicScore, olympic_score
 
 LOG_SUFFIXES = (".txt", ".log")
@@ -219,9 +219,11 @@ def _score_lines(score: OlympicScore, names: dict[str, str]) -> list[str]:
 def _target_check(run: Run) -> Finding | None:
     s = run.summary
     if s.status == "success" and s.target is not None and s.last_accuracy is not None \
-            and s.last_accuracy < s.target:
+            and not reaches(s.benchmark, s.last_accuracy, s.target):
+        needed = "<=" if s.benchmark in LOWER_IS_BETTER else ">="
         return Finding("warning", "target_not_reached",
-                       f"status success but last eval_accuracy {s.last_accuracy:.4f} < target {s.target:g}")
+                       f"status success but last eval_accuracy {s.last_accuracy:.4f} does not reach target "
+                       f"{needed} {s.target:g}")
     return None
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from harness.review.logparse import RunSummary
 
-N_REQUIRED: dict[str, int] = {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10}
+N_REQUIRED: dict[str, int] = {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10, "gpt_oss_20b": 10}
 
 
 @dataclass

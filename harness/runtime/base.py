@@ -266,6 +266,12 @@ class Runtime(abc.ABC):
         batched gather, e.g. reordering beams). Each runtime implements it the way its devices can."""
         return tf.gather(x, index, batch_dims=1)
 
+    def place(self, t: tf.Tensor, dims: Sequence[str | None]) -> tf.Tensor:
+        """In replica context: lays tensor `t` out by named dimensions `dims` (one name or None per axis),
+        as variables are. A mesh reshards it (e.g. experts split where the batch was: an all-to-all);
+        data-parallel runtimes hold whole tensors per replica and return it unchanged."""
+        return t
+
     def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
         """In replica context, on an image input [batch, height, ...]: marks its height to be split over
         the replica's devices (runtime.spatial_partition); identity when spatial partitioning is off."""

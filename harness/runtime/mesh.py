@@ -148,6 +148,12 @@ class MeshRuntime(Runtime):
     def take_along_axis1(self, x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
         return one_hot_take_along_axis1(x, index)  # DTensor's layout pass rejects gather with batch_dims
 
+    def place(self, t: tf.Tensor, dims) -> tf.Tensor:
+        if len(dims) != t.shape.rank:
+            raise ValueError(f"place: dims {tuple(dims)} do not match a tensor of rank {t.shape.rank}")
+        # `batch` maps to the batch mesh dimension like any other named dimension.
+        return dtensor.relayout(t, self.layout_for(tuple(dims)))
+
     def gather(self, per_replica: Any) -> Any:
         return tf.nest.map_structure(
             lambda t: dtensor.relayout(t, dtensor.Layout.replicated(self.mesh, t.shape.rank)), per_replica)

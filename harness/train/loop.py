@@ -30,7 +30,7 @@ from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
-from harness.train.workload import EvalPoint, LossTerm, Workload, tidy
+from harness.train.workload import SAMPLE, EvalPoint, LossTerm, Workload, tidy
 from harness.train.xla_errors import xla_compile_error
 
 # Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
@@ -433,7 +433,9 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
         if metrics is not None:
             verdict[:] = metrics[workload.METRIC], float(workload.reached_target(metrics))
         score, reached = runtime.broadcast_from_chief(verdict).tolist()
-        log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num})
+        # Sample-counted schedules also give samples_count, which rulesets 6.x require of eval_accuracy.
+        position = {"samples_count": here.samples} if schedule.unit == SAMPLE else {}
+        log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num, **position})
         log.end(K.EVAL_STOP, metadata={"epoch_num": here.epoch_num})
         eval_time += time.time() - t1
         elapsed = time.time() - t_run
@@ -448,12 +450,12 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             reason = f"non-finite training loss ({loss}) at step {done_steps}"
             break
         if reached:
-            status, reason = "success", f"reached {workload.METRIC} {score:.4f} >= {target}"
+            status, reason = "success", f"reached {workload.METRIC} {score:.4f} {workload.target_relation} {target}"
             break
         prev = here
     else:
         reason = (f"budget of {cfg.schedule.max_epochs:g} epochs spent; best {workload.METRIC} "
-                  f"{max(e['score'] for e in evals):.4f} < target {target}")
+                  f"{workload.best_score(e['score'] for e in evals):.4f}, target {workload.target_relation} {target}")
 
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run

@@ -21,8 +21,9 @@ class Progress:
     gets `Progress(enabled=False)`, which does nothing."""
 
     def __init__(self, enabled: bool = True, tensorboard_dir: str | None = None, unit: str = "epoch",
-                 metric: str = "accuracy", target: float = 0.0) -> None:
+                 metric: str = "accuracy", target: float = 0.0, relation: str = ">=") -> None:
         self.enabled = enabled
+        self.relation = relation  # '<=' for a lower-is-better metric (a validation loss)
         self.unit = unit
         self.metric = metric
         self.target = target
@@ -58,7 +59,7 @@ class Progress:
             return
         score = metrics[self.metric]
         self.line(f"{self.unit} {position:>8} | loss {loss:8.4f} | {samples_per_s:9.1f} samples/s | "
-                  f"eval {self.metric} {score:.4f} (target {self.target}) | elapsed {elapsed_s:7.1f} s"
+                  f"eval {self.metric} {score:.4f} (target {self.relation} {self.target}) | elapsed {elapsed_s:7.1f} s"
                   f"{_wait_column(input_wait)}")
         self._scalars(step, {f"eval/{name}": value for name, value in metrics.items()})
 

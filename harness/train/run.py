@@ -128,7 +128,8 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         with data_service.StallGuard(wait, pipeline_config(cfg.data).service, log.path, cfg.seed):
             result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
                                progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard
-                                                 else None, schedule.unit, workload.METRIC, workload.target),
+                                                 else None, schedule.unit, workload.METRIC, workload.target,
+                                                 workload.target_relation),
                                wait=wait)
     except BaseException as e:
         log.close()

@@ -140,6 +140,8 @@ class Workload(abc.ABC):
     SECTIONS: ClassVar[dict[str, type]]
     # The metric `eval_finalize` returns that is logged as eval_accuracy and judged against the target.
     METRIC: ClassVar[str] = "accuracy"
+    # Whether a larger METRIC is better (accuracy, BLEU, mAP) or a smaller one (a validation loss).
+    HIGHER_IS_BETTER: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, runtime: Runtime) -> None:
         self.cfg = cfg
@@ -156,8 +158,20 @@ class Workload(abc.ABC):
         return self.cfg.schedule.target or self.closed_target(self.cfg.ruleset)
 
     def reached_target(self, metrics: dict[str, float]) -> bool:
-        """Whether the run may stop; the MLPerf references stop at `>=` unless a workload says `>`."""
-        return metrics[self.METRIC] >= self.target
+        """Whether the run may stop; the MLPerf references stop at `>=` (`<=` for a lower-is-better
+        metric) unless a workload says otherwise."""
+        if self.HIGHER_IS_BETTER:
+            return metrics[self.METRIC] >= self.target
+        return metrics[self.METRIC] <= self.target
+
+    @property
+    def target_relation(self) -> str:
+        """How a score that reaches the target relates to it, for messages: '>=' or '<='."""
+        return ">=" if self.HIGHER_IS_BETTER else "<="
+
+    def best_score(self, scores: Iterable[float]) -> float:
+        """The best of several eval scores in this metric's direction."""
+        return max(scores) if self.HIGHER_IS_BETTER else min(scores)
 
     # Workloads whose `data` section has train_samples / eval_samples / source get these for free.
     @property

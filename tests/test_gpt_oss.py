@@ -1,0 +1,320 @@
+"""gpt_oss_20b: router formulas, blockwise attention, data sources, lower-is-better plumbing, and one
+shared smoke run whose log the official checker passes for 6.0.0 and 6.1.0. The mesh, XLA and
+reduced-width reference checks run in one subprocess (logical devices are set before TensorFlow starts)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.gpt_oss import data, indexed_dataset, model
+from benchmarks.gpt_oss.config import DataConfig
+from harness.errors import HarnessError
+from harness.review import logparse, report, scoring
+
+from conftest import REPO, read_summary, run_cli, stderr_error_lines
+
+SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
+
+
+# ------------------------------------------------------------------------------------------ router
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def test_router_takes_top_k_logits_then_softmax_over_the_k():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=[1, 2, 6, 5]).astype(np.float32)
+    r = model.route(tf.constant(logits), 2, capacity=6)
+    combine = r.combine.numpy().sum(-1)                        # [b, g, s, e]: each token's expert weights
+    top = np.argsort(-logits, -1)[..., :2]
+    expect = np.zeros_like(logits)
+    gates = _softmax(np.take_along_axis(logits, top, -1))
+    np.put_along_axis(expect, top, gates, -1)
+    np.testing.assert_allclose(combine, expect, atol=1e-6)
+    assert float(r.dropped.numpy().sum()) == 0.0               # dropless: capacity = group size
+
+
+def test_capacity_drops_assignments_past_it_in_priority_order():
+    # Every token's first choice is expert 0 and second choice expert 1; capacity 2 per expert.
+    logits = np.tile(np.array([3.0, 2.0, 0.0, -1.0], np.float32), [1, 1, 5, 1])
+    assert model.expert_capacity(5, 4, 2, 0.8) == 2 and model.expert_capacity(5, 4, 2, 0.0) == 5
+    r = model.route(tf.constant(logits), 2, capacity=2)
+    kept = r.dispatch.numpy()[0, 0].sum(-1)                    # [s, e]
+    np.testing.assert_array_equal(kept[:, 0], [1, 1, 0, 0, 0])  # earliest tokens keep expert 0
+    np.testing.assert_array_equal(kept[:, 1], [1, 1, 0, 0, 0])
+    assert float(r.dropped.numpy().sum()) == 6.0
+    # Each kept assignment has its own slot.
+    assert r.dispatch.numpy()[0, 0].sum((0,)).max() == 1.0
+
+
+def test_load_balancing_loss_is_experts_times_sum_of_fraction_times_probability():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=[1, 1, 16, 4]).astype(np.float32)
+    r = model.route(tf.constant(logits), 2, capacity=16)
+    top = np.argsort(-logits, -1)[..., :2]
+    f = np.zeros(4)
+    for e in top.reshape(-1):
+        f[e] += 1
+    f /= top.size                                              # k assignments per token, sums to 1
+    p = _softmax(logits).mean(2).reshape(-1)
+    np.testing.assert_allclose(float(r.balance_sum), 4 * np.sum(f * p), rtol=1e-5)
+    # Minimum 1 at uniform load: equal logits give P = 1/E, and balanced assignments f = 1/E.
+    uniform = model.route(tf.zeros([1, 1, 8, 4]), 2, capacity=8)
+    f_u = tf.reduce_mean(tf.one_hot(tf.math.top_k(tf.zeros([8, 4]), 2).indices, 4), [0, 1]).numpy()
+    assert float(uniform.balance_sum) == pytest.approx(4 * np.sum(f_u * 0.25), rel=1e-6)
+    assert float(uniform.balance_sum) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_router_z_loss_is_squared_logsumexp_summed_over_tokens():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=[2, 3, 4, 8]).astype(np.float32) * 3
+    r = model.route(tf.constant(logits), 4, capacity=4)
+    lse = np.log(np.exp(logits).sum(-1))
+    np.testing.assert_allclose(float(r.z_sum), np.sum(lse ** 2), rtol=1e-5)
+    assert r.tokens == 2 * 3 * 4 and r.groups == 6
+
+
+# --------------------------------------------------------------------------------------- attention
+
+def _dense_attention(q, k, v, segments, window):
+    b, s, h, g, d = q.shape
+    out = np.zeros_like(q)
+    for bi in range(b):
+        for qi in range(s):
+            keys = [ki for ki in range(s) if ki <= qi and qi - ki < window
+                    and (segments is None or segments[bi, ki] == segments[bi, qi])]
+            sc = np.einsum("hgd,khd->hgk", q[bi, qi], k[bi, keys]) / math.sqrt(d)
+            out[bi, qi] = np.einsum("hgk,khd->hgd", _softmax(sc), v[bi, keys])
+    return out
+
+
+@pytest.mark.parametrize("window,block,with_segments", [(5, 4, True), (9, 4, False), (32, 8, True)])
+def test_blockwise_window_attention_equals_dense_masked_attention(window, block, with_segments):
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=[2, 32, 2, 2, 4]).astype(np.float32)
+    k, v = (rng.normal(size=[2, 32, 2, 4]).astype(np.float32) for _ in range(2))
+    segments = np.cumsum(rng.random([2, 32]) < 0.15, 1).astype(np.int32) if with_segments else None
+    got = model.windowed_attention(tf.constant(q), tf.constant(k), tf.constant(v),
+                                   None if segments is None else tf.constant(segments), window, block)
+    np.testing.assert_allclose(got.numpy(), _dense_attention(q, k, v, segments, window), atol=2e-5)
+
+
+def test_even_layers_use_the_window_and_odd_layers_full_attention():
+    from benchmarks.gpt_oss.config import ModelConfig
+    cfg = ModelConfig(num_layers=4)
+    assert [model.layer_window(cfg, i, 8192) for i in range(4)] == [128, 8192, 128, 8192]
+
+
+# -------------------------------------------------------------------------------------------- data
+
+def test_synthetic_language_is_learnable_below_the_target_and_needs_context():
+    cfg = DataConfig(synthetic_doc_min=32, synthetic_doc_max=128)
+    lang = data.Source(cfg, 64).language
+    assert lang.entropy_rate() < 3.34 - 2.0
+    rows = lang.rows(0, 8, 2049)
+    assert rows.shape == (8, 2049) and rows.min() >= 0 and rows.max() < 64
+    # Documents: EOD-separated, none longer than synthetic_doc_max tokens (EOD included).
+    for row in rows:
+        ends = np.flatnonzero(row == 0)
+        assert len(ends) >= 2049 // 128 and np.diff(ends).max() <= 128
+    # The unigram entropy (3.7 nats here) is above 3.34: without context no model gets there.
+    counts = np.bincount(rows.reshape(-1), minlength=64)[1:]
+    p = counts[counts > 0] / counts.sum()
+    assert -(p * np.log(p)).sum() > 3.34 + 0.25
+    # Eval rows come from their own stream.
+    assert not np.array_equal(lang.rows(1, 2, 64), lang.rows(0, 2, 64))
+
+
+def test_indexed_rows_are_consecutive_windows_of_the_documents(tmp_path):
+    prefix = str(tmp_path / "c4")
+    docs = [np.arange(1, 1 + n) % 50 + 1 for n in (7, 12, 3, 20)]
+    docs = [np.append(d, 0) for d in docs]
+    indexed_dataset.write(prefix, docs)
+    stream = np.concatenate(docs)
+    cfg = DataConfig(source="indexed", data_dir=str(tmp_path), train_prefix="c4", eval_prefix="c4",
+                     seq_length=8, eval_samples=3)
+    src = data.Source(cfg, 64)
+    src.validate()
+    assert src.train_samples == (len(stream) - 1) // 8
+    rows = np.stack([r.numpy() for r in src.eval_records()])
+    np.testing.assert_array_equal(rows, [stream[i * 8:i * 8 + 9] for i in range(3)])
+
+
+DAMAGES = {
+    "bad magic": lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"),
+    "bytes but": lambda p: open(p + ".bin", "ab").write(b"\x00\x01"),
+    "does not exist": lambda p: os.remove(p + ".bin"),
+    "truncated or corrupt": lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8),
+    "outside model.vocab_size": lambda p: indexed_dataset.write(p, [np.arange(40) + 60]),
+}
+
+
+def _damaged(tmp_path, message):
+    prefix = str(tmp_path / "c4")
+    indexed_dataset.write(prefix, [np.arange(40) % 30, np.arange(25) % 30])
+    DAMAGES[message](prefix)
+    return prefix
+
+
+@pytest.mark.parametrize("message", sorted(DAMAGES))
+def test_a_bad_indexed_file_is_refused_with_a_clear_message(tmp_path, message):
+    _damaged(tmp_path, message)
+    cfg = DataConfig(source="indexed", data_dir=str(tmp_path), train_prefix="c4", eval_prefix="c4",
+                     seq_length=8, eval_samples=2)
+    with pytest.raises(HarnessError, match=message):
+        data.Source(cfg, 64).validate()
+
+
+def test_a_bad_indexed_file_is_one_error_line_from_the_cli(tmp_path):
+    _damaged(tmp_path, "truncated or corrupt")
+    proc = run_cli("run", SMOKE, "--output_dir", str(tmp_path / "runs"), "--set", "data.source=indexed",
+                   "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set",
+                   "data.eval_prefix=c4", "--set", "model.full_attention_span=0", timeout=300)
+    lines = stderr_error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and "truncated or corrupt" in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------- lower is better
+
+def test_review_tools_treat_log_perplexity_as_lower_is_better():
+    assert logparse.TARGETS["gpt_oss_20b"] == 3.34 and "gpt_oss_20b" in logparse.LOWER_IS_BETTER
+    assert scoring.N_REQUIRED["gpt_oss_20b"] == 10
+    s = logparse.RunSummary(path="x", benchmark="gpt_oss_20b", target=3.34, status="success")
+    s.evals = [(16, 3.9, 0.0), (32, 3.3, 1.0)]
+    assert report._target_check(report.Run(s, [], [])) is None
+    s.evals = [(16, 3.9, 0.0), (32, 3.5, 1.0)]
+    assert report._target_check(report.Run(s, [], [])).code == "target_not_reached"
+
+
+# --------------------------------------------------------------------------------- the smoke run
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("gpt_oss_smoke"))
+    proc = run_cli("run", SMOKE, "--output_dir", out, timeout=900)
+    return proc, read_summary(out, "gpt_oss_20b")
+
+
+def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
+    proc, summary = smoke
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
+    assert all(e["score"] > 3.34 for e in summary["evals"][:-1])      # it stopped at the first one
+    assert {r: v["verdict"] for r, v in summary["compliance"].items()} == {"6.0.0": "PASS", "6.1.0": "PASS"}
+    assert "(target <= 3.34)" in proc.stdout and "log perplexity" in summary["reason"]
+    events = logparse.parse_log(summary["log"])
+    keys = {e.key: e.value for e in events}
+    assert keys["max_sequence_length"] == 8192 and keys["expert_parallelism"] == 1
+    assert keys["config_filename"].endswith("configs/gpt_oss_20b/smoke.yaml")
+    assert all("samples_count" in e.metadata for e in events if e.key == "eval_accuracy")
+    # Router options are off in the reference, so not logged.
+    assert not {"moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_expert_capacity_factor"} & set(keys)
+
+
+# ------------------------------------------------------------- mesh, XLA and the reference model
+
+SCRIPT = """
+    import json
+    import numpy as np
+    import tensorflow as tf
+    from benchmarks import registry
+    from harness import config as C
+    from harness.train import loop
+    from harness.runtime import make_runtime
+
+    SMALL = ["data.seq_length=256", "data.synthetic_train_rows=8", "data.eval_samples=2"]
+
+    def setup(config, extra):
+        cfg = C.load_config(config, SMALL + extra)
+        rt = make_runtime(cfg.runtime)
+        wl = registry.get(cfg.workload)(cfg, rt)
+        wl.validate()
+        with rt.scope():
+            wl.build()
+        return cfg, rt, wl
+
+    def losses(config, extra):
+        cfg, rt, wl = setup(config, extra)
+        steps = loop.CompiledSteps(rt, wl)
+        it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
+        out = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(2)]
+        shapes = {{p.path: rt.local_shapes(p.variable) if hasattr(rt, "local_shapes") else []
+                  for p in wl.optimizer.params if "experts/" in p.path or "router" in p.path}}
+        return out, shapes, wl.mllog_hparams()
+
+    mesh, shapes, hp = losses({mesh!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
+                                         "model.router_z_loss_coef=0.001"])
+    one, _, _ = losses({smoke!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
+                                   "model.router_z_loss_coef=0.001"])
+
+    # XLA: the step of the one-device model compiles and matches the graph step's loss.
+    cfg, rt, wl = setup({smoke!r}, [])
+    batch = next(iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed)))
+    xent = lambda b: wl.loss(b, tf.zeros([2], tf.int64))["cross_entropy"].total
+    xla = float(tf.function(xent, jit_compile=True)(batch))
+    graph = float(tf.function(xent)(batch))
+    ev = tf.function(lambda b: wl.eval_step(b, tf.ones([2])), jit_compile=True)(batch)
+
+    # The closed reference config loads; its model builds and runs at reduced width.
+    cfg, rt, wl = setup({reference!r}, ["runtime.kind=default", "runtime.precision=float32",
+        "runtime.mesh={{data: 1, model: 1}}", "runtime.layout={{}}", "data.source=synthetic",
+        "submission.division=open", "data.eod_id=0", "data.eval_every_samples=16",
+        "model.vocab_size=64", "model.hidden_size=16", "model.num_heads=4", "model.num_kv_heads=2",
+        "model.head_dim=4", "model.num_experts=8", "model.expert_hidden=8", "model.moe_group_size=128",
+        "model.attention_block=64"])
+    ref_params = sum(int(np.prod(p.variable.shape)) for p in wl.optimizer.params)
+    terms = wl.loss(next(iter(loop.train_input(rt, wl, 2, 0))), tf.zeros([2], tf.int64))  # eager: one forward
+    ref_loss = float(terms["cross_entropy"].total / terms["cross_entropy"].count)
+    print("RESULT " + json.dumps(dict(mesh=mesh, one=one, shapes=shapes, hp={{k: hp[k] for k in
+        ("expert_parallelism", "tensor_parallelism", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+         "moe_expert_capacity_factor")}}, xla=xla, graph=graph, eval_nll=float(ev["nll"]),
+        ref_layers=cfg.model.num_layers, ref_experts=cfg.model.num_experts, ref_params=ref_params,
+        ref_loss=ref_loss)))
+"""
+
+
+@pytest.fixture(scope="module")
+def subprocess_result():
+    script = SCRIPT.format(mesh=os.path.join(REPO, "configs/gpt_oss_20b/smoke-mesh.yaml"), smoke=SMOKE,
+                           reference=os.path.join(REPO, "configs/gpt_oss_20b/reference.yaml"))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
+                          text=True, timeout=900, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_mesh_first_losses_equal_one_device_and_experts_are_split(subprocess_result):
+    r = subprocess_result
+    # Router options on (capacity with dropping, both auxiliary losses): the mesh computes the same.
+    np.testing.assert_allclose(r["mesh"], r["one"], rtol=2e-5)
+    shapes = r["shapes"]
+    gate = next(v for k, v in shapes.items() if k.endswith("layer_0/moe/experts/gate/kernel"))
+    # 8 experts x 32 x 32 over a 2x2 mesh: experts split over `data`, hidden units over `model`.
+    assert sorted(set(map(tuple, gate))) == [(4, 32, 16)] and len(gate) == 4
+    router = next(v for k, v in shapes.items() if k.endswith("layer_0/moe/router/kernel"))
+    assert sorted(set(map(tuple, router))) == [(32, 8)]
+    assert r["hp"] == {"expert_parallelism": 2, "tensor_parallelism": 2, "moe_aux_loss_coeff": 0.01,
+                       "moe_z_loss_coeff": 0.001, "moe_expert_capacity_factor": 1.0}
+
+
+def test_train_and_eval_steps_compile_under_xla(subprocess_result):
+    r = subprocess_result
+    assert r["xla"] == pytest.approx(r["graph"], rel=1e-4) and np.isfinite(r["eval_nll"])
+
+
+def test_reference_config_loads_and_its_model_builds_at_reduced_width(subprocess_result):
+    r = subprocess_result
+    assert (r["ref_layers"], r["ref_experts"]) == (24, 8)
+    assert r["ref_params"] > 0 and r["ref_loss"] == pytest.approx(math.log(64), abs=0.5)
