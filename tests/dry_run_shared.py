@@ -17,6 +17,12 @@ REDUCED = {
     "bert": ["model.hidden_size=64", "model.num_layers=1", "model.num_heads=4", "model.ff_size=128"],
     "ssd": ["model.width=8", "model.blocks=[1,1,1]", "submission.division=open"],
     "transformer": ["model.hidden_size=64", "model.num_layers=1", "model.num_heads=4", "model.filter_size=128"],
+    # Closed needs rows of 8192 tokens and the reference model: open, with short rows, 8 experts (one per
+    # data replica of the reference's mesh) and 2 layers (one sliding-window, one full).
+    "gpt_oss_20b": ["submission.division=open", "data.seq_length=512", "model.vocab_size=512",
+                    "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+                    "model.head_dim=16", "model.num_experts=8", "model.experts_per_token=2",
+                    "model.expert_hidden=64", "model.moe_group_size=256"],
 }
 
 HARDWARE_CONFIGS = sorted(os.path.relpath(f, REPO) for pattern in ("reference", "gpu-*", "tpu-*")

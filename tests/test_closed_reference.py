@@ -292,3 +292,17 @@ def test_coco_source_finds_the_object_detection_api_names_or_names_the_pattern_k
                                            r"coco_train.record-\* \(Object Detection API naming\); set "
                                            r"data.train_pattern to their glob$"):
         make_source(DataConfig(**data), ModelConfig()).validate()
+
+
+def test_gpt_oss_reference_config_is_the_reference_and_its_smoke_model_on_indexed_data_is_refused():
+    """No files needed: the model is compared at load, before the sources are validated."""
+    from benchmarks import registry
+    runtime = make_runtime(RuntimeConfig())
+    cfg = config_lib.load_config(config("gpt_oss_20b", "reference.yaml"), ["runtime.kind=default"])
+    reference.check_closed_model(registry.get("gpt_oss_20b")(cfg, runtime))
+    cfg = config_lib.load_config(config("gpt_oss_20b"), ["submission.division=closed", "data.source=indexed"])
+    with pytest.raises(HarnessError) as e:
+        reference.check_closed_model(registry.get("gpt_oss_20b")(cfg, runtime))
+    message = str(e.value)
+    assert message.startswith("closed division on real data needs the reference GPT-OSS 20B: model.vocab_size="), message
+    assert "model.num_experts=" in message and message.endswith("use submission.division=open") and "\n" not in message

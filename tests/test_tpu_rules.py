@@ -10,7 +10,8 @@ from harness.train.dryrun import dynamic_inputs, host_only_ops
 
 # One hardware config per workload, the TPU one where there is one (spatial split, model axis).
 CONFIGS = {"resnet": "configs/resnet/tpu-v3-32.yaml", "bert": "configs/bert/reference.yaml",
-           "ssd": "configs/ssd/tpu-v3-32-spatial.yaml", "transformer": "configs/transformer/tpu-v3-32-mp4.yaml"}
+           "ssd": "configs/ssd/tpu-v3-32-spatial.yaml", "transformer": "configs/transformer/tpu-v3-32-mp4.yaml",
+           "gpt_oss_20b": "configs/gpt_oss_20b/reference.yaml"}
 
 
 @pytest.mark.parametrize("which", ["train", "eval"])
