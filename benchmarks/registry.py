@@ -20,11 +20,21 @@ def names() -> list[str]:
     return sorted(_WORKLOADS)
 
 
-def get(name: str) -> type:
+def package(name: str) -> str:
+    """The package a workload lives in (e.g. 'benchmarks.gpt_oss'), for modules beside its workload."""
+    get_known(name)
+    return _WORKLOADS[name].split(":")[0].rsplit(".", 1)[0]
+
+
+def get_known(name: str) -> None:
     if name not in _WORKLOADS:
         close = difflib.get_close_matches(name, names(), n=2)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise HarnessError(f"unknown workload {name!r}{hint} (known: {', '.join(names())})")
+
+
+def get(name: str) -> type:
+    get_known(name)
     module, cls = _WORKLOADS[name].split(":")
     try:
         return getattr(importlib.import_module(module), cls)

@@ -147,3 +147,17 @@ def test_cli_compile_failure_is_one_error_line(tmp_path, mode):
     else:  # no result log: the log that was opened is kept as incomplete
         assert not list((tmp_path / "runs").rglob("result_*.txt"))
         assert list((tmp_path / "runs").rglob("incomplete_result_*.log"))
+
+
+def test_gpt_oss_counted_cost_is_the_compiled_models_params_and_a_lower_bound_of_its_flops():
+    """The planner's analytic count (benchmarks/gpt_oss/cost.py) against the reduced reference the dry run
+    compiles: the same parameters exactly; its useful FLOPs (k active experts, causal half of full
+    attention) at most what XLA is handed, which adds the einsum dispatch and whole attention blocks."""
+    from benchmarks.gpt_oss import cost
+
+    config = os.path.join("configs", "gpt_oss_20b", "reference.yaml")
+    r = reduced_report(config)
+    counted = cost.model_cost(config_lib.load_config(os.path.join(REPO, config), REDUCED["gpt_oss_20b"]))
+    assert counted.params == r.params
+    assert 0 < counted.train_flops_per_sample * r.per_replica_batch <= r.train_flops_per_replica_step
+    assert 0 < counted.eval_flops_per_sample * r.eval_per_replica_batch <= r.eval_flops_per_replica_step

@@ -50,10 +50,14 @@ class ModelCost:
 
 
 def workload_cost_module(workload: str) -> Any:
+    """`cost` beside the workload's registered module (benchmarks/<package>/cost.py)."""
+    from benchmarks import registry
+
+    package = registry.package(workload)
     try:
-        return importlib.import_module(f"benchmarks.{workload}.cost")
+        return importlib.import_module(f"{package}.cost")
     except ModuleNotFoundError:
-        raise HarnessError(f"workload {workload!r} has no cost model (benchmarks/{workload}/cost.py)") from None
+        raise HarnessError(f"workload {workload!r} has no cost model ({package.replace('.', '/')}/cost.py)") from None
 
 
 def analytic(cfg: Any) -> ModelCost:
