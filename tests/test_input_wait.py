@@ -22,11 +22,11 @@ from harness.train.progress import INPUT_BOUND_SHARE, Progress
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 import toy  # noqa: E402
 
-SLEEP_US = 10_000  # per example: 0.1 s per batch of 10, far above the step's compute
+SLEEP_US = 30_000  # per example: 0.3 s per batch of 10, far above the step's compute even under load
 
 
 class BusyToy(toy.ToyWorkload):
-    """The toy with a few milliseconds of real compute per step, and optionally a slow input."""
+    """The toy with tens of milliseconds of real compute per step, and optionally a slow input."""
 
     slow = False
 
@@ -36,7 +36,8 @@ class BusyToy(toy.ToyWorkload):
 
     def loss(self, batch, seed):
         terms = super().loss(batch, seed)
-        m = tf.random.stateless_uniform([256, 256], [1, 2])
+        # Seeded by the step, so graph optimization cannot fold the work into a constant.
+        m = tf.random.stateless_uniform([384, 384], seed)
         for _ in range(8):
             m = tf.tanh(tf.matmul(m, m) * 0.01)
         term = terms["squared_error"]

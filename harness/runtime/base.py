@@ -78,6 +78,8 @@ class Runtime(abc.ABC):
     kind: str = ""
     # runtime.spatial_partition once validated: () when each example stays on one device.
     spatial_dims: tuple[int, ...] = ()
+    # Whether the host loop can read a clock around `next(iterator)` (the input-wait meter).
+    clock_in_host_loop: bool = True
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}

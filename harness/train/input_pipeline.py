@@ -1,6 +1,6 @@
 """The workload-agnostic half of a training input pipeline: the `data.*` technique keys every workload's
-data section inherits, the tf.data options they turn into, and the meter that measures how long training
-waits for input.
+data section inherits, the tf.data options they turn into, and the meter that stamps each batch's request
+and arrival.
 
 A workload's `data.py` owns what is read and how an example is preprocessed; the harness owns how the
 pipeline runs (threads, order, prefetch, caching the eval set, the tf.data service) and how its speed is
@@ -76,17 +76,18 @@ def nbytes(spec: Any) -> int | None:
 
 
 class InputWait:
-    """Seconds the training steps spent blocked on the input iterator.
+    """When the last training batch was asked of the pipeline and when it arrived, and the sum of waits.
 
-    The last stage of the pipeline zips a clock read at request time with the batch; when the batch
-    arrives, the time since the request is added to a host variable. The loop reads the variable once per
-    chunk of steps, after it has already synchronized on the loss, so no per-step sync is added.
+    The last stage of the pipeline zips a clock read at request time with the batch and stamps its arrival
+    in host variables that another thread (the stall watchdog) may read while a step runs. Where the host
+    loop can read a clock (every tf.distribute runtime), the loop times its own `next(iterator)` and that is
+    the input wait reported; on a DTensor mesh the sum here stands in. It is an upper bound there: the
+    DTensorDataset's prefetch asks ahead of the step, so a pipeline that just keeps up reads high.
     """
 
     def __init__(self) -> None:
         with tf.device("/cpu:0"):
             self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_s")
-            # When the last batch was asked for and when the last one arrived (for a stall watchdog).
             self.asked_at = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_asked_at")
             self.arrived_at = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_arrived_at")
 

@@ -72,8 +72,8 @@ def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: i
     """Per-replica (or per-host on a mesh) batches of training examples, or zeros of the same shape.
 
     The workload's pipeline runs with the `data.*` technique options, on this host or, with
-    `data.service.dispatcher`, on the service's workers one epoch per job; `wait` measures how long the
-    steps block on it.
+    `data.service.dispatcher`, on the service's workers one epoch per job; `wait` stamps when each batch
+    was asked for and arrived (the stall watchdog's clock, and the input-wait meter on a mesh).
     """
     pipe = pipeline_config(workload.cfg.data)
 
@@ -184,13 +184,25 @@ class CompiledSteps:
         loss = tf.constant(0.0)
         lr = tf.constant(0.0)
         finite = tf.constant(True)
+        waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(steps):
-            out = self.runtime.run(self._train_replica, (next(iterator),))
+            if self.runtime.clock_in_host_loop:
+                # Input wait: the clock runs from when the previous step's loss exists until the next batch
+                # does. A batch already in a prefetch buffer costs ~0; a slow pipeline shows in full.
+                with tf.control_dependencies([loss]):
+                    asked = tf.timestamp()
+                with tf.control_dependencies([asked]):
+                    batch = next(iterator)
+                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                    waited += tf.timestamp() - asked
+            else:
+                batch = next(iterator)
+            out = self.runtime.run(self._train_replica, (batch,))
             # Each replica returns its share of the global loss, so the sum is the global loss.
             loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
             lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
             finite = tf.logical_and(finite, tf.math.is_finite(loss))
-        return {"loss": loss, "lr": lr, "finite": finite}
+        return {"loss": loss, "lr": lr, "finite": finite, "input_wait_s": waited}
 
     def loss_scale_state(self) -> dict[str, float] | None:
         """float16 only: the current loss scale and the steps skipped so far (for logs and summary)."""
@@ -401,8 +413,11 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             done_steps += n
             chunk_time = max(time.time() - t_chunk, 1e-9)
             rate = n * gbs / chunk_time
-            total_wait = wait.total()  # a host variable, read after the loss: no extra sync
-            chunk_wait, waited = total_wait - waited, total_wait
+            if runtime.clock_in_host_loop:
+                measured = float(out["input_wait_s"])
+            else:  # the pipeline's meter: a host variable, read after the loss, so no extra sync
+                measured, waited = wait.total() - waited, wait.total()
+            chunk_wait = min(measured, chunk_time)
             input_wait += chunk_wait
             if scale_state is not None:
                 now = steps.loss_scale_state()
