@@ -1,4 +1,4 @@
-"""LARS, SGD and the learning-rate schedules against values computed by hand."""
+"""LARS, SGD, the Adam family and the learning-rate schedules against values computed by hand."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from harness.config import RuntimeConfig
 from harness.nn.layers import constant
-from harness.nn.optim import (LARS, Adam, SGDMomentum, TF1Momentum, poly_warmup_schedule, rsqrt_warmup_schedule,
+from harness.nn.optim import (LARS, Adam, AdamW, SGDMomentum, TF1Momentum, poly_warmup_schedule, rsqrt_warmup_schedule,
                           warmup_step_decay_schedule)
 from harness.runtime import make_runtime
 
@@ -162,3 +162,24 @@ def test_adam_matches_numpy_tf1_form(runtime):
         ref = ref - 0.1 * np.sqrt(1 - 0.997 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-9)
         np.testing.assert_allclose(w.numpy(), ref, rtol=1e-5)
     assert int(opt.step.numpy()) == 3
+
+
+def test_adamw_matches_numpy_with_decoupled_decay(runtime):
+    """torch.optim.AdamW's rule: bias-corrected moments, decay outside the moments, none on norm weights."""
+    w = runtime.variable("adamw/dense/kernel", (3,), (None,), lambda s, d: tf.constant([0.5, -1.0, 2.0]))
+    n = runtime.variable("adamw/norm/scale", (2,), (None,), lambda s, d: tf.constant([1.0, 2.0]))
+    opt = AdamW(runtime, runtime.variables()[-2:], lambda step: tf.constant(0.01), beta_1=0.9, beta_2=0.95,
+                epsilon=1e-5, weight_decay=0.1, exclude_from_decay=["norm"], name="opt_adamw")
+    opt.build()
+    refs = [np.array([0.5, -1.0, 2.0]), np.array([1.0, 2.0])]
+    ms, vs = [np.zeros(3), np.zeros(2)], [np.zeros(3), np.zeros(2)]
+    for t, grads in enumerate((([0.1, -0.2, 0.3], [0.5, -0.5]), ([0.0, 0.5, -0.1], [1.0, 0.0])), start=1):
+        opt.apply([tf.constant(g, tf.float32) for g in grads])
+        for k, g in enumerate(grads):
+            g = np.array(g)
+            ms[k] = 0.9 * ms[k] + 0.1 * g
+            vs[k] = 0.95 * vs[k] + 0.05 * g * g
+            u = (ms[k] / (1 - 0.9 ** t)) / (np.sqrt(vs[k] / (1 - 0.95 ** t)) + 1e-5)
+            refs[k] = refs[k] - 0.01 * (u + (0.1 * refs[k] if k == 0 else 0.0))
+        np.testing.assert_allclose(w.numpy(), refs[0], rtol=1e-5)
+        np.testing.assert_allclose(n.numpy(), refs[1], rtol=1e-5)

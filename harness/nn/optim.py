@@ -102,13 +102,47 @@ class Optimizer:
         """Applies all-reduced gradients; returns the learning rate used."""
         step = self.step.read_value()
         lr = self.schedule(step)
+        self.prepare(step, lr)
         for i, (p, g) in enumerate(zip(self.params, grads)):
             self.update(i, p, tf.cast(g, tf.float32), lr)
         self.step.assign(step + 1)
         return lr
 
+    def prepare(self, step: tf.Tensor, lr: tf.Tensor) -> None:
+        """Per-step values shared by every weight's update (bias corrections), computed once."""
+
     def update(self, i: int, p: VariableInfo, g: tf.Tensor, lr: tf.Tensor) -> None:
         raise NotImplementedError
+
+
+class AdaptiveMoments(Optimizer):
+    """Base of the Adam family: first and second moment slots and their bias-corrected ratio."""
+
+    slot_names = ("m", "v")
+
+    def __init__(self, *args, beta_1: float, beta_2: float, epsilon: float, bias_correction: bool = True,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.bias_correction = bias_correction
+
+    def prepare(self, step: tf.Tensor, lr: tf.Tensor) -> None:
+        t = tf.cast(step + 1, tf.float32)
+        self._c1 = 1.0 - tf.pow(self.beta_1, t) if self.bias_correction else 1.0
+        self._c2 = 1.0 - tf.pow(self.beta_2, t) if self.bias_correction else 1.0
+
+    def moments(self, i: int, g: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2, stored and returned."""
+        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
+        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
+        self.slots["m"][i].assign(m)
+        self.slots["v"][i].assign(v)
+        return m, v
+
+    def direction(self, i: int, g: tf.Tensor) -> tf.Tensor:
+        """m_hat / (sqrt(v_hat) + eps), with this step's bias corrections."""
+        m, v = self.moments(i, g)
+        return (m / self._c1) / (tf.sqrt(v / self._c2) + self.epsilon)
 
 
 class SGDMomentum(Optimizer):
@@ -190,7 +224,7 @@ class LARS(Optimizer):
         p.variable.assign(w - v)
 
 
-class LAMB(Optimizer):
+class LAMB(AdaptiveMoments):
     """Layer-wise adaptive moments (You et al. 2019), as in the MLPerf BERT reference.
 
     m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = m_hat / (sqrt(v_hat) + eps) + wd * w (bias-corrected
@@ -198,32 +232,14 @@ class LAMB(Optimizer):
     bias) get neither weight decay nor the trust ratio.
     """
 
-    slot_names = ("m", "v")
-
     def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
                  bias_correction: bool = True, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        self.bias_correction = bias_correction
-
-    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        step = self.step.read_value()
-        lr = self.schedule(step)
-        t = tf.cast(step + 1, tf.float32)
-        self._c1 = 1.0 - tf.pow(self.beta_1, t) if self.bias_correction else 1.0
-        self._c2 = 1.0 - tf.pow(self.beta_2, t) if self.bias_correction else 1.0
-        for i, (p, g) in enumerate(zip(self.params, grads)):
-            self.update(i, p, tf.cast(g, tf.float32), lr)
-        self.step.assign(step + 1)
-        return lr
+        super().__init__(*args, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                         bias_correction=bias_correction, **kwargs)
 
     def update(self, i, p, g, lr) -> None:
         w = p.variable.read_value()
-        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
-        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
-        self.slots["m"][i].assign(m)
-        self.slots["v"][i].assign(v)
-        u = (m / self._c1) / (tf.sqrt(v / self._c2) + self.epsilon)
+        u = self.direction(i, g)
         if self.excluded(p.path):
             p.variable.assign(w - lr * u)
             return
@@ -233,34 +249,22 @@ class LAMB(Optimizer):
         p.variable.assign(w - lr * trust * u)
 
 
-class Adam(Optimizer):
+class Adam(AdaptiveMoments):
     """Adam as the MLPerf Transformer reference runs it (TF1 LazyAdam, which is plain Adam for dense
     gradients), in TF1's "epsilon hat" form: lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t),
     w -= lr_t * m / (sqrt(v) + eps). No weight decay.
     """
 
-    slot_names = ("m", "v")
-
     def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.997, epsilon: float = 1e-9,
                  **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        super().__init__(*args, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, **kwargs)
 
-    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        step = self.step.read_value()
-        lr = self.schedule(step)
+    def prepare(self, step: tf.Tensor, lr: tf.Tensor) -> None:
         t = tf.cast(step + 1, tf.float32)
         self._lr_t = lr * tf.sqrt(1.0 - tf.pow(self.beta_2, t)) / (1.0 - tf.pow(self.beta_1, t))
-        for i, (p, g) in enumerate(zip(self.params, grads)):
-            self.update(i, p, tf.cast(g, tf.float32), lr)
-        self.step.assign(step + 1)
-        return lr
 
     def update(self, i, p, g, lr) -> None:
-        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
-        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
-        self.slots["m"][i].assign(m)
-        self.slots["v"][i].assign(v)
+        m, v = self.moments(i, g)
         p.variable.assign(p.variable.read_value() - self._lr_t * m / (tf.sqrt(v) + self.epsilon))
 
 
@@ -276,35 +280,18 @@ def cosine_warmup_schedule(base_lr: float, end_lr: float, warmup_steps: int, dec
     return lr
 
 
-class AdamW(Optimizer):
+class AdamW(AdaptiveMoments):
     """Adam with decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW as Megatron runs it):
     bias-corrected moments, w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w); excluded weights (norms,
     biases) get no decay."""
 
-    slot_names = ("m", "v")
-
     def __init__(self, *args, beta_1: float = 0.9, beta_2: float = 0.95, epsilon: float = 1e-5,
                  **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-
-    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        step = self.step.read_value()
-        lr = self.schedule(step)
-        t = tf.cast(step + 1, tf.float32)
-        self._c1, self._c2 = 1.0 - tf.pow(self.beta_1, t), 1.0 - tf.pow(self.beta_2, t)
-        for i, (p, g) in enumerate(zip(self.params, grads)):
-            self.update(i, p, tf.cast(g, tf.float32), lr)
-        self.step.assign(step + 1)
-        return lr
+        super().__init__(*args, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, **kwargs)
 
     def update(self, i, p, g, lr) -> None:
         w = p.variable.read_value()
-        m = self.beta_1 * self.slots["m"][i].read_value() + (1.0 - self.beta_1) * g
-        v = self.beta_2 * self.slots["v"][i].read_value() + (1.0 - self.beta_2) * tf.square(g)
-        self.slots["m"][i].assign(m)
-        self.slots["v"][i].assign(v)
-        u = (m / self._c1) / (tf.sqrt(v / self._c2) + self.epsilon)
+        u = self.direction(i, g)
         if not self.excluded(p.path):
             u = u + self.weight_decay * w
         p.variable.assign(w - lr * u)
