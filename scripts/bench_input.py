@@ -9,7 +9,10 @@ the same parallelism, over the same encoded images already in memory. Rounds alt
     python scripts/bench_input.py resnet [CONFIG] [--set key=value ...] [--seconds 4] [--rounds 4] [--ablate]
 
 resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
-`decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. `--ablate` repeats the
+`decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. A third side, the floor,
+adds to that decode the least a pipeline feeding fixed-size images must do (nearest resize, uint8,
+batched): the ratio pipeline / floor is the overhead the harness could still remove. Runs in bfloat16
+(what the GPU and TPU configs compute in) unless `--set runtime.precision=...`. `--ablate` repeats the
 measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
 """
 from __future__ import annotations
@@ -105,6 +108,27 @@ def bare_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: i
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
+def floor_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: int) -> Any:
+    """The least any pipeline feeding fixed-size images must do: the same crop decode, then the cheapest
+    resize to the model's size (nearest neighbour, uint8 kept) and batching those pixels."""
+    from benchmarks.resnet import data
+
+    prep = data.PREPROCESSING[workload.cfg.data.preprocessing]
+    size = workload.cfg.data.image_size
+
+    def decode(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        jpeg, box = item
+        begin, crop = data.sample_crop(tf.io.extract_jpeg_shape(jpeg), tf.reshape(box, [1, 1, 4]),
+                                       tf.stack([tf.constant(7, tf.int64), index]), prep)
+        window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+        image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+        return tf.image.resize(image, [size, size], method="nearest")
+
+    ds = tf.data.Dataset.from_tensor_slices((encoded, boxes)).repeat().enumerate()
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
 def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
     """Samples and seconds of pulling batches for about `seconds`."""
     n, t0 = 0, time.perf_counter()
@@ -154,6 +178,7 @@ ABLATIONS = {  # the technique, and the override that switches it off
     "non-deterministic order": "data.deterministic=true",
     f"autotuned pool (vs private {CORES} threads)": f"data.threads={CORES}",
     "prefetch to device": "data.prefetch_to_device=false",
+    "images in the compute dtype (vs float32)": "data.images_in_compute_dtype=false",
 }
 OPTIONS = {  # off by default (they change the reference's numerics slightly), measured on
     "normalize on device (host sends uint8)": "data.normalize_on_device=true",
@@ -177,31 +202,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         encoded, boxes = write_imagenet_like(tmp, a.images)
         kb = np.mean([len(e) for e in encoded]) / 1024
+        # bfloat16: what every GPU and TPU config computes in (the host then sends bfloat16 images).
         base = ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
-                f"data.train_samples={a.images}", f"data.eval_samples={a.images}", "runtime.kind=default"] + a.set
+                f"data.train_samples={a.images}", f"data.eval_samples={a.images}", "runtime.kind=default",
+                "runtime.precision=bfloat16"] + a.set
         print(f"{a.workload}: {a.images} JPEGs ~500x375 ({kb:.0f} KB mean), batch {a.batch}, {CORES} cores, "
               f"{a.rounds} rounds x {a.seconds:g} s per side; load average {load[0]:.1f} at start", flush=True)
 
-        def measure(extra: list[str]) -> tuple[float, float, Any]:
+        def measure(extra: list[str], floor: bool = False) -> tuple[dict[str, float], Any]:
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
-            bare = bare_resnet(encoded, boxes, workload, a.batch)
-            rates = interleaved({"pipeline": pipeline, "bare": bare}, a.batch, a.seconds, a.rounds)
-            return rates["pipeline"], rates["bare"], (workload, runtime, cfg)
+            sides = {"pipeline": pipeline, "bare": bare_resnet(encoded, boxes, workload, a.batch)}
+            if floor:
+                sides["floor"] = floor_resnet(encoded, boxes, workload, a.batch)
+            return interleaved(sides, a.batch, a.seconds, a.rounds), (workload, runtime, cfg)
 
-        pipe, bare, (workload, runtime, cfg) = measure([])
-        print(f"pipeline (records -> device-ready batches): {pipe:8.1f} samples/s ({pipe / CORES:.1f} per core)")
+        rates, (workload, runtime, cfg) = measure([], floor=True)
+        pipe, bare, floor = rates["pipeline"], rates["bare"], rates["floor"]
+        dtype = "uint8" if cfg.data.normalize_on_device else workload.source.image_dtype.name
+        print(f"pipeline (records -> device-ready {dtype} batches): {pipe:8.1f} samples/s "
+              f"({pipe / CORES:.1f} per core)")
         print(f"bare decode_and_crop_jpeg, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
-        print(f"ratio pipeline / bare decode: {pipe / bare:.3f}  (load average {os.getloadavg()[0]:.1f} at end)",
+        print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
+        print(f"ratio pipeline / bare decode: {pipe / bare:.3f}; pipeline / floor: {pipe / floor:.3f}; "
+              f"floor / bare decode: {floor / bare:.3f}  (load average {os.getloadavg()[0]:.1f} at end)",
               flush=True)
         if a.ablate:
             for name, override in ABLATIONS.items():
-                p_off, b_off, _ = measure([override])
-                print(f"  off: {name:<40} ({override}): ratio {p_off / b_off:.3f}  ({p_off:.1f} samples/s)",
-                      flush=True)
+                r, _ = measure([override])
+                print(f"  off: {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
+                      f"({r['pipeline']:.1f} samples/s)", flush=True)
             for name, override in OPTIONS.items():
-                p_on, b_on, _ = measure([override])
-                print(f"  on:  {name:<40} ({override}): ratio {p_on / b_on:.3f}  ({p_on:.1f} samples/s)",
-                      flush=True)
+                r, _ = measure([override])
+                print(f"  on:  {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
+                      f"({r['pipeline']:.1f} samples/s)", flush=True)
             first, cached = eval_pass_rates(workload, runtime, cfg, a.batch)
             print(f"  eval set decoded once and cached (data.cache_eval): first pass {first:.1f} samples/s, "
                   f"cached pass {cached:.1f} samples/s ({cached / first:.1f}x)")

@@ -20,6 +20,30 @@ def test_normalize_on_device_matches_the_host_float_pipeline_to_half_a_grey_leve
     assert resnet_data.device_image(on_host, prep) is on_host  # float input passes through
 
 
+def test_images_in_the_compute_dtype_give_the_model_the_same_logits():
+    """bfloat16 images from the host: the model casts its input to bfloat16 first, so it sees the same bits."""
+    from benchmarks.resnet.config import ModelConfig
+    from benchmarks.resnet.model import ResNet
+    from harness.config import RuntimeConfig
+    from harness.runtime import make_runtime
+
+    prep = resnet_data.PREPROCESSING["reference"]
+    resized = tf.random.stateless_uniform([2, 32, 32, 3], [3, 4], 0.0, 255.0)
+    as_float = resnet_data.host_image(resized, False, prep)
+    as_bf16 = resnet_data.host_image(resized, False, prep, tf.bfloat16)
+    assert as_float.dtype == tf.float32 and as_bf16.dtype == tf.bfloat16
+    runtime = make_runtime(RuntimeConfig(precision="bfloat16"))
+    with runtime.scope():
+        model = ResNet(runtime, 1, ModelConfig(width=8, blocks=[1, 1, 1, 1], stem="small"), 10, 1)
+    a, b = model(as_float, training=True), model(as_bf16, training=True)
+    assert a.dtype == b.dtype == tf.float32
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    cfg = resnet_data.DataConfig(source="tfrecord")
+    assert resnet_data.image_dtype(cfg, tf.bfloat16) == tf.bfloat16
+    cfg.images_in_compute_dtype = False
+    assert resnet_data.image_dtype(cfg, tf.bfloat16) == tf.float32
+
+
 def test_crop_before_decode_equals_decode_then_crop():
     image = tf.cast(tf.random.stateless_uniform([120, 160, 3], [1, 2], 0, 255), tf.uint8)
     jpeg = tf.io.encode_jpeg(image, quality=90)

@@ -120,6 +120,14 @@ class BertWorkload(Workload):
 
     def validate(self) -> None:
         m = self.cfg.model
+        self.validate_config()
+        if m.init_checkpoint and not tf.io.gfile.glob(m.init_checkpoint + "*"):
+            raise HarnessError(f"model.init_checkpoint {m.init_checkpoint} does not exist")
+        self.source.validate()
+
+    def validate_config(self) -> None:
+        """What `validate` checks of the config alone (shared with the dry run, which reads no file)."""
+        m = self.cfg.model
         if m.hidden_size % m.num_heads:
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
@@ -129,9 +137,6 @@ class BertWorkload(Workload):
         for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
                                 ("model.vocab_size", m.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)
-        if m.init_checkpoint and not tf.io.gfile.glob(m.init_checkpoint + "*"):
-            raise HarnessError(f"model.init_checkpoint {m.init_checkpoint} does not exist")
-        self.source.validate()
 
     # --------------------------------------------------------------------------- model and inputs
     def build(self) -> None:
@@ -158,15 +163,7 @@ class BertWorkload(Workload):
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
         m, d = self.cfg.model, self.cfg.data
-        if m.hidden_size % m.num_heads:
-            raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
-        if d.seq_length > m.max_position:
-            raise HarnessError(f"data.seq_length={d.seq_length} exceeds model.max_position={m.max_position}")
-        if self.cfg.submission.division == "closed":
-            self.check_closed_eval_schedule()
-        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
-                                ("model.vocab_size", m.vocab_size, "vocab")):
-            self.runtime.check_divides(what, size, dim)
+        self.validate_config()
         notes = []
         if m.init_checkpoint:
             notes.append(f"model.init_checkpoint {m.init_checkpoint} not read: weights from the initializers")

@@ -35,6 +35,10 @@ class DataConfig(PipelineConfig):
         False, doc="tfrecord/tfds training: the host sends the resized crop as uint8 (rounded) and the device "
         "casts and normalizes it: a quarter of the bytes to copy and batch, no float pass on the host; "
         "false = the reference's float pipeline on the host")
+    images_in_compute_dtype: bool = field(
+        True, doc="tfrecord/tfds: with runtime.precision bfloat16 or float16 the host sends the normalized "
+        "images already cast to it; the model's first op casts its input to that dtype anyway, so the "
+        "numerics are identical and half the bytes are batched and copied. false = float32 images")
     synthetic_seed: int = field(0, doc="fixes the synthetic dataset itself; the run seed fixes the order")
     synthetic_noise: float = field(1.0, min=0.0, doc="pixel noise stddev of synthetic images")
     synthetic_label_noise: float = field(0.2, min=0.0, max=0.9,

@@ -58,12 +58,14 @@ def normalize(image: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
     return image - REFERENCE_MEAN_RGB
 
 
-def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing) -> tf.Tensor:
-    """The training image as the host sends it: normalized float32, or (`data.normalize_on_device`) the
-    resized pixels rounded to uint8, which `device_image` normalizes on the device."""
+def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing,
+               dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """The training image as the host sends it: normalized and cast to `dtype` (the model's compute dtype
+    under `data.images_in_compute_dtype`, which its first op would cast to anyway), or
+    (`data.normalize_on_device`) the resized pixels rounded to uint8, which `device_image` normalizes."""
     if on_device:
         return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    return normalize(image, prep)
+    return tf.cast(normalize(image, prep), dtype)
 
 
 def device_image(image: tf.Tensor, prep: Preprocessing | None) -> tf.Tensor:
@@ -155,10 +157,16 @@ BOX_KEYS = ("ymin", "xmin", "ymax", "xmax")  # the reference's order for sample_
 BOX_FEATURES = {f"image/object/bbox/{k}": tf.io.VarLenFeature(tf.float32) for k in BOX_KEYS}
 
 
+def image_dtype(cfg: DataConfig, compute_dtype: tf.DType) -> tf.DType:
+    """The dtype of the images the host sends (see `data.images_in_compute_dtype`)."""
+    return compute_dtype if cfg.images_in_compute_dtype else tf.float32
+
+
 class TFRecordSource:
-    def __init__(self, cfg: DataConfig) -> None:
+    def __init__(self, cfg: DataConfig, compute_dtype: tf.DType = tf.float32) -> None:
         self.cfg = cfg
         self.prep = PREPROCESSING[cfg.preprocessing]
+        self.image_dtype = image_dtype(cfg, compute_dtype)
 
     def files(self, pattern: str) -> list[str]:
         return list_files(self.cfg.data_dir, pattern, "ImageNet shards")
@@ -213,7 +221,7 @@ class TFRecordSource:
             seed = tf.stack([base[0] * 1000003 + base[1], index])
             image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None,
                                              c.decode_and_crop)
-            return {"image": host_image(image, c.normalize_on_device, prep), "label": label}
+            return {"image": host_image(image, c.normalize_on_device, prep, self.image_dtype), "label": label}
 
         if not repeat:  # every service job would restart the index at 0: draw each example's crop seed
             return ds.map(lambda r: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), r),
@@ -226,7 +234,8 @@ class TFRecordSource:
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         encoded, label = self.parse(record)
         image = tf.image.decode_jpeg(encoded, channels=3)
-        return {"image": normalize(eval_crop(image, self.cfg.image_size, self.prep), self.prep), "label": label}
+        image = normalize(eval_crop(image, self.cfg.image_size, self.prep), self.prep)
+        return {"image": tf.cast(image, self.image_dtype), "label": label}
 
 
 # ----------------------------------------------------------------------------------------- TFDS
@@ -238,9 +247,10 @@ class TFDSSource:
     the reference does for a record without boxes).
     """
 
-    def __init__(self, cfg: DataConfig) -> None:
+    def __init__(self, cfg: DataConfig, compute_dtype: tf.DType = tf.float32) -> None:
         self.cfg = cfg
         self.prep = PREPROCESSING[cfg.preprocessing]
+        self.image_dtype = image_dtype(cfg, compute_dtype)
 
     def builder(self) -> Any:
         import tensorflow_datasets as tfds
@@ -275,7 +285,7 @@ class TFDSSource:
         def preprocess(index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             seed = tf.stack([tf.constant(ctx.seed * 1000003 + ctx.host_id, tf.int64), index])
             image = random_resized_crop_decoded(ex["image"], size, seed, prep)
-            return {"image": host_image(image, self.cfg.normalize_on_device, prep),
+            return {"image": host_image(image, self.cfg.normalize_on_device, prep, self.image_dtype),
                     "label": tf.cast(ex["label"], tf.int32)}
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
@@ -284,8 +294,8 @@ class TFDSSource:
         return self._load("validation", False, None)
 
     def eval_parse(self, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return {"image": normalize(eval_crop(ex["image"], self.cfg.image_size, self.prep), self.prep),
-                "label": tf.cast(ex["label"], tf.int32)}
+        image = normalize(eval_crop(ex["image"], self.cfg.image_size, self.prep), self.prep)
+        return {"image": tf.cast(image, self.image_dtype), "label": tf.cast(ex["label"], tf.int32)}
 
 
 # ------------------------------------------------------------------------------------ synthetic
@@ -346,5 +356,7 @@ class SyntheticSource:
         return self.example(index)
 
 
-def make_source(cfg: DataConfig) -> Any:
-    return {"synthetic": SyntheticSource, "tfrecord": TFRecordSource, "tfds": TFDSSource}[cfg.source](cfg)
+def make_source(cfg: DataConfig, compute_dtype: tf.DType = tf.float32) -> Any:
+    if cfg.source == "synthetic":
+        return SyntheticSource(cfg)
+    return {"tfrecord": TFRecordSource, "tfds": TFDSSource}[cfg.source](cfg, compute_dtype)

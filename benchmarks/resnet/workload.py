@@ -31,7 +31,7 @@ class ResNetWorkload(Workload):
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
-        self.source = data.make_source(cfg.data)
+        self.source = data.make_source(cfg.data, runtime.compute_dtype)
         self.model: ResNet | None = None
         # Batch-norm statistics pool this many replicas' (micro-)batches: MLPerf's model_bn_span.
         self.bn_group = runtime.batch_norm_group(cfg.model.bn_span, self.replica_batch)
@@ -113,7 +113,8 @@ class ResNetWorkload(Workload):
         if self.cfg.submission.division == "closed":
             self.check_closed_eval_schedule()
         size = self.cfg.data.image_size
-        example = {"image": tf.TensorSpec([size, size, 3], tf.float32), "label": tf.TensorSpec([], tf.int32)}
+        dtype = getattr(self.source, "image_dtype", tf.float32)  # what the real run's host would send
+        example = {"image": tf.TensorSpec([size, size, 3], dtype), "label": tf.TensorSpec([], tf.int32)}
         return example, dict(example), []
 
     # ------------------------------------------------------------------------------ computation

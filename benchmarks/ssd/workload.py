@@ -96,16 +96,21 @@ class SSDWorkload(Workload):
 
     # -------------------------------------------------------------------------------- validation
     def validate(self) -> None:
-        c, m = self.cfg, self.cfg.model
-        check_layout(m)
-        if c.submission.division == "closed":
-            self.check_closed()
-        check_spatial_partition(m, c.runtime.spatial_partition)
+        m = self.cfg.model
+        self.validate_config()
         self.source.validate()
         categories = self.source.category_map.num_classes
         if m.num_classes != categories + 1:
             raise HarnessError(f"model.num_classes={m.num_classes} but the data has {categories} categories "
                                f"(+1 background = {categories + 1})")
+
+    def validate_config(self) -> None:
+        """What `validate` checks of the config alone (shared with the dry run, which reads no file)."""
+        c, m = self.cfg, self.cfg.model
+        check_layout(m)
+        if c.submission.division == "closed":
+            self.check_closed()
+        check_spatial_partition(m, c.runtime.spatial_partition)
 
     def check_closed(self) -> None:
         """Closed SSD: the rules' eval epochs, decay boundaries [40, 50] * (1 + k/10), a logged warmup."""
@@ -161,10 +166,7 @@ class SSDWorkload(Workload):
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
         c, m = self.cfg, self.cfg.model
-        check_layout(m)
-        if c.submission.division == "closed":
-            self.check_closed()
-        check_spatial_partition(m, c.runtime.spatial_partition)
+        self.validate_config()
         notes = [f"model.num_classes={m.num_classes} not checked against the data's categories"]
         if m.backbone_checkpoint:
             notes.append(f"model.backbone_checkpoint {m.backbone_checkpoint} not read: weights from the initializers")

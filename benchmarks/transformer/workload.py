@@ -94,6 +94,18 @@ class TransformerWorkload(Workload):
             raise HarnessError(f"model.vocab_size={m.vocab_size} does not match the data's vocabulary of "
                                f"{self.vocab_size} entries ({c.data.vocab_file or c.data.source}); set it to "
                                f"{self.vocab_size} or 0")
+        self.validate_sizes()
+        sources, references = self.source.eval_set
+        if len(sources) != c.data.eval_samples:
+            raise HarnessError(f"the eval set has {len(sources)} sentences but data.eval_samples="
+                               f"{c.data.eval_samples}")
+        if not self.train_samples:
+            raise HarnessError("data.train_samples is 0 and the source cannot count its rows")
+
+    def validate_sizes(self) -> None:
+        """The model's sizes against the rows, the eval inputs and the layout (shared with the dry run,
+        where the vocabulary and the eval length stand in for the files)."""
+        c, m = self.cfg, self.cfg.model
         if m.hidden_size % m.num_heads or m.hidden_size % 2:
             raise HarnessError(f"model.hidden_size={m.hidden_size} must be even and a multiple of "
                                f"model.num_heads={m.num_heads}")
@@ -103,16 +115,9 @@ class TransformerWorkload(Workload):
         if row > m.max_position:
             raise HarnessError(f"training rows of {row} tokens (data.row_length / max_sequence_length) exceed "
                                f"model.max_position={m.max_position}")
-        sources, references = self.source.eval_set
-        if len(sources) != c.data.eval_samples:
-            raise HarnessError(f"the eval set has {len(sources)} sentences but data.eval_samples="
-                               f"{c.data.eval_samples}")
         if self.decode_length > m.max_position:
-            raise HarnessError(f"decoding needs {self.decode_length} positions (longest eval input "
-                               f"{self.eval_length} + eval.extra_decode_length) but model.max_position="
-                               f"{m.max_position}")
-        if not self.train_samples:
-            raise HarnessError("data.train_samples is 0 and the source cannot count its rows")
+            raise HarnessError(f"decoding needs {self.decode_length} positions (eval inputs of {self.eval_length} "
+                               f"tokens + eval.extra_decode_length) but model.max_position={m.max_position}")
         for what, size, dim in (("model.num_heads", m.num_heads, "heads"),
                                 ("model.filter_size", m.filter_size, "ff"),
                                 ("vocab size", self.vocab_size, "vocab")):
@@ -165,21 +170,8 @@ class TransformerWorkload(Workload):
         self._stand_in = {"vocab_size": m.vocab_size, "eval_length": length}
         if c.submission.division == "closed":
             self.check_closed()
-        if m.hidden_size % m.num_heads or m.hidden_size % 2:
-            raise HarnessError(f"model.hidden_size={m.hidden_size} must be even and a multiple of "
-                               f"model.num_heads={m.num_heads}")
+        self.validate_sizes()
         row = self.source.row_length
-        if c.data.max_sequence_length > row:
-            raise HarnessError(f"data.max_sequence_length={c.data.max_sequence_length} exceeds data.row_length={row}")
-        if row > m.max_position:
-            raise HarnessError(f"training rows of {row} tokens (data.row_length / max_sequence_length) exceed "
-                               f"model.max_position={m.max_position}")
-        if self.decode_length > m.max_position:
-            raise HarnessError(f"decoding needs {self.decode_length} positions (eval inputs of {length} + "
-                               f"eval.extra_decode_length) but model.max_position={m.max_position}")
-        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.filter_size", m.filter_size, "ff"),
-                                ("model.vocab_size", m.vocab_size, "vocab")):
-            self.runtime.check_divides(what, size, dim)
         notes = [f"vocabulary of model.vocab_size={m.vocab_size} (no vocab file read); eval inputs of {length} "
                  f"tokens (data.max_sequence_length rounded up to 8; a real run pads to its longest eval sentence)"]
         train = {k: tf.TensorSpec([row], tf.int32) for k in (

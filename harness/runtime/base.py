@@ -80,6 +80,9 @@ class Runtime(abc.ABC):
     spatial_dims: tuple[int, ...] = ()
     # Whether the host loop can read a clock around `next(iterator)` (the input-wait meter).
     clock_in_host_loop: bool = True
+    # The layout: tensor dimension name -> mesh dimension, and mesh dimension sizes (empty: nothing split).
+    rules: dict[str, str] = {}
+    sizes: dict[str, int] = {}
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}
@@ -136,11 +139,15 @@ class Runtime(abc.ABC):
 
     def shards(self, dim_name: str) -> int:
         """How many ways tensors' dimension `dim_name` is split over devices (1: kept whole)."""
-        return 1
+        mesh_dim = self.rules.get(dim_name)
+        return self.sizes.get(mesh_dim, 1) if mesh_dim else 1
 
     def check_divides(self, what: str, size: int, dim_name: str) -> None:
-        """A model size that a layout splits over devices must divide evenly (checked before the log).
-        Nothing to check where no dimension is split."""
+        """A model size that a layout splits over devices must divide evenly (checked before the log)."""
+        n = self.shards(dim_name)
+        if size % n:
+            raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim_name}="
+                               f"{self.rules[dim_name]} of size {n})")
 
     def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
         """How many replicas pool batch statistics for a requested span of examples (0: one replica's

@@ -62,16 +62,6 @@ class MeshRuntime(Runtime):
         shape = " x ".join(f"{k}={v}" for k, v in self.sizes.items())
         return f"mesh {shape} on {math.prod(self.sizes.values())} {self.device_type} device(s)"
 
-    def shards(self, dim_name: str) -> int:
-        mesh_dim = self.rules.get(dim_name)
-        return self.sizes.get(mesh_dim, 1) if mesh_dim else 1
-
-    def check_divides(self, what: str, size: int, dim_name: str) -> None:
-        n = self.shards(dim_name)
-        if size % n:
-            raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim_name}="
-                               f"{self.rules[dim_name]} of size {n})")
-
     def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
         """Statistics over a sharded batch are global here: the only span is the global batch."""
         global_batch = replica_batch * self.num_replicas

@@ -178,10 +178,8 @@ class StandInRuntime(StrategyRuntime):
         super().__init__(cfg.runtime.kind, tf.distribute.get_strategy(), "CPU", cfg.runtime.precision, True)
         self.plan = plan
         self._real_device_type = plan.device_type
-        self.mesh_sizes: dict[str, int] = {}
-        self.rules: dict[str, str] = {}
         if cfg.runtime.kind == "mesh":
-            self.mesh_sizes = {str(k): int(v) for k, v in cfg.runtime.mesh.items()}
+            self.sizes = {str(k): int(v) for k, v in cfg.runtime.mesh.items()}
             self.rules = dict(cfg.runtime.layout) or {"batch": "data"}
             self.rules.setdefault("batch", "data")
 
@@ -192,16 +190,6 @@ class StandInRuntime(StrategyRuntime):
     @property
     def description(self) -> str:
         return f"{self.kind} (stood in): {self.plan.replicas} replica(s) x {self.plan.model_axis} device(s)"
-
-    def shards(self, dim_name: str) -> int:
-        mesh_dim = self.rules.get(dim_name)
-        return self.mesh_sizes.get(mesh_dim, 1) if mesh_dim else 1
-
-    def check_divides(self, what: str, size: int, dim_name: str) -> None:
-        n = self.shards(dim_name)
-        if size % n:
-            raise HarnessError(f"{what}={size} does not divide over {n} devices (runtime.layout.{dim_name}="
-                               f"{self.rules[dim_name]} of size {n})")
 
     def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
         if self.kind == "mesh":
@@ -231,9 +219,9 @@ class StandInRuntime(StrategyRuntime):
         used, n = set(), 1
         for name in dims:
             mesh_dim = self.rules.get(name) if name else None
-            if mesh_dim in self.mesh_sizes and mesh_dim not in used and self.mesh_sizes[mesh_dim] > 1:
+            if mesh_dim in self.sizes and mesh_dim not in used and self.sizes[mesh_dim] > 1:
                 used.add(mesh_dim)
-                n *= self.mesh_sizes[mesh_dim]
+                n *= self.sizes[mesh_dim]
         return n
 
 
