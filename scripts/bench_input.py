@@ -18,11 +18,13 @@ measurement with each `data.*` input technique off (and each optional one on) an
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -78,6 +80,46 @@ def write_imagenet_like(out_dir: str, images: int, shards: int = 8,
     return encoded, boxes
 
 
+COCO_CATEGORIES = 80
+
+
+def write_coco_like(out_dir: str, images: int, shards: int = 8, seed: int = 0) -> tuple[list[bytes], str]:
+    """`train-*`/`val-*` shards of 640x480 (and 480x640) photo-like JPEGs with 1-6 boxes each, in
+    tensorflow/tpu's create_coco_tf_record schema, and `instances_val.json` with 80 categories; returns the
+    encoded JPEGs and the json's path."""
+    from benchmarks.ssd.tfrecord_writer import coco_example
+
+    rng = np.random.default_rng(seed)
+    names = {c: f"category_{c}" for c in range(1, COCO_CATEGORIES + 1)}
+    records, encoded, gt_images, annotations = [], [], [], []
+    for i in range(images):
+        h, w = (480, 640) if i % 4 else (640, 480)
+        pixels = photo_like(rng, h, w)
+        n = int(rng.integers(1, 7))
+        lt = rng.uniform(0, 0.6, size=(n, 2))
+        boxes = np.concatenate([lt, lt + rng.uniform(0.1, 0.4, size=(n, 2))], axis=1).clip(0, 1)
+        cats = rng.integers(1, COCO_CATEGORIES + 1, size=n)
+        record = coco_example(pixels, i + 1, boxes, cats, names, image_format="jpeg")
+        records.append(record)
+        encoded.append(tf.train.Example.FromString(record).features.feature["image/encoded"].bytes_list.value[0])
+        gt_images.append({"id": i + 1, "width": w, "height": h, "file_name": f"{i + 1:012d}.jpg"})
+        for (l, t, r, b), c in zip(boxes.tolist(), cats.tolist()):
+            annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": c, "iscrowd": 0,
+                                "bbox": [l * w, t * h, (r - l) * w, (b - t) * h], "area": (r - l) * w * (b - t) * h})
+    for split in ("train", "val"):
+        writers = [tf.io.TFRecordWriter(os.path.join(out_dir, f"{split}-{k:05d}-of-{shards:05d}"))
+                   for k in range(shards)]
+        for i, record in enumerate(records):
+            writers[i % shards].write(record)
+        for wr in writers:
+            wr.close()
+    path = os.path.join(out_dir, "instances_val.json")
+    with open(path, "w") as f:
+        json.dump({"images": gt_images, "annotations": annotations,
+                   "categories": [{"id": c, "name": n, "supercategory": "thing"} for c, n in names.items()]}, f)
+    return encoded, path
+
+
 # ------------------------------------------------------------------------------------- pipelines
 
 def harness_batches(config: str, overrides: list[str], batch: int) -> tuple[Any, Any]:
@@ -126,6 +168,24 @@ def floor_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: 
 
     ds = tf.data.Dataset.from_tensor_slices((encoded, boxes)).repeat().enumerate()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def bare_ssd(encoded: list[bytes], batch: int) -> Any:
+    """decode_jpeg of the whole image alone (SSD's crop depends on the boxes' overlaps, so the reference
+    decodes every pixel), AUTOTUNE parallelism, over the encoded images in memory."""
+    ds = tf.data.Dataset.from_tensor_slices(encoded).repeat()
+    ds = ds.map(lambda jpeg: tf.shape(tf.io.decode_jpeg(jpeg, channels=3)), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=False)
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def floor_ssd(encoded: list[bytes], workload: Any, batch: int) -> Any:
+    """The same decode, then the least a pipeline feeding fixed-size images must do: nearest resize, uint8."""
+    size = workload.cfg.model.image_size
+    ds = tf.data.Dataset.from_tensor_slices(encoded).repeat()
+    ds = ds.map(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), [size, size], method="nearest"),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
@@ -185,9 +245,47 @@ OPTIONS = {  # off by default (they change the reference's numerics slightly), m
 }
 
 
+@dataclasses.dataclass
+class Bench:
+    """One workload's benchmark: its data (written once), config overrides and comparison sides."""
+    described: str
+    overrides: list[str]
+    bare_name: str
+    bare: Callable[[Any], Any]    # workload -> batches of the bare op
+    floor: Callable[[Any], Any]   # workload -> batches of the floor
+    dtype: Callable[[Any, Any], str]
+
+
+def resnet_bench(tmp: str, images: int, batch: int) -> Bench:
+    encoded, boxes = write_imagenet_like(tmp, images)
+    kb = np.mean([len(e) for e in encoded]) / 1024
+    return Bench(f"{images} JPEGs ~500x375 ({kb:.0f} KB mean)",
+                 ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
+                  f"data.train_samples={images}", f"data.eval_samples={images}"],
+                 "decode_and_crop_jpeg", lambda wl: bare_resnet(encoded, boxes, wl, batch),
+                 lambda wl: floor_resnet(encoded, boxes, wl, batch),
+                 lambda wl, cfg: "uint8" if cfg.data.normalize_on_device else wl.source.image_dtype.name)
+
+
+def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
+    encoded, annotations = write_coco_like(tmp, images)
+    kb = np.mean([len(e) for e in encoded]) / 1024
+    # Open division: a closed real-data run needs the backbone checkpoint, which a benchmark does not read.
+    return Bench(f"{images} JPEGs ~640x480 with 1-6 boxes ({kb:.0f} KB mean)",
+                 ["data.source=tfrecord", f"data.data_dir={tmp}", f"data.annotation_file={annotations}",
+                  "data.shuffle_buffer=1024", f"data.train_samples={images}", f"data.eval_samples={images}",
+                  "submission.division=open", "model.backbone_checkpoint=", f"schedule.global_batch_size={batch}",
+                  "model.bn_span=0"],
+                 "decode_jpeg", lambda wl: bare_ssd(encoded, batch), lambda wl: floor_ssd(encoded, wl, batch),
+                 lambda wl, cfg: "float32")
+
+
+BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("workload", choices=("resnet",))
+    p.add_argument("workload", choices=sorted(BENCHES))
     p.add_argument("config", nargs="?", default=None)
     p.add_argument("--set", action="append", default=[], help="config override key=value")
     p.add_argument("--images", type=int, default=256, help="distinct JPEGs written (the pipeline repeats them)")
@@ -200,40 +298,35 @@ def main() -> None:
     config = a.config or f"configs/{a.workload}/reference.yaml"
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        encoded, boxes = write_imagenet_like(tmp, a.images)
-        kb = np.mean([len(e) for e in encoded]) / 1024
-        # bfloat16: what every GPU and TPU config computes in (the host then sends bfloat16 images).
-        base = ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
-                f"data.train_samples={a.images}", f"data.eval_samples={a.images}", "runtime.kind=default",
-                "runtime.precision=bfloat16"] + a.set
-        print(f"{a.workload}: {a.images} JPEGs ~500x375 ({kb:.0f} KB mean), batch {a.batch}, {CORES} cores, "
+        bench = BENCHES[a.workload](tmp, a.images, a.batch)
+        # bfloat16: what every GPU and TPU config computes in.
+        base = bench.overrides + ["runtime.kind=default", "runtime.precision=bfloat16"] + a.set
+        print(f"{a.workload}: {bench.described}, batch {a.batch}, {CORES} cores, "
               f"{a.rounds} rounds x {a.seconds:g} s per side; load average {load[0]:.1f} at start", flush=True)
 
         def measure(extra: list[str], floor: bool = False) -> tuple[dict[str, float], Any]:
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
-            sides = {"pipeline": pipeline, "bare": bare_resnet(encoded, boxes, workload, a.batch)}
+            sides = {"pipeline": pipeline, "bare": bench.bare(workload)}
             if floor:
-                sides["floor"] = floor_resnet(encoded, boxes, workload, a.batch)
+                sides["floor"] = bench.floor(workload)
             return interleaved(sides, a.batch, a.seconds, a.rounds), (workload, runtime, cfg)
 
         rates, (workload, runtime, cfg) = measure([], floor=True)
         pipe, bare, floor = rates["pipeline"], rates["bare"], rates["floor"]
-        dtype = "uint8" if cfg.data.normalize_on_device else workload.source.image_dtype.name
-        print(f"pipeline (records -> device-ready {dtype} batches): {pipe:8.1f} samples/s "
+        print(f"pipeline (records -> device-ready {bench.dtype(workload, cfg)} batches): {pipe:8.1f} samples/s "
               f"({pipe / CORES:.1f} per core)")
-        print(f"bare decode_and_crop_jpeg, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
+        print(f"bare {bench.bare_name}, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
         print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
         print(f"ratio pipeline / bare decode: {pipe / bare:.3f}; pipeline / floor: {pipe / floor:.3f}; "
               f"floor / bare decode: {floor / bare:.3f}  (load average {os.getloadavg()[0]:.1f} at end)",
               flush=True)
         if a.ablate:
-            for name, override in ABLATIONS.items():
+            applies = {k: v for k, v in {**ABLATIONS, **OPTIONS}.items()
+                       if v.split("=")[0].split(".")[-1] in vars(cfg.data)}
+            for name, override in applies.items():
                 r, _ = measure([override])
-                print(f"  off: {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
-                      f"({r['pipeline']:.1f} samples/s)", flush=True)
-            for name, override in OPTIONS.items():
-                r, _ = measure([override])
-                print(f"  on:  {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
+                how = "on: " if name in OPTIONS else "off:"
+                print(f"  {how} {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
                       f"({r['pipeline']:.1f} samples/s)", flush=True)
             first, cached = eval_pass_rates(workload, runtime, cfg, a.batch)
             print(f"  eval set decoded once and cached (data.cache_eval): first pass {first:.1f} samples/s, "

@@ -2,60 +2,21 @@
 without XLA, and in bfloat16 and float16 (dynamic loss scaling) against float32.
 
 Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess per workload
-(tests/helpers/xla_precision_case.py) sharing one build per precision. The full smoke runs under XLA and
-in each precision are manual checks (README, "Accelerator path").
+(tests/helpers/step_case.py, shared with the workload contract through tests/step_cases.py). The full
+smoke runs under XLA and in each precision are manual checks (README, "Accelerator path").
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks import registry
-from conftest import REPO
+from step_cases import SMALL, STEPS, step_case
 
-# Two small eval batches per workload; models shrunk where the smoke model is not already tiny.
-SMALL = {
-    "resnet": ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
-               "schedule.eval_batch_size=16", "model.bn_span=32"],
-    "bert": ["data.train_samples=512", "data.eval_samples=45", "schedule.global_batch_size=16",
-             "schedule.eval_batch_size=16", "model.num_layers=1"],
-    "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=24", "schedule.global_batch_size=8",
-                    "schedule.eval_batch_size=12", "model.layer_postprocess_dropout=0",
-                    "model.attention_dropout=0", "model.relu_dropout=0", "eval.extra_decode_length=4",
-                    "model.num_layers=1"],
-    "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
-            "schedule.eval_batch_size=16", "model.bn_span=16"],
-    "gpt_oss_20b": ["data.seq_length=512", "data.synthetic_train_rows=32", "data.eval_samples=4",
-                    "schedule.eval_batch_size=2", "data.eval_every_samples=8"],
-}
-STEPS = 2
 # bfloat16 keeps 8 significant bits: the first loss of an untrained model agrees with float32 to well
 # within 2%; float16 keeps 11 bits.
 RTOL = {"bfloat16": 2e-2, "float16": 5e-3}
-
-
-@pytest.fixture(scope="module")
-def results():
-    return {}
-
-
-def run_case(name: str, cache: dict) -> dict:
-    if name not in cache:
-        helper = os.path.join(REPO, "tests", "helpers", "xla_precision_case.py")
-        config = os.path.join(REPO, "configs", name, "smoke.yaml")
-        extra = ["overflow"] if name == "resnet" else []
-        proc = subprocess.run([sys.executable, helper, config, json.dumps(SMALL[name]), str(STEPS), *extra],
-                              cwd=REPO, capture_output=True, text=True, timeout=900,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-        cache[name] = json.loads(lines[-1][len("RESULT "):])
-    return cache[name]
 
 
 def test_every_registered_workload_has_a_case():
@@ -63,8 +24,8 @@ def test_every_registered_workload_has_a_case():
 
 
 @pytest.mark.parametrize("name", registry.names())
-def test_xla_train_and_eval_match_the_plain_steps(name, results):
-    r = run_case(name, results)
+def test_xla_train_and_eval_match_the_plain_steps(name):
+    r = step_case(name)
     assert r["xla_compiled"]
     assert len(r["xla_losses"]) == STEPS and all(math.isfinite(x) for x in r["xla_losses"])
     assert r["xla_losses"] == pytest.approx(r["plain_losses"], rel=1e-4)
@@ -81,8 +42,8 @@ def test_xla_train_and_eval_match_the_plain_steps(name, results):
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", registry.names())
-def test_low_precision_steps_track_float32_with_float32_state(name, precision, results):
-    r = run_case(name, results)
+def test_low_precision_steps_track_float32_with_float32_state(name, precision):
+    r = step_case(name)
     p = r[precision]
     assert all(math.isfinite(x) for x in p["losses"])
     assert p["losses"][0] == pytest.approx(r["plain_losses"][0], rel=RTOL[precision])
@@ -101,8 +62,8 @@ def test_low_precision_steps_track_float32_with_float32_state(name, precision, r
         assert p["loss_scale"] is None and p["optimizer_step"] == STEPS
 
 
-def test_float16_overflow_skips_the_update_and_lowers_the_scale(results):
-    o = run_case("resnet", results)["float16_overflow"]
+def test_float16_overflow_skips_the_update_and_lowers_the_scale():
+    o = step_case("resnet")["float16_overflow"]
     assert o["loss_scale"]["skipped_steps"] == STEPS
     assert o["optimizer_step"] == 0 and o["weights_unchanged"]
     assert o["loss_scale"]["scale"] == pytest.approx(1e38 / 2 ** STEPS, rel=1e-6)

@@ -34,16 +34,21 @@ def _floats(values: Sequence[float]) -> tf.train.Feature:
 
 
 def coco_example(image: np.ndarray, image_id: int, boxes: np.ndarray, category_ids: Sequence[int],
-                 names: dict[int, str], with_label: bool = True, filename: str = "") -> bytes:
+                 names: dict[int, str], with_label: bool = True, filename: str = "",
+                 image_format: str = "png") -> bytes:
     """One serialized tf.Example of an image (uint8 [H, W, 3]) and its boxes (ltrb normalized [N, 4], written as
-    given, so tests can write bad ones) with raw category ids; names maps a category id to its class text."""
-    encoded = tf.io.encode_png(image).numpy()
+    given, so tests can write bad ones) with raw category ids; names maps a category id to its class text.
+    PNG keeps pixels exact (tests); JPEG (quality 90) is what COCO holds (input benchmarks)."""
+    if image_format == "jpeg":
+        encoded = tf.io.encode_jpeg(image, quality=90).numpy()
+    else:
+        encoded = tf.io.encode_png(image).numpy()
     height, width = image.shape[:2]
     boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
     feature = {
         "image/encoded": _bytes([encoded]),
-        "image/format": _bytes([b"png"]),
-        "image/filename": _bytes([(filename or f"{image_id:012d}.png").encode()]),
+        "image/format": _bytes([image_format.encode()]),
+        "image/filename": _bytes([(filename or f"{image_id:012d}.{image_format}").encode()]),
         "image/source_id": _bytes([str(image_id).encode()]),
         "image/key/sha256": _bytes([hashlib.sha256(encoded).hexdigest().encode()]),
         "image/height": _ints([height]),

@@ -1,6 +1,14 @@
-"""One workload, small: the per-replica train and eval steps with and without XLA, then bfloat16 and
-float16 (dynamic loss scaling) runs of the same steps. Prints one RESULT line of JSON for
-tests/test_xla_precision.py. A subprocess per workload: each needs a fresh TensorFlow device setup."""
+"""One workload, small, in one process with 2 logical CPUs: the steps every per-workload step test reads.
+
+- `one` / `two`: two train steps and an eval on one device and on 2 mirrored replicas (the workload
+  contract, tests/test_workload_contract.py);
+- `xla_*`: the per-replica train and eval steps under XLA against the plain ones from the same weights,
+  then `bfloat16` and `float16` (dynamic loss scaling) runs of the same steps, and for ResNet a float16
+  loss scale that overflows (tests/test_xla_precision.py).
+
+Prints one RESULT line of JSON. A subprocess per workload: logical devices must be set before TensorFlow
+starts, and each workload needs its own device setup. Shared through tests/step_cases.py.
+"""
 from __future__ import annotations
 
 import json
@@ -34,43 +42,62 @@ def train(steps: loop.CompiledSteps, cfg, n: int) -> list[float]:
     return [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(n)]
 
 
-def evaluate(steps: loop.CompiledSteps, cfg) -> float:
+def evaluate(steps: loop.CompiledSteps, cfg) -> tuple[float, int]:
     ebs = cfg.schedule.eval_batch_size
-    metrics, _ = loop.evaluate(steps, loop.eval_input(steps.runtime, steps.workload, ebs, cfg.seed),
-                               loop.eval_steps_for(steps.workload.eval_samples, ebs))
-    return float(metrics[steps.workload.METRIC])
+    metrics, counted = loop.evaluate(steps, loop.eval_input(steps.runtime, steps.workload, ebs, cfg.seed),
+                                     loop.eval_steps_for(steps.workload.eval_samples, ebs))
+    return float(metrics[steps.workload.METRIC]), counted
+
+
+def contract_run(cfg, rt, wl, n: int) -> dict:
+    steps = loop.CompiledSteps(rt, wl)
+    losses = train(steps, cfg, n)
+    score, counted = evaluate(steps, cfg)
+    return dict(losses=losses, counted=counted, eval_samples=wl.eval_samples, replicas=rt.num_replicas,
+                score=score)
 
 
 def main(config: str, small: list[str], train_steps: int, overflow: bool) -> None:
     out: dict = {}
-    # float32, the same weights: plain steps, then the XLA-compiled per-replica steps.
-    cfg, rt, wl = build(config, small + ["runtime.jit_compile=false"])
+    # The contract: 2 mirrored replicas (first, while the logical devices can still be set), then one device.
+    cfg, rt, wl = build(config, small + ["runtime.kind=mirrored", "runtime.cpu_devices=2",
+                                         "runtime.jit_compile=false"])
+    out["two"] = contract_run(cfg, rt, wl, train_steps)
+
+    # float32, one device, the same weights: plain steps (the contract's one-device run), then XLA's.
+    cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
+                                         "runtime.jit_compile=false"])
     init = [v.variable.read_value() for v in rt.variables()]
     plain = loop.CompiledSteps(rt, wl)
     rt.jit_compile = True
     xla = loop.CompiledSteps(rt, wl)
     out["plain_losses"] = train(plain, cfg, train_steps)
-    out["plain_eval"] = evaluate(plain, cfg)
-    out["xla_eval_same_weights"] = evaluate(xla, cfg)
+    out["plain_eval"], counted = evaluate(plain, cfg)
+    out["one"] = dict(losses=out["plain_losses"], counted=counted, eval_samples=wl.eval_samples,
+                      replicas=rt.num_replicas, score=out["plain_eval"])
+    out["xla_eval_same_weights"], _ = evaluate(xla, cfg)
     for v, value in zip(rt.variables(), init):
         v.variable.assign(value)
     out["xla_losses"] = train(xla, cfg, train_steps)
     # The replica functions the loop runs are tf.functions with jit_compile=True.
     out["xla_compiled"] = all(getattr(f, "_jit_compile", False) for f in (xla._train_replica, xla._eval_replica))
+
     for precision in ("bfloat16", "float16"):
-        cfg, rt, wl = build(config, small + [f"runtime.precision={precision}", "runtime.jit_compile=false",
+        cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
+                                             f"runtime.precision={precision}", "runtime.jit_compile=false",
                                              "runtime.loss_scale_growth_steps=1"])
         steps = loop.CompiledSteps(rt, wl)
         losses = train(steps, cfg, train_steps)
         out[precision] = {
-            "losses": losses, "eval": evaluate(steps, cfg),
+            "losses": losses, "eval": evaluate(steps, cfg)[0],
             "variable_dtypes": sorted({v.variable.dtype.name for v in rt.variables()}),
             "loss_scale": steps.loss_scale_state(),
             "optimizer_step": int(wl.optimizer.step.numpy()),
         }
     if overflow:
         # A loss scale that overflows float16 in the backward pass: every step is skipped, the scale halves.
-        cfg, rt, wl = build(config, small + ["runtime.precision=float16", "runtime.jit_compile=false",
+        cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
+                                             "runtime.precision=float16", "runtime.jit_compile=false",
                                              "runtime.loss_scale_initial=1e38"])
         steps = loop.CompiledSteps(rt, wl)
         before = [v.variable.numpy() for v in rt.variables(trainable=True)]
