@@ -176,23 +176,28 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_
             "data-service": cmd_data_service}
 
 
-def main(argv: list[str]) -> None:
-    logging.set_verbosity(logging.WARNING)
+def dispatch(argv: list[str]) -> int:
+    """Runs one command; a HarnessError becomes its one `error:` line and exit code."""
     if len(argv) < 2 or argv[1] in ("help", "-h"):
         print(USAGE)
-        sys.exit(0 if len(argv) >= 2 else 2)
+        return 0 if len(argv) >= 2 else 2
     command, args = argv[1], argv[2:]
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     try:
-        code = COMMANDS[command](args)
+        return COMMANDS[command](args)
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
-        code = e.exit_code
+        return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        code = 130
+        return 130
+
+
+def main(argv: list[str]) -> None:
+    logging.set_verbosity(logging.WARNING)
+    code = dispatch(argv)
     sys.stdout.flush()
     # os._exit: a hung TPU connect thread or cluster runtime must not keep a failed run alive.
     sys.stderr.flush()

@@ -6,13 +6,17 @@ sizes in a temp dir. The bare side is the pipeline's most expensive op alone in 
 the same parallelism, over the same encoded images already in memory. Rounds alternate between the two
 (the machine's other load hits both alike) and the ratio of their summed rates is the headline.
 
-    python scripts/bench_input.py resnet [CONFIG] [--set key=value ...] [--seconds 4] [--rounds 4] [--ablate]
+    python scripts/bench_input.py {resnet,ssd} [CONFIG] [--set key=value ...] [--seconds 4] [--rounds 4] [--ablate]
 
 resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
 `decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. A third side, the floor,
 adds to that decode the least a pipeline feeding fixed-size images must do (nearest resize, uint8,
 batched): the ratio pipeline / floor is the overhead the harness could still remove. Runs in bfloat16
-(what the GPU and TPU configs compute in) unless `--set runtime.precision=...`. `--ablate` repeats the
+(what the GPU and TPU configs compute in) unless `--set runtime.precision=...`.
+
+ssd: COCO-like JPEGs of 640x480 with 1-6 boxes each and an 80-category instances json; the bare op is
+`decode_jpeg` of the whole image (the reference's crop depends on the boxes' overlaps, not on pixels, but it
+decodes every pixel first); the floor adds a nearest resize to 300x300, uint8. `--ablate` repeats the
 measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
 """
 from __future__ import annotations

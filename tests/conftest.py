@@ -24,6 +24,26 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
                           timeout=timeout)
 
 
+def cli_in_process(*args: str) -> subprocess.CompletedProcess:
+    """The CLI's dispatch in this process, for refusals that stop before a run (no device set up, no
+    TensorFlow start per call): the same one `error:` line and exit code a subprocess would give."""
+    import contextlib
+    import io
+
+    from absl import flags
+
+    from harness import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    flags.FLAGS.unparse_flags()  # every flag back to its default, as in a fresh process
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.dispatch(flags.FLAGS(["mlperf-harness", *args]))
+    finally:
+        flags.FLAGS.unparse_flags()
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def sets(**kv) -> list[str]:
     """--set flags from keyword args, '__' standing for '.' (schedule__max_epochs=1)."""
     out = []

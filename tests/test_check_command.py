@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import os
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 
 SSD = os.path.join(REPO, "tests", "data", "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd")
 
 
 def test_check_passes_official_checker_but_flags_corrupt_timestamps():
-    proc = run_cli("check", os.path.join(SSD, "result_0.txt"), "--ruleset", "0.7.0")
+    proc = cli_in_process("check", os.path.join(SSD, "result_0.txt"), "--ruleset", "0.7.0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "official compliance checker, ruleset 0.7.0: PASS" in proc.stdout
     assert "integrity checks: FAIL" in proc.stdout
@@ -17,13 +17,13 @@ def test_check_passes_official_checker_but_flags_corrupt_timestamps():
 
 
 def test_check_clean_public_log_passes():
-    proc = run_cli("check", os.path.join(SSD, "result_1.txt"), "--ruleset", "0.7.0")
+    proc = cli_in_process("check", os.path.join(SSD, "result_1.txt"), "--ruleset", "0.7.0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "integrity checks: PASS" in proc.stdout
 
 
 def test_check_missing_file_is_a_clean_error():
-    proc = run_cli("check", "/nonexistent/result_0.txt")
+    proc = cli_in_process("check", "/nonexistent/result_0.txt")
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert "Traceback" not in proc.stderr

@@ -13,7 +13,7 @@ from benchmarks.resnet.data import TFRecordSource
 from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
 from harness.runtime.base import InputContext
 
-from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets, stderr_error_lines
+from conftest import REPO, SMOKE, cli_in_process, read_summary, run_cli, run_dir, sets, stderr_error_lines
 
 N_TRAIN, N_EVAL = 512, 130
 
@@ -91,21 +91,22 @@ def assert_clean_error(proc, *fragments: str) -> None:
 
 
 def test_cli_unknown_key_and_workload(tmp_out, tmp_path):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, "--set", "schedule.max_epoch=3")
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out, "--set", "schedule.max_epoch=3")
     assert_clean_error(proc, "schedule.max_epoch", "max_epochs")
     bad = tmp_path / "bad.yaml"
     bad.write_text("workload: resnet50\n")
-    proc = run_cli("run", str(bad), "--output_dir", tmp_out)
+    proc = cli_in_process("run", str(bad), "--output_dir", tmp_out)
     assert_clean_error(proc, "unknown workload 'resnet50'", "resnet")
     assert not os.path.exists(tmp_out)
 
 
 def test_missing_data_path_and_no_matching_files(tmp_out, tmp_path):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
-                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path / "nope")))
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out,
+                          *sets(submission__division="open", data__source="tfrecord",
+                                data__data_dir=str(tmp_path / "nope")))
     assert_clean_error(proc, "does not exist")
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
-                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path)))
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out,
+                          *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path)))
     assert_clean_error(proc, "no files match", "train-*-of-*")
     assert not glob.glob(os.path.join(tmp_out, "**", "result_*.txt"), recursive=True)
 
@@ -148,7 +149,7 @@ def test_unreachable_tpu_times_out(tmp_out):
 
 
 def test_closed_division_target_below_closed_target_is_refused(tmp_out):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *sets(schedule__target=0.5))
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out, *sets(schedule__target=0.5))
     assert_clean_error(proc, "schedule.target=0.5", "closed-division target 0.759", "division=open")
 
 
@@ -160,7 +161,7 @@ def test_closed_division_target_below_closed_target_is_refused(tmp_out):
     (["schedule.eval_epochs=[4, 8]"], ["not schedule.eval_epochs"]),
 ])
 def test_closed_resnet_eval_schedule_breaking_the_rules_is_refused(tmp_out, overrides, fragments):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *[a for o in overrides for a in ("--set", o)])
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out, *[a for o in overrides for a in ("--set", o)])
     assert_clean_error(proc, *fragments, "division=open")
     assert not os.path.exists(tmp_out) or not any(f.startswith("result_") for _, _, fs in os.walk(tmp_out)
                                                    for f in fs)
@@ -168,9 +169,9 @@ def test_closed_resnet_eval_schedule_breaking_the_rules_is_refused(tmp_out, over
 
 def test_closed_bert_eval_schedule_breaking_the_rules_is_refused(tmp_out):
     bert = os.path.join(REPO, "configs", "bert", "smoke.yaml")
-    proc = run_cli("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed")
+    proc = cli_in_process("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed")
     assert_clean_error(proc, "closed BERT evaluates at the rules' cadence", "eval_every_samples=0")
-    proc = run_cli("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed",
-                   "--set", "data.eval_every_samples=0", "--set", "data.train_samples=200000",
-                   "--set", "schedule.max_epochs=1")
+    proc = cli_in_process("run", bert, "--output_dir", tmp_out, "--set", "submission.division=closed",
+                          "--set", "data.eval_every_samples=0", "--set", "data.train_samples=200000",
+                          "--set", "schedule.max_epochs=1")
     assert_clean_error(proc, "budget of 200000 samples", "off the eval cadence", "end it at 150016 or 300032 samples")

@@ -127,11 +127,12 @@ def test_eval_counts_exactly_over_two_replicas(tmp_out):
     assert summary["compliance"]["4.0.0"]["verdict"].startswith(("PASS", "FAIL (quality target"))
 
 
-def test_same_loss_trajectory_on_1_2_4_logical_devices():
-    """Batch norm over the global batch makes the math identical; only reduction order differs."""
+def test_same_loss_trajectory_on_1_and_4_logical_devices():
+    """Batch norm over the global batch makes the math identical; only reduction order differs. (2 replicas
+    against 1: every workload's contract, tests/test_workload_contract.py.)"""
     script = os.path.join(REPO, "tests", "helpers", "loss_trajectory.py")
     trajectories = {}
-    for n in (1, 2, 4):
+    for n in (1, 4):
         proc = subprocess.run([sys.executable, script, SMOKE, "8", "runtime.kind=mirrored",
                                f"runtime.cpu_devices={n}", "model.bn_span=128", "optimizer.warmup_epochs=0",
                                "optimizer.base_learning_rate=1.0"],
@@ -143,5 +144,5 @@ def test_same_loss_trajectory_on_1_2_4_logical_devices():
         trajectories[n] = result["losses"]
     base = trajectories[1]
     assert max(base) - min(base) > 1e-3, base  # the weights are actually moving
-    for n in (2, 4):
+    for n in (4,):
         assert trajectories[n] == pytest.approx(base, rel=1e-4, abs=1e-5), (n, trajectories[n], base)

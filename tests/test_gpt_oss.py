@@ -20,7 +20,7 @@ from benchmarks.gpt_oss.config import DataConfig
 from harness.errors import HarnessError
 from harness.review import logparse, report, scoring
 
-from conftest import REPO, read_summary, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
 
@@ -178,9 +178,9 @@ def test_a_bad_indexed_file_is_refused_with_a_clear_message(tmp_path, message):
 
 def test_a_bad_indexed_file_is_one_error_line_from_the_cli(tmp_path):
     _damaged(tmp_path, "truncated or corrupt")
-    proc = run_cli("run", SMOKE, "--output_dir", str(tmp_path / "runs"), "--set", "data.source=indexed",
-                   "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set",
-                   "data.eval_prefix=c4", "--set", "model.full_attention_span=0", timeout=300)
+    proc = cli_in_process("run", SMOKE, "--output_dir", str(tmp_path / "runs"), "--set", "data.source=indexed",
+                          "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set",
+                          "data.eval_prefix=c4", "--set", "model.full_attention_span=0")
     lines = stderr_error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1 and "truncated or corrupt" in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

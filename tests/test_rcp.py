@@ -12,7 +12,7 @@ from harness.errors import HarnessError
 from harness.review.rcp import logged_key, rcp_path, rcp_report
 from harness.runtime import make_runtime
 
-from conftest import REPO, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, stderr_error_lines
 
 # model_bn_span depends on the device count (per-replica batch), not on the config: a system sets it.
 DEVICE_DEPENDENT = ("model_bn_span",)
@@ -79,7 +79,7 @@ def test_runs_near_the_rcp_mean_pass_and_say_where_they_sit(tmp_path):
     assert r.verdict == "PASS" and r.record == "resnet_ref_3264"
     assert r.rcp_mean == pytest.approx(mean) and r.olympic_mean == pytest.approx(35 + 2 / 3)
     assert [run.value for run in r.runs] == [35, 36, 35, 37, 36]
-    proc = run_cli("check", "--rcp", *logs, timeout=300)
+    proc = cli_in_process("check", "--rcp", *logs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resnet_ref_3264" in proc.stdout and "official rcp_checker: PASS" in proc.stdout
     assert f"{100 * (37 / mean - 1):+.1f}% vs the RCP mean" in proc.stdout
@@ -90,7 +90,7 @@ def test_runs_much_faster_than_the_rcp_fail(tmp_path):
         write_log(str(tmp_path / f"result_{i}.txt"), "resnet", 3264, 24)
     r = rcp_report([str(tmp_path)], "4.0.0")
     assert r.verdict == "FAIL" and r.olympic_mean < r.fastest_allowed < r.rcp_mean
-    proc = run_cli("check", "--rcp", str(tmp_path), timeout=300)
+    proc = cli_in_process("check", "--rcp", str(tmp_path))
     assert proc.returncode == 1 and "faster than allowed" in proc.stdout
 
 
@@ -106,7 +106,7 @@ def test_bad_input_is_one_error_line(tmp_path):
     b = write_log(str(tmp_path / "result_1.txt"), "resnet", 1632, 35)
     for args in (["check", "--rcp", a, b], ["check", "--rcp", a, "--ruleset", "0.7.0"],
                  ["check", "--rcp", str(tmp_path / "missing")]):
-        proc = run_cli(*args, timeout=300)
+        proc = cli_in_process(*args)
         assert proc.returncode == 2 and len(stderr_error_lines(proc)) == 1, proc.stderr
     with pytest.raises(HarnessError, match="one global_batch_size"):
         rcp_report([a, b], "4.0.0")

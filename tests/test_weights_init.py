@@ -11,7 +11,7 @@ from harness import config as config_lib
 from harness.train import weights_init
 from harness.errors import HarnessError
 
-from conftest import REPO, run_cli, sets, stderr_error_lines
+from conftest import REPO, cli_in_process, sets, stderr_error_lines
 
 # Reference configs at tiny widths on one device: the variable structure (what the map names) is the
 # reference's.
@@ -66,8 +66,8 @@ def test_smaller_model_is_refused_naming_the_missing_tensors():
 
 
 def test_refusal_is_one_error_line_before_any_log(tmp_out):
-    proc = run_cli("run", os.path.join(REPO, "configs", "resnet", "smoke.yaml"), "--output_dir", tmp_out,
-                   *sets(ruleset="2.1.0", submission__division="closed"))
+    proc = cli_in_process("run", os.path.join(REPO, "configs", "resnet", "smoke.yaml"), "--output_dir", tmp_out,
+                          *sets(ruleset="2.1.0", submission__division="closed"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = stderr_error_lines(proc)
     assert len(lines) == 1 and "weights_initialization" in lines[0]
