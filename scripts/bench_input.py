@@ -6,7 +6,8 @@ sizes in a temp dir. The bare side is the pipeline's most expensive op alone in 
 the same parallelism, over the same encoded images already in memory. Rounds alternate between the two
 (the machine's other load hits both alike) and the ratio of their summed rates is the headline.
 
-    python scripts/bench_input.py {resnet,ssd} [CONFIG] [--set key=value ...] [--seconds 4] [--rounds 4] [--ablate]
+    python scripts/bench_input.py {resnet,ssd,bert,transformer} [CONFIG] [--set key=value ...] [--seconds 4]
+        [--rounds 4] [--ablate]
 
 resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
 `decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. A third side, the floor,
@@ -16,7 +17,15 @@ batched): the ratio pipeline / floor is the overhead the harness could still rem
 
 ssd: COCO-like JPEGs of 640x480 with 1-6 boxes each and an 80-category instances json; the bare op is
 `decode_jpeg` of the whole image (the reference's crop depends on the boxes' overlaps, not on pixels, but it
-decodes every pixel first); the floor adds a nearest resize to 300x300, uint8. `--ablate` repeats the
+decodes every pixel first); the floor adds a nearest resize to 300x300, uint8. With data.jitter_on_device
+(the default) the colour jitter is the train step's work, not the pipeline's.
+
+bert: MLPerf BERT records at the reference's sizes (512 tokens, 76 predictions); the bare op is the parse
+itself (tf.io.parse_example over blocks, or parse_single_example with data.parse_block=1).
+transformer: subword pairs with WMT-like lengths, packed into rows of 256; the pipeline counts packed rows,
+the bare side (parse_single_example) counts pairs.
+
+`--ablate` repeats the
 measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
 """
 from __future__ import annotations
@@ -124,6 +133,54 @@ def write_coco_like(out_dir: str, images: int, shards: int = 8, seed: int = 0) -
     return encoded, path
 
 
+def write_bert_like(out_dir: str, sequences: int, shards: int = 8, seed: int = 0) -> list[bytes]:
+    """`part-*` and `eval_10k` shards of MLPerf BERT records at the reference's sizes (512 tokens, 76
+    predictions), from the synthetic grammar; returns the serialized records."""
+    from benchmarks.bert import tfrecord_writer
+    from benchmarks.bert.config import DataConfig
+    from benchmarks.bert.data import SyntheticSource
+
+    cfg = DataConfig(seq_length=512, max_predictions=76, synthetic_seed=seed)
+    arrays = SyntheticSource(cfg, 30522).generate(sequences, stream=1)
+    records = [tfrecord_writer.to_example(row).SerializeToString() for row in tfrecord_writer.rows(arrays)]
+    for k in range(shards):
+        with tf.io.TFRecordWriter(os.path.join(out_dir, f"part-{k:05d}-of-{shards:05d}")) as w:
+            for record in records[k::shards]:
+                w.write(record)
+    with tf.io.TFRecordWriter(os.path.join(out_dir, "eval_10k")) as w:
+        for record in records:
+            w.write(record)
+    return records
+
+
+def write_wmt_like(out_dir: str, pairs: int, shards: int = 8, seed: int = 0,
+                   max_length: int = 80, row_length: int = 256) -> tuple[list[bytes], list[str]]:
+    """`*encoded-train*` shards of (inputs, targets) subword-id pairs with WMT14 en-de-like lengths (EOS
+    included: lognormal around 30 subwords, a few longer than the 80 the length filter keeps), and the
+    vocab and newstest files the source validates; returns the records and the `data.*` overrides."""
+    from benchmarks.transformer import packing, tfrecord_writer
+
+    info = tfrecord_writer.write_synthetic(out_dir, 16, 8, seed=seed, shards=1)  # vocab + eval files
+    for f in os.listdir(out_dir):
+        if "encoded-train" in f:
+            os.remove(os.path.join(out_dir, f))
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(28), 0.55, size=(pairs, 2)), 2, 160).astype(np.int64)
+    records = [tfrecord_writer._example(rng.integers(3, 300, n_in).tolist() + [1],
+                                        rng.integers(3, 300, n_tgt).tolist() + [1])
+               for n_in, n_tgt in lengths - 1]
+    writers = [tf.io.TFRecordWriter(os.path.join(out_dir, f"wmt-encoded-train-{k + 1:05d}-of-{shards:05d}"))
+               for k in range(shards)]
+    for i, record in enumerate(records):  # round-robin: the order the source packs in
+        writers[i % shards].write(record)
+    for w in writers:
+        w.close()
+    rows = packing.count_rows(lengths.tolist(), row_length, max_length, True)
+    return records, [f"data.{k}={v}" for k, v in info.items() if k not in ("train_samples", "row_length",
+                                                                          "max_sequence_length")] + [
+        f"data.train_samples={rows}", f"data.max_sequence_length={max_length}", f"data.row_length={row_length}"]
+
+
 # ------------------------------------------------------------------------------------- pipelines
 
 def harness_batches(config: str, overrides: list[str], batch: int) -> tuple[Any, Any]:
@@ -193,6 +250,22 @@ def floor_ssd(encoded: list[bytes], workload: Any, batch: int) -> Any:
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
+def bare_parse(records: list[bytes], spec: dict[str, Any], batch: int, block: int = 1) -> Any:
+    """Parsing alone, over the records in memory, AUTOTUNE parallelism: parse_single_example a record
+    (block 1), or tf.io.parse_example over blocks of `block` = `batch` records (what BERT's pipeline does,
+    with data.parse_block records a block)."""
+    ds = tf.data.Dataset.from_tensor_slices(records).repeat()
+    if block > 1:
+        ds = ds.batch(block).map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=False)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(lambda r: tf.io.parse_single_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=False)
+    if any(isinstance(f, tf.io.VarLenFeature) for f in spec.values()):
+        ds = ds.map(lambda ex: {k: tf.size(v.values) for k, v in ex.items()})  # ragged: their lengths batch
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
 def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
     """Samples and seconds of pulling batches for about `seconds`."""
     n, t0 = 0, time.perf_counter()
@@ -243,6 +316,8 @@ ABLATIONS = {  # the technique, and the override that switches it off
     f"autotuned pool (vs private {CORES} threads)": f"data.threads={CORES}",
     "prefetch to device": "data.prefetch_to_device=false",
     "images in the compute dtype (vs float32)": "data.images_in_compute_dtype=false",
+    "colour jitter on the device": "data.jitter_on_device=false",
+    "records parsed in blocks (vs one at a time)": "data.parse_block=1",
 }
 OPTIONS = {  # off by default (they change the reference's numerics slightly), measured on
     "normalize on device (host sends uint8)": "data.normalize_on_device=true",
@@ -256,7 +331,7 @@ class Bench:
     overrides: list[str]
     bare_name: str
     bare: Callable[[Any], Any]    # workload -> batches of the bare op
-    floor: Callable[[Any], Any]   # workload -> batches of the floor
+    floor: Callable[[Any], Any] | None  # workload -> batches of the floor (images only)
     dtype: Callable[[Any, Any], str]
 
 
@@ -284,7 +359,32 @@ def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
                  lambda wl, cfg: "float32")
 
 
-BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench}
+def bert_bench(tmp: str, images: int, batch: int) -> Bench:
+    from benchmarks.bert.data import feature_spec
+
+    records = write_bert_like(tmp, images)
+    kb = np.mean([len(r) for r in records]) / 1024
+    spec = feature_spec(512, 76)
+    return Bench(f"{images} MLPerf BERT records, 512 tokens, 76 predictions ({kb:.1f} KB mean)",
+                 ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
+                  f"data.train_samples={images}", f"data.eval_samples={images}", "submission.division=open",
+                  "model.init_checkpoint="],
+                 "parse", lambda wl: bare_parse(records, spec, batch, batch if wl.cfg.data.parse_block > 1 else 1),
+                 None,
+                 lambda wl, cfg: "int32")
+
+
+def transformer_bench(tmp: str, images: int, batch: int) -> Bench:
+    from benchmarks.transformer.data import TFRecordSource
+
+    records, overrides = write_wmt_like(tmp, images)
+    return Bench(f"{images} WMT-like subword pairs (lognormal lengths around 28, filtered at 80), packed into "
+                 "rows of 256", overrides + ["data.shuffle_buffer=1024", "submission.division=open", "model.vocab_size=0"],
+                 "parse_single_example", lambda wl: bare_parse(records, TFRecordSource.SPEC, batch), None,
+                 lambda wl, cfg: "int32 packed-row")
+
+
+BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench, "bert": bert_bench, "transformer": transformer_bench}
 
 
 def main() -> None:
@@ -311,19 +411,21 @@ def main() -> None:
         def measure(extra: list[str], floor: bool = False) -> tuple[dict[str, float], Any]:
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
             sides = {"pipeline": pipeline, "bare": bench.bare(workload)}
-            if floor:
+            if floor and bench.floor is not None:
                 sides["floor"] = bench.floor(workload)
             return interleaved(sides, a.batch, a.seconds, a.rounds), (workload, runtime, cfg)
 
         rates, (workload, runtime, cfg) = measure([], floor=True)
-        pipe, bare, floor = rates["pipeline"], rates["bare"], rates["floor"]
+        pipe, bare = rates["pipeline"], rates["bare"]
         print(f"pipeline (records -> device-ready {bench.dtype(workload, cfg)} batches): {pipe:8.1f} samples/s "
               f"({pipe / CORES:.1f} per core)")
         print(f"bare {bench.bare_name}, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
-        print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
-        print(f"ratio pipeline / bare decode: {pipe / bare:.3f}; pipeline / floor: {pipe / floor:.3f}; "
-              f"floor / bare decode: {floor / bare:.3f}  (load average {os.getloadavg()[0]:.1f} at end)",
-              flush=True)
+        ratios = f"ratio pipeline / bare {bench.bare_name}: {pipe / bare:.3f}"
+        if "floor" in rates:
+            floor = rates["floor"]
+            print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
+            ratios += f"; pipeline / floor: {pipe / floor:.3f}; floor / bare: {floor / bare:.3f}"
+        print(f"{ratios}  (load average {os.getloadavg()[0]:.1f} at end)", flush=True)
         if a.ablate:
             applies = {k: v for k, v in {**ABLATIONS, **OPTIONS}.items()
                        if v.split("=")[0].split(".")[-1] in vars(cfg.data)}

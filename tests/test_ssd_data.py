@@ -12,8 +12,8 @@ import tensorflow as tf
 from benchmarks.ssd import synthetic_shapes, tfrecord_writer
 from benchmarks.ssd.coco_metric import coco_category_ids, evaluate, load_ground_truth
 from benchmarks.ssd.config import DataConfig, ModelConfig
-from benchmarks.ssd.data import (BAD_BOX, MEAN_RGB, STD_RGB, UNMAPPED, make_source, sample_ssd_crop,
-                                 ssd_random_crop)
+from benchmarks.ssd.data import (BAD_BOX, MEAN_RGB, STD_RGB, UNMAPPED, color_jitter, device_image, jitter_factors,
+                                 make_source, sample_ssd_crop, ssd_random_crop)
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -44,6 +44,9 @@ def perfect_detections(gt) -> np.ndarray:
 
 def check_element(el: dict, size: int, max_boxes: int, num_classes: int) -> None:
     assert el["image"].shape == (size, size, 3) and el["image"].dtype == np.float32
+    if "jitter" in el:  # data.jitter_on_device: [0, 1] pixels and the draws the train step applies
+        assert el["jitter"].shape == (4,) and el["image"].min() >= 0 and el["image"].max() <= 1
+        el = {**el, "image": device_image({k: tf.constant(v) for k, v in el.items()}).numpy()}
     assert el["boxes"].shape == (max_boxes, 4) and el["boxes"].dtype == np.float32
     assert el["labels"].shape == (max_boxes,) and el["labels"].dtype == np.int32
     lo, hi = (0 - np.asarray(MEAN_RGB)) / STD_RGB, (1 - np.asarray(MEAN_RGB)) / STD_RGB
@@ -72,6 +75,29 @@ def test_synthetic_train_elements_and_reproducibility():
             np.testing.assert_array_equal(a[k], b[k])
     other = take(src.train(ctx(seed=4)), 10)
     assert any(not np.array_equal(a["image"], b["image"]) for a, b in zip(els, other))
+
+
+def test_colour_jitter_on_device_is_the_host_jitter_batched():
+    """data.jitter_on_device moves the ColorJitter pixel work into the train step: the same draws and formulas,
+    so a batch jittered there equals the host-jittered elements (to float rounding)."""
+    on = take(make_source(synthetic(), MODEL).train(ctx()), 8)
+    off = take(make_source(synthetic(jitter_on_device=False), MODEL).train(ctx()), 8)
+    assert all("jitter" in el for el in on) and not any("jitter" in el for el in off)
+    batch = {k: tf.constant(np.stack([el[k] for el in on])) for k in on[0]}
+    np.testing.assert_allclose(device_image(batch).numpy(), np.stack([el["image"] for el in off]), atol=1e-5)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a["boxes"], b["boxes"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+    factors = np.stack([el["jitter"] for el in on])
+    assert len({tuple(f) for f in factors}) == 8  # drawn per image
+    assert np.all(np.abs(factors[:, :3] - 1) <= [0.125, 0.5, 0.5]) and np.all(np.abs(factors[:, 3]) <= 0.05)
+    # Against tf.image's fused kernels with the same draws (the host path before this option existed).
+    rng = np.random.default_rng(0)
+    image = tf.constant(rng.uniform(0, 1, (S, S, 3)).astype(np.float32))
+    f = jitter_factors(tf.constant([3, 1], tf.int64))
+    want = tf.clip_by_value(tf.image.adjust_contrast(tf.clip_by_value(image * f[0], 0, 1), f[1]), 0, 1)
+    want = tf.image.adjust_hue(tf.clip_by_value(tf.image.adjust_saturation(want, f[2]), 0, 1), f[3])
+    np.testing.assert_allclose(color_jitter(image, f).numpy(), tf.clip_by_value(want, 0, 1).numpy(), atol=1e-5)
 
 
 def test_synthetic_keeps_exactly_train_samples_nonempty_images_and_shards_hosts():

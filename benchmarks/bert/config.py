@@ -4,10 +4,14 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
+    """MLPerf BERT sources; the input-technique keys (parallel_reads, deterministic, threads, cache_eval,
+    prefetch_to_device, service) come from harness.train.input_pipeline.PipelineConfig."""
+
     source: str = field("synthetic", choices=("synthetic", "tfrecord"))
     data_dir: str = field("", doc="tfrecord: folder of the MLPerf BERT training shards and eval file")
     train_pattern: str = field("part-*", doc="glob of training shards inside data_dir (split over hosts)")
@@ -17,6 +21,10 @@ class DataConfig:
     train_samples: int = field(156725653, min=1, doc="sequences in the training set (MLPerf train_samples)")
     eval_samples: int = field(10000, min=1)
     shuffle_buffer: int = field(10000, min=1)
+    parse_block: int = field(64, min=1, doc="tfrecord: training records parsed together, by one "
+                             "tf.io.parse_example over the block, then split again (the same examples in the "
+                             "same order, at a fraction of the per-record cost); 1 = one parse_single_example "
+                             "a record, as the reference")
     eval_every_samples: int = field(0, min=0, doc="eval cadence in training samples "
                                     "(0 = MLPerf: floor(0.05*(230.23*gbs+3e6)/25000)*25000)")
     synthetic_seed: int = field(0, doc="fixes the synthetic grammar and corpus; the run seed fixes the order")

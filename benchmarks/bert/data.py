@@ -40,7 +40,7 @@ def feature_spec(seq_length: int, max_predictions: int) -> dict[str, tf.io.Fixed
 def to_model_features(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     out = {k: tf.cast(ex[k], tf.int32) for k in INT_FEATURES}
     out["masked_lm_weights"] = tf.cast(ex["masked_lm_weights"], tf.float32)
-    out["next_sentence_labels"] = tf.reshape(tf.cast(ex["next_sentence_labels"], tf.int32), [])
+    out["next_sentence_labels"] = tf.squeeze(tf.cast(ex["next_sentence_labels"], tf.int32), -1)  # [1] or [B, 1]
     return out
 
 
@@ -66,10 +66,18 @@ class TFRecordSource:
     def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         return to_model_features(tf.io.parse_single_example(record, self.spec))
 
+    def parse_many(self, records: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A block of records [B] -> features with a leading [B]: one vectorized parse, not B."""
+        return to_model_features(tf.io.parse_example(records, self.spec))
+
     def train(self, ctx: InputContext) -> tf.data.Dataset:
-        ds = sharded_records(self.files(self.cfg.train_pattern), ctx, self.cfg.shuffle_buffer,
-                             cycle_length=8, deterministic=True)
-        return ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE)
+        """Element order follows the dataset options' `deterministic` (data.deterministic)."""
+        c = self.cfg
+        ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
+                             deterministic=None)
+        if c.parse_block == 1:
+            return ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.batch(c.parse_block).map(self.parse_many, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self.files(self.cfg.eval_pattern))

@@ -34,6 +34,10 @@ class DataConfig(PipelineConfig):
     max_samples: int = field(1, choices=(1, 50), doc="SSD random-crop tries per pick (MLPerf max_samples)")
     augment: bool = field(True, doc="training augmentation (SSD random crop, flip, colour jitter); false "
                           "keeps the horizontal flip only")
+    jitter_on_device: bool = field(True, doc="with augment: the host draws each image's colour jitter factors "
+                                   "and sends the resized [0, 1] image; the train step applies the jitter and "
+                                   "normalization to the batch (the same formulas and draws; the host's costliest "
+                                   "float work moves to the accelerator)")
     shuffle_buffer: int = field(10000, min=1)
     synthetic_seed: int = field(0, doc="fixes the synthetic shapes; the run seed fixes the order")
     synthetic_classes: int = field(3, min=1, max=4, doc="synthetic: shape classes (category ids 1, 5, 9, 13)")

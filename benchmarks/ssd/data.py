@@ -4,6 +4,8 @@ Every source gives the same training elements (unbatched, static shapes, so the 
   image  float32 [S, S, 3]  scaled to [0, 1], then normalized with the ImageNet mean/std (specs/ssd.md section 1)
   boxes  float32 [max_boxes, 4]  ltrb = (xmin, ymin, xmax, ymax) normalized to [0, 1]; zero rows pad
   labels int32 [max_boxes]  contiguous class labels 1..C (the CategoryMap of the source); 0 pads
+  jitter float32 [4]  only with augment and data.jitter_on_device: the colour jitter's draws; the image is then
+         the resized [0, 1] pixels, and the train step jitters and normalizes them (`device_image`)
 Images without boxes are dropped from training (as the reference does) and kept for eval. The training stream is
 this host's shard, shuffled with the run seed and repeated forever; all augmentation is stateless and seeded from
 (run seed, host, position in the stream), so a run is reproducible.
@@ -144,19 +146,59 @@ def random_flip(image: tf.Tensor, boxes: tf.Tensor, seed: tf.Tensor) -> tuple[tf
     return image, tf.where(flip, flipped, boxes)
 
 
-def color_jitter(image01: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """torchvision ColorJitter(0.125, 0.5, 0.5, 0.05) as the reference, in a fixed order (it permutes randomly).
-
-    Brightness is a factor U(0.875, 1.125) (torchvision blends with black); contrast blends with the per-channel
-    mean (torchvision: the gray mean), saturation and hue as tf.image. Values are clipped to [0, 1] after each.
-    """
+def jitter_factors(seed: tf.Tensor) -> tf.Tensor:
+    """One image's ColorJitter draws [brightness, contrast, saturation factors, hue delta], each uniform over the
+    reference's range (torchvision ColorJitter(0.125, 0.5, 0.5, 0.05)), from four keys split off `seed`."""
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
-    image = image01 * tf.random.stateless_uniform([], keys[0], 1.0 - BRIGHTNESS, 1.0 + BRIGHTNESS)
-    image = tf.clip_by_value(image, 0.0, 1.0)
-    image = tf.clip_by_value(tf.image.stateless_random_contrast(image, 1 - CONTRAST, 1 + CONTRAST, keys[1]), 0.0, 1.0)
-    image = tf.clip_by_value(tf.image.stateless_random_saturation(image, 1 - SATURATION, 1 + SATURATION, keys[2]),
-                             0.0, 1.0)
-    return tf.clip_by_value(tf.image.stateless_random_hue(image, HUE, keys[3]), 0.0, 1.0)
+    ranges = ((1 - BRIGHTNESS, 1 + BRIGHTNESS), (1 - CONTRAST, 1 + CONTRAST), (1 - SATURATION, 1 + SATURATION),
+              (-HUE, HUE))
+    return tf.stack([tf.random.stateless_uniform([], keys[i], lo, hi) for i, (lo, hi) in enumerate(ranges)])
+
+
+def _rgb_to_hsv(rgb: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Elementwise ops only (DTensor has layout rules for these; tf.image's fused HSV kernels it may not)."""
+    r, g, b = tf.unstack(rgb, axis=-1)
+    v = tf.reduce_max(rgb, axis=-1)
+    delta = v - tf.reduce_min(rgb, axis=-1)
+    safe = tf.where(delta > 0, delta, 1.0)
+    h = tf.where(v == r, (g - b) / safe, tf.where(v == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    h = tf.where(delta > 0, tf.math.floormod(h / 6.0, 1.0), 0.0)
+    s = tf.where(v > 0, delta / tf.where(v > 0, v, 1.0), 0.0)
+    return h, s, v
+
+
+def _hsv_to_rgb(h: tf.Tensor, s: tf.Tensor, v: tf.Tensor) -> tf.Tensor:
+    def channel(n: float) -> tf.Tensor:
+        k = tf.math.floormod(n + 6.0 * h, 6.0)
+        return v - v * s * tf.clip_by_value(tf.minimum(k, 4.0 - k), 0.0, 1.0)
+    return tf.stack([channel(5.0), channel(3.0), channel(1.0)], axis=-1)
+
+
+def color_jitter(images01: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
+    """The reference's ColorJitter with given draws (`jitter_factors`), in a fixed order (torchvision permutes it):
+    brightness scales (a blend with black), contrast blends each channel with its mean, saturation and hue act in
+    HSV as tf.image.adjust_saturation/adjust_hue do; values are clipped to [0, 1] after each.
+
+    images01 [..., H, W, 3] in [0, 1] with factors [..., 4]: one image on the host, or (`data.jitter_on_device`) a
+    batch in the train step, where the same pixel work is cheap and the host CPU is not.
+    """
+    def f(i: int) -> tf.Tensor:
+        return factors[..., i][..., None, None, None]
+    image = tf.clip_by_value(images01 * f(0), 0.0, 1.0)
+    mean = tf.reduce_mean(image, axis=[-3, -2], keepdims=True)
+    image = tf.clip_by_value((image - mean) * f(1) + mean, 0.0, 1.0)
+    h, s, v = _rgb_to_hsv(image)
+    s = tf.clip_by_value(s * f(2)[..., 0], 0.0, 1.0)
+    h = tf.math.floormod(h + f(3)[..., 0], 1.0)
+    return tf.clip_by_value(_hsv_to_rgb(h, s, v), 0.0, 1.0)
+
+
+def device_image(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    """The model's training input: a batch that carries jitter draws gets its colour jitter and normalization
+    here, in the step; otherwise the host did both."""
+    if "jitter" not in batch:
+        return batch["image"]
+    return normalize(color_jitter(batch["image"], batch["jitter"]))
 
 
 def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -168,18 +210,26 @@ def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.T
 
 
 def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor, size: int,
-                     max_boxes: int, augment: bool, max_samples: int) -> dict[str, tf.Tensor]:
-    """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes."""
+                     max_boxes: int, augment: bool, max_samples: int,
+                     jitter_on_device: bool = False) -> dict[str, tf.Tensor]:
+    """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes.
+
+    `jitter_on_device` (with augment): the element carries the resized [0, 1] image and its jitter draws
+    (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step.
+    """
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
     boxes = tf.cast(boxes, tf.float32)
     if augment:
         image, boxes, labels = ssd_random_crop(image, boxes, labels, keys[0], max_samples)
     image, boxes = random_flip(image, boxes, keys[1])
     image = resize(image, size)
-    if augment:
-        image = color_jitter(image, keys[2])
     boxes, labels = pad_boxes(boxes, labels, max_boxes)
-    return {"image": normalize(image), "boxes": boxes, "labels": labels}
+    if not augment:
+        return {"image": normalize(image), "boxes": boxes, "labels": labels}
+    factors = jitter_factors(keys[2])
+    if jitter_on_device:
+        return {"image": image, "jitter": factors, "boxes": boxes, "labels": labels}
+    return {"image": normalize(color_jitter(image, factors)), "boxes": boxes, "labels": labels}
 
 
 def preprocess_eval(image: tf.Tensor, size: int) -> dict[str, tf.Tensor]:
@@ -266,7 +316,7 @@ class _Source:
 
         def fn(index: tf.Tensor, image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
             return preprocess_train(image, boxes, labels, _element_seed(ctx, index), size, c.max_boxes, c.augment,
-                                    c.max_samples)
+                                    c.max_samples, c.jitter_on_device)
         return fn
 
     def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext) -> tf.data.Dataset:

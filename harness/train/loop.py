@@ -416,7 +416,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             if runtime.clock_in_host_loop:
                 measured = float(out["input_wait_s"])
             else:  # the pipeline's meter: a host variable, read after the loss, so no extra sync
-                measured, waited = wait.total() - waited, wait.total()
+                total = wait.total()  # read once: a wait landing between two reads would be lost
+                measured, waited = total - waited, total
             chunk_wait = min(measured, chunk_time)
             input_wait += chunk_wait
             if scale_state is not None:
