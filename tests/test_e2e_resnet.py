@@ -133,9 +133,10 @@ def test_same_loss_trajectory_on_1_and_4_logical_devices():
     script = os.path.join(REPO, "tests", "helpers", "loss_trajectory.py")
     trajectories = {}
     for n in (1, 4):
-        proc = subprocess.run([sys.executable, script, SMOKE, "8", "runtime.kind=mirrored",
-                               f"runtime.cpu_devices={n}", "model.bn_span=128", "optimizer.warmup_epochs=0",
-                               "optimizer.base_learning_rate=1.0"],
+        # A global batch of 32 (8 a replica on 4): what is compared is the reduction, not the batch size.
+        proc = subprocess.run([sys.executable, script, SMOKE, "6", "runtime.kind=mirrored",
+                               f"runtime.cpu_devices={n}", "schedule.global_batch_size=32", "model.bn_span=32",
+                               "optimizer.warmup_epochs=0", "optimizer.base_learning_rate=1.0"],
                               capture_output=True, text=True, cwd=REPO, timeout=300)
         line = [l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")]
         assert line, proc.stderr[-3000:]
