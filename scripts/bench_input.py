@@ -22,8 +22,8 @@ decodes every pixel first); the floor adds a nearest resize to 300x300, uint8. W
 
 bert: MLPerf BERT records at the reference's sizes (512 tokens, 76 predictions); the bare op is the parse
 itself (tf.io.parse_example over blocks, or parse_single_example with data.parse_block=1).
-transformer: subword pairs with WMT-like lengths, packed into rows of 256; the pipeline counts packed rows,
-the bare side (parse_single_example) counts pairs.
+transformer: subword pairs with WMT-like lengths, packed into rows of 256; both sides count pairs (the
+pipeline's are in packed rows); the bare op is tf.io.parse_example over blocks, as the pipeline parses.
 
 `--ablate` repeats the
 measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
@@ -252,12 +252,14 @@ def floor_ssd(encoded: list[bytes], workload: Any, batch: int) -> Any:
 
 def bare_parse(records: list[bytes], spec: dict[str, Any], batch: int, block: int = 1) -> Any:
     """Parsing alone, over the records in memory, AUTOTUNE parallelism: parse_single_example a record
-    (block 1), or tf.io.parse_example over blocks of `block` = `batch` records (what BERT's pipeline does,
-    with data.parse_block records a block)."""
+    (block 1), or tf.io.parse_example over blocks of `block` records (what the BERT and Transformer
+    pipelines do)."""
     ds = tf.data.Dataset.from_tensor_slices(records).repeat()
     if block > 1:
         ds = ds.batch(block).map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE,
                                  deterministic=False)
+        if any(isinstance(f, tf.io.VarLenFeature) for f in spec.values()):
+            ds = ds.map(lambda ex: {k: tf.RaggedTensor.from_sparse(v).row_lengths() for k, v in ex.items()})
         return ds.prefetch(tf.data.AUTOTUNE)
     ds = ds.map(lambda r: tf.io.parse_single_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=False)
@@ -266,28 +268,38 @@ def bare_parse(records: list[bytes], spec: dict[str, Any], batch: int, block: in
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
-def rate(iterator: Any, batch: int, seconds: float) -> tuple[int, float]:
-    """Samples and seconds of pulling batches for about `seconds`."""
+def leading(batch: Any) -> int:
+    """Examples in a batch: the leading dimension of its first tensor."""
+    return int(tf.nest.flatten(batch)[0].shape[0])
+
+
+def packed_pairs(batch: Any) -> int:
+    """Sentence pairs in a batch of packed rows: each row's segments."""
+    return int(tf.reduce_sum(tf.reduce_max(batch["inputs_segmentation"], axis=1)))
+
+
+def rate(iterator: Any, count: Callable[[Any], int], seconds: float) -> tuple[int, float]:
+    """Samples (as `count` counts a batch) and seconds of pulling batches for about `seconds`."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        tf.nest.map_structure(lambda t: t, next(iterator))
-        n += batch
+        n += count(next(iterator))
     return n, time.perf_counter() - t0
 
 
-def interleaved(sides: dict[str, Any], batch: int, seconds: float, rounds: int,
-                warmup: float = 1.5) -> dict[str, float]:
+def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: float = 1.5,
+                counts: dict[str, Callable[[Any], int]] | None = None) -> dict[str, float]:
     """Samples/s of each side (an iterable of batches), rounds alternating between them.
 
     Each round opens a fresh iterator, warms it up uncounted and closes it after: only the measured
     side runs, so no idle side's background threads (prefetch, autotuning) compete with it.
     """
     totals = {k: [0, 0.0] for k in sides}
+    counts = counts or {}
     for _ in range(rounds):
         for k, data in sides.items():
             it = iter(data)
-            rate(it, batch, warmup)
-            n, t = rate(it, batch, seconds)
+            rate(it, counts.get(k, leading), warmup)
+            n, t = rate(it, counts.get(k, leading), seconds)
             del it
             totals[k][0] += n
             totals[k][1] += t
@@ -333,6 +345,7 @@ class Bench:
     bare: Callable[[Any], Any]    # workload -> batches of the bare op
     floor: Callable[[Any], Any] | None  # workload -> batches of the floor (images only)
     dtype: Callable[[Any, Any], str]
+    count: Callable[[Any], int] = leading  # samples in one pipeline batch
 
 
 def resnet_bench(tmp: str, images: int, batch: int) -> Bench:
@@ -369,19 +382,20 @@ def bert_bench(tmp: str, images: int, batch: int) -> Bench:
                  ["data.source=tfrecord", f"data.data_dir={tmp}", "data.shuffle_buffer=1024",
                   f"data.train_samples={images}", f"data.eval_samples={images}", "submission.division=open",
                   "model.init_checkpoint="],
-                 "parse", lambda wl: bare_parse(records, spec, batch, batch if wl.cfg.data.parse_block > 1 else 1),
-                 None,
+                 "parse", lambda wl: bare_parse(records, spec, batch, wl.cfg.data.parse_block), None,
                  lambda wl, cfg: "int32")
 
 
 def transformer_bench(tmp: str, images: int, batch: int) -> Bench:
+    from benchmarks.transformer import packing
     from benchmarks.transformer.data import TFRecordSource
 
     records, overrides = write_wmt_like(tmp, images)
     return Bench(f"{images} WMT-like subword pairs (lognormal lengths around 28, filtered at 80), packed into "
-                 "rows of 256", overrides + ["data.shuffle_buffer=1024", "submission.division=open", "model.vocab_size=0"],
-                 "parse_single_example", lambda wl: bare_parse(records, TFRecordSource.SPEC, batch), None,
-                 lambda wl, cfg: "int32 packed-row")
+                 "rows of 256; samples are pairs (in packed rows on the pipeline side)",
+                 overrides + ["data.shuffle_buffer=1024", "submission.division=open", "model.vocab_size=0"],
+                 "parse", lambda wl: bare_parse(records, TFRecordSource.SPEC, batch, packing.BLOCK), None,
+                 lambda wl, cfg: "int32 packed-row", count=packed_pairs)
 
 
 BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench, "bert": bert_bench, "transformer": transformer_bench}
@@ -413,7 +427,8 @@ def main() -> None:
             sides = {"pipeline": pipeline, "bare": bench.bare(workload)}
             if floor and bench.floor is not None:
                 sides["floor"] = bench.floor(workload)
-            return interleaved(sides, a.batch, a.seconds, a.rounds), (workload, runtime, cfg)
+            return (interleaved(sides, a.seconds, a.rounds, counts={"pipeline": bench.count}),
+                    (workload, runtime, cfg))
 
         rates, (workload, runtime, cfg) = measure([], floor=True)
         pipe, bare = rates["pipeline"], rates["bare"]

@@ -7,6 +7,7 @@ segment, which the model uses to keep pairs apart. Unpacked rows hold one pair e
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 FEATURES = ("inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
@@ -44,36 +45,86 @@ def pad_rows(pairs: tf.data.Dataset, length: int) -> tf.data.Dataset:
     return pairs.map(lambda p: _features(_place(_empty(length), p, length)), num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False) -> tf.data.Dataset:
-    """Greedy packing of `pairs` ({"inputs", "targets"}: int ids, each side at most `length` long).
+BLOCK = 256
+"""Pairs packed per call: the greedy assignment runs over a block's lengths in one in-graph loop and the
+tokens are scattered into rows at once, rather than one dataset-scan step (a dozen small ops) per pair."""
 
-    An endless stream needs no flush; a finite one (`flush_at_end`) also emits its last, partly filled row.
+
+def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False, block: int = BLOCK) -> tf.data.Dataset:
+    """Greedy packing of `pairs` ({"inputs", "targets"}: int ids, each side at most `length` long)."""
+    pairs = pairs.map(lambda p: {"inputs": tf.cast(p["inputs"], tf.int32), "targets": tf.cast(p["targets"], tf.int32)})
+    return pack_blocks(pairs.ragged_batch(block), length, flush_at_end)
+
+
+def pack_blocks(blocks: tf.data.Dataset, length: int, flush_at_end: bool = False) -> tf.data.Dataset:
+    """Greedy packing of blocks of pairs ({"inputs", "targets"}: int32 RaggedTensors [pairs, None], each side
+    at most `length` long), e.g. parsed a block of records at a time.
+
+    Rows are exactly those of placing pairs one at a time in stream order (`count_rows` counts them): the open
+    row is carried from one block to the next. An endless stream needs no flush; a finite one
+    (`flush_at_end`) also emits its last, partly filled row.
     """
-    pairs = pairs.map(lambda p: {"inputs": tf.cast(p["inputs"], tf.int32), "targets": tf.cast(p["targets"], tf.int32),
-                                 "flush": tf.constant(False)})
+    blocks = blocks.map(lambda b: {"inputs": b["inputs"], "targets": b["targets"], "flush": tf.constant(False)})
     if flush_at_end:
-        pairs = pairs.concatenate(tf.data.Dataset.from_tensors(
-            {"inputs": tf.zeros([0], tf.int32), "targets": tf.zeros([0], tf.int32), "flush": tf.constant(True)}))
+        nothing = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
+        blocks = blocks.concatenate(tf.data.Dataset.from_tensors(
+            {"inputs": nothing, "targets": nothing, "flush": tf.constant(True)}))
 
-    def step(row: dict[str, tf.Tensor], pair: dict[str, tf.Tensor]):
-        fits = tf.logical_and(row["used_inputs"] + tf.size(pair["inputs"]) <= length,
-                              row["used_targets"] + tf.size(pair["targets"]) <= length)
-        emit = tf.logical_and(tf.logical_or(tf.logical_not(fits), pair["flush"]), row["segments"] > 0)
-        start = tf.nest.map_structure(lambda a, b: tf.where(fits, a, b), row, _empty(length))
-        placed = _place(start, pair, length)
-        new_row = tf.nest.map_structure(lambda a, b: tf.where(pair["flush"], a, b), _empty(length), placed)
-        return new_row, (emit, _features(row))
+    def step(row: dict[str, tf.Tensor], pairs_block: dict[str, tf.Tensor]):
+        return _pack_block(row, pairs_block, length)
 
-    return pairs.scan(_empty(length), step).filter(_is_emitted).map(_emitted_row)
+    return blocks.scan(_empty(length), step).unbatch()
 
 
-# Named, not two lambdas on one line: AutoGraph cannot tell such lambdas apart and warns on every run.
-def _is_emitted(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> tf.Tensor:
-    return emit
+def within_length_block(max_length: int):
+    """`within_length` for a block of pairs: the pairs of the block that the length filter keeps."""
+    def keep(block: dict[str, tf.RaggedTensor]) -> dict[str, tf.RaggedTensor]:
+        ok = tf.logical_and(block["inputs"].row_lengths() <= max_length, block["targets"].row_lengths() <= max_length)
+        return {k: tf.ragged.boolean_mask(block[k], ok) for k in ("inputs", "targets")}
+    return keep
 
 
-def _emitted_row(emit: tf.Tensor, row: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    return row
+def _assign(state: np.ndarray, lengths: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The greedy placement over one block's (inputs, targets) lengths, from the open row's (used inputs,
+    used targets, segments, row 0): that state after each pair. A pair that does not fit opens the next row
+    (an empty row always fits: each side is at most `length`). Sequential by nature, so a plain loop, in
+    numpy: a graph loop pays a function call per pair."""
+    used_in, used_tgt, segments, row = (int(v) for v in state)
+    out = np.empty((len(lengths), 4), np.int32)
+    for i, (n_in, n_tgt) in enumerate(lengths.tolist()):
+        if used_in + n_in > length or used_tgt + n_tgt > length:
+            used_in, used_tgt, segments, row = 0, 0, 0, row + 1
+        used_in, used_tgt, segments = used_in + n_in, used_tgt + n_tgt, segments + 1
+        out[i] = used_in, used_tgt, segments, row
+    return out
+
+
+def _pack_block(row: dict[str, tf.Tensor], block: dict[str, tf.Tensor], length: int):
+    """(the open row after `block`, the rows it completed [R, length] each): `row` continues as row 0."""
+    n_in = tf.cast(block["inputs"].row_lengths(), tf.int32)
+    n_tgt = tf.cast(block["targets"].row_lengths(), tf.int32)
+
+    first = tf.stack([row["used_inputs"], row["used_targets"], row["segments"], tf.constant(0)])
+    after = tf.numpy_function(_assign, [first, tf.stack([n_in, n_tgt], axis=1), length], tf.int32, stateful=False)
+    after = tf.ensure_shape(after, [None, 4])  # the open row's state after each pair
+    last = tf.cond(tf.size(n_in) > 0, lambda: after[-1], lambda: first)
+    rows = last[3] + 1  # row 0 is the carried one; the last is still open
+    out = {}
+    for side, n, used in (("inputs", n_in, after[:, 0]), ("targets", n_tgt, after[:, 1])):
+        ragged = block[side]
+        pair = tf.cast(ragged.value_rowids(), tf.int32)  # each token's pair
+        within = tf.range(tf.size(ragged.flat_values)) - tf.gather(tf.cast(ragged.row_starts(), tf.int32), pair)
+        at = tf.stack([tf.gather(after[:, 3], pair), tf.gather(used - n, pair) + within], axis=1)
+        for name, values in ((side, ragged.flat_values), (f"{side}_segmentation", tf.gather(after[:, 2], pair)),
+                             (f"{side}_position", within)):
+            dense = tf.scatter_nd(at, values, tf.stack([rows, length]))
+            out[name] = tf.tensor_scatter_nd_add(dense, [[0]], row[name][None])
+    emit = rows - 1 + tf.cast(tf.logical_and(block["flush"], last[2] > 0), tf.int32)
+    completed = {name: out[name][:emit] for name in FEATURES}
+    open_row = {name: out[name][rows - 1] for name in FEATURES}
+    open_row.update(used_inputs=last[0], used_targets=last[1], segments=last[2])
+    open_row = tf.nest.map_structure(lambda a, b: tf.where(block["flush"], a, b), _empty(length), open_row)
+    return open_row, completed
 
 
 def to_rows(pairs: tf.data.Dataset, length: int, packing: bool, flush_at_end: bool = False) -> tf.data.Dataset:
