@@ -46,8 +46,8 @@ def pad_rows(pairs: tf.data.Dataset, length: int) -> tf.data.Dataset:
 
 
 BLOCK = 256
-"""Pairs packed per call: the greedy assignment runs over a block's lengths in one in-graph loop and the
-tokens are scattered into rows at once, rather than one dataset-scan step (a dozen small ops) per pair."""
+"""Pairs packed per step: the greedy placement runs over a block's lengths in one loop and the tokens are
+scattered into rows at once, rather than one dataset-scan step (a dozen small ops) per pair."""
 
 
 def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False, block: int = BLOCK) -> tf.data.Dataset:
