@@ -7,7 +7,6 @@ segment, which the model uses to keep pairs apart. Unpacked rows hold one pair e
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 FEATURES = ("inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
@@ -46,8 +45,8 @@ def pad_rows(pairs: tf.data.Dataset, length: int) -> tf.data.Dataset:
 
 
 BLOCK = 256
-"""Pairs packed per step: the greedy placement runs over a block's lengths in one loop and the tokens are
-scattered into rows at once, rather than one dataset-scan step (a dozen small ops) per pair."""
+"""Pairs packed per step: the greedy placement over a block's lengths and the tokens' scatter into rows are
+vectorized, rather than one dataset-scan step (a dozen small ops) per pair."""
 
 
 def pack_rows(pairs: tf.data.Dataset, length: int, flush_at_end: bool = False, block: int = BLOCK) -> tf.data.Dataset:
@@ -84,19 +83,42 @@ def within_length_block(max_length: int):
     return keep
 
 
-def _assign(state: np.ndarray, lengths: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """The greedy placement over one block's (inputs, targets) lengths, from the open row's (used inputs,
-    used targets, segments, row 0): that state after each pair. A pair that does not fit opens the next row
-    (an empty row always fits: each side is at most `length`). Sequential by nature, so a plain loop, in
-    numpy: a graph loop pays a function call per pair."""
-    used_in, used_tgt, segments, row = (int(v) for v in state)
-    out = np.empty((len(lengths), 4), np.int32)
-    for i, (n_in, n_tgt) in enumerate(lengths.tolist()):
-        if used_in + n_in > length or used_tgt + n_tgt > length:
-            used_in, used_tgt, segments, row = 0, 0, 0, row + 1
-        used_in, used_tgt, segments = used_in + n_in, used_tgt + n_tgt, segments + 1
-        out[i] = used_in, used_tgt, segments, row
-    return out
+_DOUBLINGS = 16  # pointer-doubling steps: chains of up to 2**16 rows, so blocks of up to 65,535 pairs
+
+
+def _assign(state: tf.Tensor, n_in: tf.Tensor, n_tgt: tf.Tensor, length: int) -> tf.Tensor:
+    """The greedy placement of one block's pairs (lengths n_in, n_tgt [k]) from the open row's state (used
+    inputs, used targets, segments, row 0): that state after each pair, [k, 4].
+
+    Vectorized, without a loop over pairs (a graph loop pays a function call per iteration; a numpy one
+    would not run on a remote input worker): a row that starts at pair i ends before the first pair that
+    does not fit, found by `searchsorted` on the lengths' running sums, and the rows' starts are the chain
+    start, next(start), ... marked by pointer doubling. An empty row takes any pair (each side <= length).
+    """
+    k = tf.size(n_in)
+    sums = [tf.concat([[0], tf.cumsum(n)], 0) for n in (n_in, n_tgt)]  # [k + 1]: tokens before pair j
+
+    def end(start: tf.Tensor, room: list[tf.Tensor]) -> tf.Tensor:
+        """The first pair that does not fit in a row starting at pair `start` with `room` tokens a side."""
+        return tf.minimum(*[tf.searchsorted(c, tf.gather(c, start) + r, side="right") - 1
+                            for c, r in zip(sums, room)])
+
+    first_end = end(tf.zeros([1], tf.int32), [length - state[0], length - state[1]])  # the carried row
+    everywhere = tf.range(k + 1)
+    jump = tf.concat([end(everywhere[:-1], [length, length]), [k]], 0)  # [k + 1]; k: past the block
+    starts = tf.scatter_nd(first_end[:, None], [1], [k + 1])
+    for _ in range(_DOUBLINGS):
+        starts = tf.maximum(starts, tf.math.unsorted_segment_max(starts, jump, k + 1))
+        jump = tf.gather(jump, jump)
+    starts = starts[:k]
+    row = tf.cumsum(starts)  # pairs before the first start stay in the carried row 0
+    start = tf.gather(tf.concat([[0], tf.cast(tf.where(starts > 0)[:, 0], tf.int32)], 0), row)  # its row's first
+    carried = tf.cast(row == 0, tf.int32)
+    index = everywhere[:k]
+    used_in = tf.gather(sums[0], index + 1) - tf.gather(sums[0], start) + carried * state[0]
+    used_tgt = tf.gather(sums[1], index + 1) - tf.gather(sums[1], start) + carried * state[1]
+    segments = index - start + 1 + carried * state[2]
+    return tf.stack([used_in, used_tgt, segments, row], axis=1)
 
 
 def _pack_block(row: dict[str, tf.Tensor], block: dict[str, tf.Tensor], length: int):
@@ -105,8 +127,7 @@ def _pack_block(row: dict[str, tf.Tensor], block: dict[str, tf.Tensor], length: 
     n_tgt = tf.cast(block["targets"].row_lengths(), tf.int32)
 
     first = tf.stack([row["used_inputs"], row["used_targets"], row["segments"], tf.constant(0)])
-    after = tf.numpy_function(_assign, [first, tf.stack([n_in, n_tgt], axis=1), length], tf.int32, stateful=False)
-    after = tf.ensure_shape(after, [None, 4])  # the open row's state after each pair
+    after = _assign(first, n_in, n_tgt, length)  # the open row's state after each pair
     last = tf.cond(tf.size(n_in) > 0, lambda: after[-1], lambda: first)
     rows = last[3] + 1  # row 0 is the carried one; the last is still open
     out = {}
