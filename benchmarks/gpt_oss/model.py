@@ -73,11 +73,16 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
         sq = tf.reshape(segments, [b, nb, blk])
         sk = _lookback(sq, back, -1)
         allowed = tf.logical_and(allowed, tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2)))
-    bias = tf.where(allowed, 0.0, NEG_INF)
-    bias = tf.expand_dims(tf.expand_dims(bias, 2), 2)                             # [b, nb, 1, 1, blk, keys]
+    # The softmax runs over [b, nb, kv, g * blk, keys], rank 5: oneDNN's softmax (on by default on AVX-512
+    # CPUs) refuses rank 6, and accelerators tile rank-5 tensors as well. The bias repeats over the g query
+    # heads of a group (g-major, as the reshape of [g, blk] orders them) and broadcasts over kv.
+    bias = tf.tile(tf.expand_dims(tf.where(allowed, 0.0, NEG_INF), 2), [1, 1, 1, g, 1])  # [b, nb, 1, g*blk, keys]
     scores = tf.einsum("bnqhgd,bnkhd->bnhgqk", qb, kb)
+    keys = scores.shape[-1]
+    scores = tf.reshape(scores, [b, nb, kv, g * blk, keys])
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
-    out = tf.einsum("bnhgqk,bnkhd->bnqhgd", tf.cast(probs, v.dtype), vb)
+    probs = tf.reshape(tf.cast(probs, v.dtype), [b, nb, kv, g, blk, keys])
+    out = tf.einsum("bnhgqk,bnkhd->bnqhgd", probs, vb)
     return tf.reshape(out, [b, seq, kv, g, d])
 
 
