@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from harness.errors import HarnessError  # noqa: E402
+from harness import quiet
+from harness.errors import HarnessError
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("verbose", False, "print TensorFlow's native start-up and info lines and the harness's info "
+                  f"diagnostics (also: {quiet.VERBOSE_ENV}=1)")
 flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.g. schedule.max_epochs=5")
 flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
 flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile one train and one eval step "
@@ -196,7 +197,13 @@ def dispatch(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> None:
-    logging.set_verbosity(logging.WARNING)
+    if FLAGS.verbose or quiet.verbose_from_env():
+        logging.set_verbosity(logging.INFO)
+    else:
+        # Before TensorFlow is imported anywhere: its C++ info and warning lines, then its start-up lines.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        quiet.silence_tensorflow_import()
+        logging.set_verbosity(logging.WARNING)
     code = dispatch(argv)
     sys.stdout.flush()
     # os._exit: a hung TPU connect thread or cluster runtime must not keep a failed run alive.
