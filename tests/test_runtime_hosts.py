@@ -19,8 +19,12 @@ from harness.runtime import make_runtime
 from conftest import REPO
 
 HELPERS = os.path.join(REPO, "tests", "helpers")
+# 4 pretend GPUs, 8 examples each; bn_span 16 pools statistics over groups of 2 replicas: strictly between
+# one replica and all, the grouped sum that must not merge_call inside a per-replica XLA function.
 RESNET_SMALL = ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
-                "schedule.eval_batch_size=16", "model.bn_span=32"]
+                "schedule.eval_batch_size=16", "model.bn_span=16"]
+SSD_SMALL = ["data.train_samples=64", "data.eval_samples=32", "schedule.global_batch_size=32",
+             "schedule.eval_batch_size=16", "model.bn_span=16"]
 WAIT_S = 900  # generous: only a hang reaches it (the machine may be shared)
 
 
@@ -37,13 +41,20 @@ def run_helper(name: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_pretend_gpu_trace_has_no_merge_call_and_no_cross_device_update():
     """Review finding 1: replicated weights and slots with ONLY_FIRST_REPLICA make every replica-context
-    assign a merge_call, which raises inside a per-replica XLA function on GPUs; NONE traces cleanly."""
-    out = result_of(run_helper("pretend_gpu_trace.py", os.path.join(REPO, "configs", "resnet", "smoke.yaml"),
-                               json.dumps(RESNET_SMALL)))
-    none, first = out["none"], out["only_first_replica"]
-    assert none["replicas"] == 2 and none["error"] is None, none
-    assert none["edges"] == [], none["edges"][:5]
-    assert none["xla_calls"] >= 4  # train and eval, each compiled once per replica
+    assign a merge_call, which raises inside a per-replica XLA function on GPUs; NONE traces cleanly.
+    Second review, claim 1: batch norm over a group of replicas between one and all (ResNet, SSD) must
+    not merge_call either (it went through ReplicaContext.all_gather)."""
+    spec = {"cases": {"resnet": [os.path.join(REPO, "configs", "resnet", "smoke.yaml"), RESNET_SMALL],
+                      "ssd": [os.path.join(REPO, "configs", "ssd", "smoke.yaml"), SSD_SMALL]},
+            "only_first_replica": "resnet"}
+    out = result_of(run_helper("pretend_gpu_trace.py", json.dumps(spec)))
+    for name in ("resnet", "ssd"):
+        none = out[name]
+        assert none["replicas"] == 4 and none["bn_group"] == 2, none
+        assert none["error"] is None, none
+        assert none["edges"] == [], none["edges"][:5]
+        assert none["xla_calls"] >= 8, none  # train and eval, each compiled once per replica
+    first = out["only_first_replica"]
     assert first["error"] and "merge_call" in first["error"], first
 
 

@@ -155,18 +155,21 @@ class StrategyRuntime(Runtime):
             groups = [list(range(g * k, (g + 1) * k)) for g in range(n // k)]
             return tf.nest.map_structure(
                 lambda t: tf.compat.v1.tpu.cross_replica_sum(t, group_assignment=groups), tensors)
-        # Mirrored / multi-worker: gather every replica's values (one row each), keep this replica's group's
-        # rows and sum them. ReplicaContext.all_gather has a gradient (all-reduce of the incoming gradient,
-        # then this replica's row), so each input gets the sum of its group's output gradients. Its gradient
-        # fails on a list of differently shaped tensors (TF 2.21 packs them into one tensor), so the values
-        # go as one flat row per dtype: also one collective instead of one per tensor.
+        # Mirrored / multi-worker: every replica writes its values (one flat row per dtype) into its own slot
+        # of a zero [n, row length] tensor, one all_reduce sums the slots (which fills them all), and each
+        # replica keeps its group's rows. ReplicaContext.all_gather would be the obvious tool, but it always
+        # goes through merge_call, which raises inside a per-replica XLA function on GPUs; all_reduce has a
+        # path without it. Its gradient is an all-reduce of the incoming gradients, so each input gets the
+        # sum of its group's output gradients. n times the bytes of the rows: batch-norm statistics, small.
         flat = tf.nest.flatten(tensors)
-        in_group = tf.equal(tf.range(n) // k, self.replica_id() // k)
+        me = self.replica_id()
+        slot = tf.one_hot(me, n)  # [n]
+        in_group = tf.equal(tf.range(n) // k, me // k)
         summed: list[tf.Tensor | None] = [None] * len(flat)
         for dtype in dict.fromkeys(t.dtype for t in flat):  # first-seen order: the same on every host
             which = [i for i, t in enumerate(flat) if t.dtype == dtype]
             row = tf.concat([tf.reshape(flat[i], [-1]) for i in which], axis=0)
-            rows = ctx.all_gather(row[None], axis=0)  # [n, row length]
+            rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(slot, dtype)[:, None] * row[None])
             # Others' rows are zeroed, so every group member adds the same numbers in the same order.
             total = tf.reduce_sum(rows * tf.cast(in_group, dtype)[:, None], axis=0)
             parts = tf.split(total, [tf.size(flat[i]) for i in which])

@@ -1,9 +1,14 @@
 """Traces a workload's multi-replica train loop and eval step the way TensorFlow builds them on a
-multi-GPU host with runtime.jit_compile on: 2 logical CPUs, with MirroredStrategy's device-type test
+multi-GPU host with runtime.jit_compile on: 4 logical CPUs, with MirroredStrategy's device-type test
 answering "GPU" (so each replica's function is compiled per replica, and no merge_call is lifted out of
 it). Tracing is faithful to the GPU path; executing it is not (XLA on CPU compiles no ring collectives),
-so nothing runs. Prints one RESULT line of JSON: what tracing raised, and every cross-device edge of the
-traced graphs whose consumer (or anything downstream of it in the same graph) updates a variable."""
+so nothing runs. Several workloads are traced in this one process (logical devices are set once per
+process, and TensorFlow's import is the expensive part).
+
+Usage: pretend_gpu_trace.py '{"cases": {name: [config, [overrides]]}, "only_first_replica": name}'
+Prints one RESULT line of JSON, per case: what tracing raised, the batch-norm group, and every
+cross-device edge of the traced graphs whose consumer (or anything downstream of it in the same graph)
+updates a variable; "only_first_replica" retraces that case with the old variable aggregation."""
 from __future__ import annotations
 
 import json
@@ -70,7 +75,7 @@ def cross_device_updates(root) -> list[str]:
 
 def trace(config: str, small: list[str]) -> dict:
     cfg = C.load_config(config, small + ["submission.division=open", "runtime.kind=mirrored",
-                                         "runtime.cpu_devices=2", "runtime.jit_compile=false"])
+                                         "runtime.cpu_devices=4", "runtime.jit_compile=false"])
     rt = make_runtime(cfg.runtime)
     wl = registry.get(cfg.workload)(cfg, rt)
     wl.validate()
@@ -78,7 +83,8 @@ def trace(config: str, small: list[str]) -> dict:
         wl.build()
     rt.jit_compile = True  # refused for CPU replicas at make_runtime; here only traced, as on GPUs
     steps = loop.CompiledSteps(rt, wl)
-    out = {"replicas": rt.num_replicas, "error": None, "edges": [], "xla_calls": 0}
+    out = {"replicas": rt.num_replicas, "bn_group": getattr(wl, "bn_group", None), "error": None, "edges": [],
+           "xla_calls": 0}
     try:
         train = steps.train_loop.get_concrete_function(
             iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed)), tf.constant(1))
@@ -95,10 +101,10 @@ def trace(config: str, small: list[str]) -> dict:
     return out
 
 
-def main(config: str, small: list[str]) -> None:
+def main(spec: dict) -> None:
     mirrored_run._is_gpu_device = lambda d: True
     mirrored_strategy._is_gpu_device = lambda d: True
-    result = {"none": trace(config, small)}
+    result = {name: trace(config, small) for name, (config, small) in spec["cases"].items()}
     # The old aggregation (ONLY_FIRST_REPLICA for replicated values), to show the checks can fail.
     from harness.runtime import distribute
     original = distribute.StrategyRuntime._make_variable
@@ -111,9 +117,10 @@ def main(config: str, small: list[str]) -> None:
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
     distribute.StrategyRuntime._make_variable = make_variable
-    result["only_first_replica"] = trace(config, small)
+    if spec.get("only_first_replica"):
+        result["only_first_replica"] = trace(*spec["cases"][spec["only_first_replica"]])
     print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]))
+    main(json.loads(sys.argv[1]))
