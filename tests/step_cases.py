@@ -32,15 +32,27 @@ SMALL = {
 STEPS = 2
 
 
-@functools.lru_cache(maxsize=None)
-def step_case(name: str) -> dict:
-    """The helper's RESULT for workload `name` (asserting it ran cleanly)."""
+def _run(name: str, mode: list[str], onednn: str) -> dict:
     helper = os.path.join(REPO, "tests", "helpers", "step_case.py")
     config = os.path.join(REPO, "configs", name, "smoke.yaml")
-    extra = ["overflow"] if name == "resnet" else []
-    proc = subprocess.run([sys.executable, helper, config, json.dumps(SMALL[name]), str(STEPS), *extra],
+    proc = subprocess.run([sys.executable, helper, config, json.dumps(SMALL[name]), str(STEPS), *mode],
                           cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=onednn))
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+@functools.lru_cache(maxsize=None)
+def step_case(name: str) -> dict:
+    """The helper's RESULT for workload `name` (asserting it ran cleanly), with oneDNN's kernels forced on:
+    TensorFlow turns them on by itself only on some CPUs (AVX-512 ones), and some refuse shapes the default
+    kernels take (a rank-6 softmax), so every machine that runs the suite runs them."""
+    return _run(name, ["overflow"] if name == "resnet" else [], "1")
+
+
+@functools.lru_cache(maxsize=None)
+def step_case_onednn_off(name: str) -> dict:
+    """One device's plain train steps and eval of `name` with oneDNN forced off (TensorFlow's default kernels,
+    what AVX2-only CPUs run)."""
+    return _run(name, ["plain"], "0")

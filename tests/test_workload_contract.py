@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from benchmarks import registry
-from step_cases import SMALL, step_case
+from step_cases import SMALL, step_case, step_case_onednn_off
+
+# Measured on an AVX-512 CPU: two steps' losses and the evals agree to the last bit or within 1 ulp.
+ONEDNN_LOSS_RTOL = 1e-4
+ONEDNN_EVAL_ABS = 1e-3
 
 
 def test_every_registered_workload_has_a_contract_case():
@@ -28,3 +32,14 @@ def test_one_train_step_and_eval_on_one_and_two_replicas(name):
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     assert one["counted"] == two["counted"] == one["eval_samples"] == 45
     assert two["score"] == pytest.approx(one["score"], abs=1e-6)
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_steps_agree_with_onednn_kernels_on_and_off(name):
+    """oneDNN on (step_case forces it) and off (TensorFlow's default kernels): both run every workload's
+    train and eval steps, to the same losses within float32 reduction-order differences."""
+    on, off = step_case(name), step_case_onednn_off(name)
+    assert (on["onednn"], off["onednn"]) == (True, False)
+    assert np.all(np.isfinite(off["plain_losses"])) and np.isfinite(off["plain_eval"])
+    np.testing.assert_allclose(off["plain_losses"], on["plain_losses"], rtol=ONEDNN_LOSS_RTOL)
+    assert off["plain_eval"] == pytest.approx(on["plain_eval"], abs=ONEDNN_EVAL_ABS)

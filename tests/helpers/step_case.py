@@ -6,6 +6,9 @@
   then `bfloat16` and `float16` (dynamic loss scaling) runs of the same steps, and for ResNet a float16
   loss scale that overflows (tests/test_xla_precision.py).
 
+With `plain` as the last argument only the one-device plain steps run (the oneDNN-off case: the caller sets
+TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads at start-up). Every RESULT says whether oneDNN was on.
+
 Prints one RESULT line of JSON. A subprocess per workload: logical devices must be set before TensorFlow
 starts, and each workload needs its own device setup. Shared through tests/step_cases.py.
 """
@@ -20,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.util import _pywrap_util_port  # noqa: E402
 
 from benchmarks import registry  # noqa: E402
 from harness import config as C  # noqa: E402
@@ -57,8 +61,22 @@ def contract_run(cfg, rt, wl, n: int) -> dict:
                 score=score)
 
 
-def main(config: str, small: list[str], train_steps: int, overflow: bool) -> None:
-    out: dict = {}
+def plain_only(config: str, small: list[str], train_steps: int) -> dict:
+    cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
+                                         "runtime.jit_compile=false"])
+    steps = loop.CompiledSteps(rt, wl)
+    losses = train(steps, cfg, train_steps)
+    return {"plain_losses": losses, "plain_eval": evaluate(steps, cfg)[0]}
+
+
+def main(config: str, small: list[str], train_steps: int, mode: list[str]) -> None:
+    if mode == ["plain"]:
+        out = plain_only(config, small, train_steps)
+        out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
+        print("RESULT " + json.dumps(out), flush=True)
+        return
+    overflow = mode == ["overflow"]
+    out: dict = {"onednn": bool(_pywrap_util_port.IsMklEnabled())}
     # The contract: 2 mirrored replicas (first, while the logical devices can still be set), then one device.
     cfg, rt, wl = build(config, small + ["runtime.kind=mirrored", "runtime.cpu_devices=2",
                                          "runtime.jit_compile=false"])
@@ -111,4 +129,4 @@ def main(config: str, small: list[str], train_steps: int, overflow: bool) -> Non
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["overflow"])
+    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
