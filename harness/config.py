@@ -46,8 +46,11 @@ class SubmissionConfig:
 @dataclasses.dataclass
 class RuntimeConfig:
     kind: str = field("default", choices=("default", "mirrored", "multi_worker", "tpu", "mesh"))
-    cpu_devices: int = field(0, min=0, doc="split the CPU into N logical devices (tests; 0 = no split)")
-    gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible)")
+    cpu_devices: int = field(0, min=0, doc="run on the CPU, split into N logical devices (tests; 0 = no "
+                             "split). multi_worker: 1 = each worker on its CPU (without it, a worker that "
+                             "sees no GPU is refused)")
+    gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible; 0 is refused: "
+                      "TensorFlow reads an empty device list as every device)")
     tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = $TPU_NAME if set, else this "
                      "host's TPU ('local', a TPU VM))")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")
@@ -74,6 +77,15 @@ class RuntimeConfig:
                                          "this many ways per dimension over one replica's cores, e.g. "
                                          "[1, 8, 1, 1] (height over 8 cores; replicas = cores / 8); only "
                                          "dimension 1 may be split; [] = off")
+    allow_platform_mismatch: bool = field(False, doc="closed division: run even though the devices used "
+                                          "differ from those submission.platform declares (experiments; "
+                                          "such a result is filed under the wrong system)")
+
+    def __post_init__(self) -> None:
+        if self.gpus == 0:
+            raise HarnessError("config runtime.gpus: 0 would mean every visible GPU to TensorFlow (an empty "
+                               "device list); set runtime.gpus=-1 for all GPUs, N > 0 for N, or "
+                               "runtime.cpu_devices=N to run on the CPU")
 
 
 @dataclasses.dataclass

@@ -171,7 +171,7 @@ def test_two_processes_stop_at_the_chief_verdict(tmp_path):
     procs = []
     for i in range(2):
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
-        procs.append(run_py(TOY_RUN.format(runtime="kind='multi_worker'", kw="", chief_only=True),
+        procs.append(run_py(TOY_RUN.format(runtime="kind='multi_worker', cpu_devices=1", kw="", chief_only=True),
                             env={"OUT": str(tmp_path / f"w{i}"), "TF_CONFIG": tf_config}))
     try:
         chief, other = (result_of(p) for p in procs)

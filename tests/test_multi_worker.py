@@ -49,7 +49,7 @@ def start_workers(out: str, *overrides: str) -> list[subprocess.Popen]:
     for tf_config in tf_configs():
         env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "harness", "run", SMOKE, "--output_dir", out,
-               *sets(runtime__kind="multi_worker", run_id="mw"), *overrides]
+               *sets(runtime__kind="multi_worker", runtime__cpu_devices=1, run_id="mw"), *overrides]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs

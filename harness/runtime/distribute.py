@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from harness import platforms
 from harness.errors import HarnessError
 from harness.runtime.base import SPATIAL_COMPUTATION_SHAPES, InputContext, Runtime
 from harness.runtime.watchdog import CollectiveWatchdog
@@ -44,6 +45,13 @@ class StrategyRuntime(Runtime):
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None:
             spec = resolver.cluster_spec().as_dict()
             return max(1, sum(len(spec.get(job, [])) for job in ("chief", "worker")))
+        if self._on_tpu:
+            # One client drives a whole slice; its hosts come from the TPU system's metadata (or the
+            # device assignment), so the summary and system description count a pod's hosts.
+            try:
+                return max(1, int(self.strategy.extended.num_hosts))
+            except Exception:  # noqa: BLE001 - a description; never fail a run over it
+                return 1
         return 1
 
     @property
@@ -116,7 +124,7 @@ class StrategyRuntime(Runtime):
         # Every replica contributes zeros except the chief's first (global replica 0): a sum over all
         # replicas is then the chief's value, on every host.
         value = np.asarray(value)
-        if self.num_hosts == 1:
+        if self.num_hosts == 1 or self._on_tpu:  # TPUStrategy: one client process for every host
             return value
         if self._broadcast_fn is None:
             def replica_fn(x: tf.Tensor) -> tf.Tensor:
@@ -210,7 +218,34 @@ def configure_logical_cpus(n: int) -> None:
 
 def make_default(precision: str, jit: str) -> StrategyRuntime:
     gpus = tf.config.list_physical_devices("GPU")
+    warn_bfloat16_without_math(precision, gpus[:1])
     return StrategyRuntime("default", tf.distribute.get_strategy(), "GPU" if gpus else "CPU", precision, jit)
+
+
+def bfloat16_warning(precision: str, gpus: list) -> str | None:
+    """The warning for bfloat16 on GPUs without bfloat16 math (compute capability < 8.0: V100, T4, ...),
+    where XLA computes in float32 instead: the run works, slowly. None when it does not apply."""
+    if precision != "bfloat16" or not gpus:
+        return None
+    old = []
+    for gpu in gpus:
+        try:
+            capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        except Exception:  # noqa: BLE001 - a warning; an unreadable device says nothing
+            capability = None
+        if capability and tuple(capability) < (8, 0):
+            old.append((gpu.name, tuple(capability)))
+    if not old:
+        return None
+    name, (major, minor) = old[0]
+    return (f"runtime.precision=bfloat16 on {len(old)} GPU(s) without bfloat16 math ({name}: compute "
+            f"capability {major}.{minor} < 8.0): computed in float32, slower than precision=float16 there")
+
+
+def warn_bfloat16_without_math(precision: str, gpus: list) -> None:
+    message = bfloat16_warning(precision, gpus)
+    if message:
+        logging.warning(message)
 
 
 def refuse_cpu_replica_jit(kind: str, replicas: int, jit: bool | None) -> None:
@@ -239,8 +274,11 @@ def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> Stra
         device_type = "CPU"
     else:
         n = len(physical_gpus) if gpus < 0 else gpus
+        if n < 1:  # TensorFlow reads an empty device list as every device (config.py refuses gpus=0)
+            raise HarnessError(f"runtime.gpus={gpus}: at least one GPU is needed")
         if n > len(physical_gpus):
             raise HarnessError(f"runtime.gpus={n} but only {len(physical_gpus)} GPU(s) are visible")
+        warn_bfloat16_without_math(precision, physical_gpus[:n])
         devices = [f"/gpu:{i}" for i in range(n)]
         device_type = "GPU"
     cross = tf.distribute.ReductionToOneDevice() if device_type == "CPU" else None
@@ -248,8 +286,13 @@ def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> Stra
     return StrategyRuntime("mirrored", strategy, device_type, precision, jit)
 
 
-def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 600.0) -> StrategyRuntime:
+def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 600.0,
+                      cpu_devices: int = 0) -> StrategyRuntime:
     """MultiWorkerMirroredStrategy over TF_CONFIG's cluster.
+
+    Each worker computes on its GPUs; one that sees none is refused (a broken CUDA install would otherwise
+    train on CPU, or mix NCCL and ring hosts), unless `cpu_devices` is 1: each worker on its CPU (tests),
+    as `cpu_devices` puts the mirrored runtime on the CPU.
 
     A peer that dies is noticed by the coordination service's heartbeats; one that stops answering while
     its process lives (hung, stopped, cut off) would leave the others waiting in a collective forever, so
@@ -258,7 +301,18 @@ def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 60
     TensorFlow's own per-collective timeout is not used: it keeps a thread alive per collective.
     """
     _cluster_from_env()
+    if cpu_devices > 1:
+        raise HarnessError(f"runtime.cpu_devices={cpu_devices} with runtime.kind=multi_worker: a worker runs "
+                           f"on one CPU device; set runtime.cpu_devices=1 (or 0 for GPUs)")
     gpus = tf.config.list_physical_devices("GPU")
+    if cpu_devices == 1 and gpus:
+        tf.config.set_visible_devices([], "GPU")  # the CPU was asked for: keep TensorFlow off the GPUs
+        gpus = []
+    elif not gpus and cpu_devices == 0:
+        raise HarnessError("runtime.kind=multi_worker but TensorFlow sees no GPU on this worker (no GPU here, "
+                           "the CPU-only TensorFlow wheel, or a broken CUDA install); refusing to run on the "
+                           "CPU instead. For a CPU test set runtime.cpu_devices=1")
+    warn_bfloat16_without_math(precision, gpus)
     impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
             else tf.distribute.experimental.CommunicationImplementation.RING)
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
@@ -328,7 +382,7 @@ def lost_peer_error(error: BaseException, collective_timeout_s: float) -> Harnes
 
 
 def make_tpu(address: str, timeout_s: float, precision: str, jit: str,
-             spatial_dims: tuple[int, ...] = ()) -> StrategyRuntime:
+             spatial_dims: tuple[int, ...] = (), platform: str = "") -> StrategyRuntime:
     """Connects to a TPU, giving up after `timeout_s`: an unreachable address otherwise hangs forever.
 
     With spatial partitioning (`spatial_dims` from base.check_spatial_partition, height split k ways)
@@ -344,6 +398,9 @@ def make_tpu(address: str, timeout_s: float, precision: str, jit: str,
         raise HarnessError("runtime.kind=tpu with runtime.tpu='' (this host's TPU) but TensorFlow sees no "
                            "TPU here and TPU_NAME is not set; set runtime.tpu to the TPU's name or "
                            "grpc:// address, or run on the TPU VM")
+    if target == "local":
+        # A TPU VM of a pod sees only its own chips: the slice the config declares must fit on them.
+        platforms.check_local_tpu_slice(platform, len(tf.config.list_physical_devices("TPU")))
 
     def connect() -> None:
         try:

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import time
 from typing import Any, Callable
 
@@ -27,6 +26,7 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.errors import HarnessError
+from harness.platforms import GPU_COUNT, tpu_devices
 from harness.runtime.base import check_spatial_partition
 from harness.runtime.distribute import StrategyRuntime
 from harness.train.loop import COUNT, INDEX, MASK, CompiledSteps
@@ -98,19 +98,9 @@ class DevicePlan:
     notes: list[str]
 
 
-# TPU slice names count TensorCores (v2, v3, v4, v5p) or chips (v5e, v6e); v4 and v5p chips are one
-# device each (megacore), so their devices are half the number in the name.
-_TPU_NAME = re.compile(r"(v2|v3|v4|v5p|v5e|v5litepod|v6e)-(\d+)", re.IGNORECASE)
-_GPU_COUNT = re.compile(r"(\d+)\s*x\s*[a-z]*gpu|(\d+)x", re.IGNORECASE)
+# submission.platform names are parsed in one place (harness/platforms.py).
+_GPU_COUNT = GPU_COUNT
 DEFAULT_GPUS = 8
-
-
-def tpu_devices(name: str) -> int | None:
-    m = _TPU_NAME.search(name or "")
-    if not m:
-        return None
-    generation, n = m.group(1).lower(), int(m.group(2))
-    return n // 2 if generation in ("v4", "v5p") else n
 
 
 def device_plan(cfg: config_lib.Config) -> DevicePlan:

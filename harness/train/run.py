@@ -13,7 +13,7 @@ import tensorflow as tf
 from benchmarks import registry
 from harness import config as config_lib
 from harness.review import integrity, logparse
-from harness import sysinfo
+from harness import platforms, sysinfo
 from harness.train import data_service, reference, weights_init
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.train.input_pipeline import InputWait, pipeline_config
@@ -91,7 +91,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     cfg = config_lib.load_config(config_path, overrides)
     if output_dir:
         cfg.output_dir = output_dir
-    runtime = make_runtime(cfg.runtime)
+    runtime = make_runtime(cfg.runtime, cfg.submission.platform)
+    platforms.check_platform_matches(runtime, cfg.submission.platform, cfg.submission.division,
+                                     cfg.runtime.allow_platform_mismatch)
     workload = registry.get(cfg.workload)(cfg, runtime)
     runtime.check_batch(cfg.schedule.global_batch_size)
     gbs, micro = cfg.schedule.global_batch_size, cfg.schedule.gradient_accumulation_steps

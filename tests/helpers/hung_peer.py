@@ -19,7 +19,7 @@ from harness.runtime import distribute  # noqa: E402
 
 
 def main(index: int, timeout_s: float) -> None:
-    runtime = distribute.make_multi_worker("float32", None, timeout_s)
+    runtime = distribute.make_multi_worker("float32", None, timeout_s, cpu_devices=1)  # CPU: opted in
 
     # runtime.function: the loop's own wrapper, whose watchdog enforces the collective timeout.
     all_sum = runtime.function(lambda x: runtime.run(lambda v: tf.distribute.get_replica_context().all_reduce(

@@ -21,7 +21,8 @@ def threads() -> int:
 
 
 def main() -> None:
-    runtime = distribute.make_multi_worker("float32", None, RuntimeConfig().collective_timeout_s)
+    runtime = distribute.make_multi_worker("float32", None, RuntimeConfig().collective_timeout_s,
+                                           cpu_devices=1)  # CPU workers: opted in
 
     def replica_step() -> list[tf.Tensor]:
         ctx = tf.distribute.get_replica_context()
