@@ -24,7 +24,7 @@ from harness.train import dryrun
 # (replicas, devices per replica, per-replica batch) the real run would have.
 EXPECTED_DEVICES = {
     "configs/resnet/gpu-8x.yaml": (8, 1, 408),
-    "configs/resnet/tpu-v3-32.yaml": (32, 1, 102),
+    "configs/resnet/tpu-v3-32.yaml": (32, 1, 128),
     "configs/ssd/reference.yaml": (8, 1, 128),
     "configs/ssd/tpu-v3-32-spatial.yaml": (8, 4, 32),
     "configs/transformer/tpu-v3-32-mp4.yaml": (8, 4, 256),
