@@ -79,10 +79,11 @@ class InputWait:
     """When the last training batch was asked of the pipeline and when it arrived, and the sum of waits.
 
     The last stage of the pipeline zips a clock read at request time with the batch and stamps its arrival
-    in host variables that another thread (the stall watchdog) may read while a step runs. Where the host
-    loop can read a clock (every tf.distribute runtime), the loop times its own `next(iterator)` and that is
-    the input wait reported; on a DTensor mesh the sum here stands in. It is an upper bound there: the
-    DTensorDataset's prefetch asks ahead of the step, so a pipeline that just keeps up reads high.
+    in host variables that another thread (the stall watchdog) may read while a step runs. The sum is the
+    input wait the loop reports on every runtime: the host loop reads no clock of its own, since a clock
+    around `next(iterator)` would have to wait for the previous step (a host round trip per step). It is an
+    upper bound where a device prefetch (DTensorDataset's, a strategy's per-device buffers) asks ahead of
+    the step: a pipeline that just keeps up reads high.
     """
 
     def __init__(self) -> None:

@@ -73,7 +73,7 @@ def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: i
 
     The workload's pipeline runs with the `data.*` technique options, on this host or, with
     `data.service.dispatcher`, on the service's workers one epoch per job; `wait` stamps when each batch
-    was asked for and arrived (the stall watchdog's clock, and the input-wait meter on a mesh).
+    was asked for and arrived (the stall watchdog's clock, and the input-wait meter).
     """
     pipe = pipeline_config(workload.cfg.data)
 
@@ -153,6 +153,11 @@ def training_seed(run_seed: int, step: tf.Tensor, replica: tf.Tensor, micro_batc
     return tf.random.experimental.stateless_fold_in(seed, micro_batch)
 
 
+def _no_step_yet() -> dict[str, tf.Tensor]:
+    """Per replica, the outputs a train call carries before its first step (same structure as a step's)."""
+    return {"loss": tf.constant(0.0), "lr": tf.constant(0.0), "nonfinite": tf.constant(0.0)}
+
+
 class CompiledSteps:
     """Builds the train loop and eval step once; counts traces so a retrace after run_start shows.
 
@@ -180,29 +185,24 @@ class CompiledSteps:
 
     # ------------------------------------------------------------------------------------ train
     def _train_loop(self, iterator: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
+        """`steps` optimizer steps; returns the last step's global loss and learning rate and whether every
+        step's loss was finite.
+
+        Nothing a step returns feeds the next step's `next(iterator)`, and the per-replica outputs stay on
+        their devices through the loop: they are reduced across replicas once, after it. So the host can
+        enqueue step i+1 while step i still runs (the point of many steps per host call); a reduction or a
+        clock inside the loop would make every step wait for its predecessor on the host.
+        """
         self.traces["train"] += 1
-        loss = tf.constant(0.0)
-        lr = tf.constant(0.0)
-        finite = tf.constant(True)
-        waited = tf.constant(0.0, tf.float64)
+        out = self.runtime.run(_no_step_yet, ())
         for _ in tf.range(steps):
-            if self.runtime.clock_in_host_loop:
-                # Input wait: the clock runs from when the previous step's loss exists until the next batch
-                # does. A batch already in a prefetch buffer costs ~0; a slow pipeline shows in full.
-                with tf.control_dependencies([loss]):
-                    asked = tf.timestamp()
-                with tf.control_dependencies([asked]):
-                    batch = next(iterator)
-                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                    waited += tf.timestamp() - asked
-            else:
-                batch = next(iterator)
-            out = self.runtime.run(self._train_replica, (batch,))
-            # Each replica returns its share of the global loss, so the sum is the global loss.
-            loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
-            lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
-            finite = tf.logical_and(finite, tf.math.is_finite(loss))
-        return {"loss": loss, "lr": lr, "finite": finite, "input_wait_s": waited}
+            out = self.runtime.run(self._train_replica, (next(iterator), out["nonfinite"]))
+        # Each replica returns its share of the global loss, so the sum is the global loss.
+        loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
+        lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
+        nonfinite = self.runtime.sum(out["nonfinite"])
+        finite = tf.logical_and(tf.equal(nonfinite, 0.0), tf.math.is_finite(loss))
+        return {"loss": loss, "lr": lr, "finite": finite}
 
     def loss_scale_state(self) -> dict[str, float] | None:
         """float16 only: the current loss scale and the steps skipped so far (for logs and summary)."""
@@ -219,8 +219,10 @@ class CompiledSteps:
         return tf.add_n([tf.cast(t.total, tf.float32) / (c + t.epsilon)
                          for t, c in zip(terms.values(), counts)])
 
-    def train_step(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """One optimizer step on this replica's batch, split into `accumulation` micro-batches.
+    def train_step(self, batch: dict[str, tf.Tensor],
+                   nonfinite: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """One optimizer step on this replica's batch, split into `accumulation` micro-batches; `nonfinite`
+        (this replica's non-finite losses earlier in the host call) comes back counting this one's too.
 
         Each micro-batch's loss is normalized by its own global counts and the gradients are averaged
         over micro-batches, then summed over replicas once: k micro-batches of B/k give the update of
@@ -256,7 +258,9 @@ class CompiledSteps:
             lr = tf.cond(finite, lambda: w.optimizer.apply(w.process_gradients(grads)),
                          lambda: tf.cast(w.optimizer.learning_rate(), tf.float32))
             self.loss_scale.update(finite, scale)
-        return {"loss": total_loss, "lr": tf.cast(lr, tf.float32)}
+        bad = tf.cast(tf.logical_not(tf.math.is_finite(total_loss)), tf.float32)
+        return {"loss": total_loss, "lr": tf.cast(lr, tf.float32),
+                "nonfinite": bad if nonfinite is None else nonfinite + bad}
 
     # ------------------------------------------------------------------------------------- eval
     def eval_replica_step(self, batch: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor],
@@ -389,7 +393,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     iterator = iter(dist_train)
     # A cached eval set repeats: one iterator across evals (the first eval fills the cache).
     eval_data = iter(dist_eval) if pipeline_config(cfg.data).cache_eval else dist_eval
-    input_wait = waited = 0.0
+    input_wait, waited = 0.0, wait.total()
 
     status, reason = "aborted", ""
     evals: list[dict[str, Any]] = []
@@ -413,11 +417,10 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
             done_steps += n
             chunk_time = max(time.time() - t_chunk, 1e-9)
             rate = n * gbs / chunk_time
-            if runtime.clock_in_host_loop:
-                measured = float(out["input_wait_s"])
-            else:  # the pipeline's meter: a host variable, read after the loss, so no extra sync
-                total = wait.total()  # read once: a wait landing between two reads would be lost
-                measured, waited = total - waited, total
+            # The pipeline's own meter (a host variable, read after the loss, so no extra sync): the
+            # loop has no clock of its own, which would tie each batch's fetch to the step before.
+            total = wait.total()  # read once: a wait landing between two reads would be lost
+            measured, waited = total - waited, total
             chunk_wait = min(measured, chunk_time)
             input_wait += chunk_wait
             if scale_state is not None:
