@@ -57,8 +57,9 @@ class RuntimeConfig:
     collective_timeout_s: float = field(600.0, min=0.0, doc="multi_worker: a compiled call (a chunk of "
                                         "steps_per_loop steps, an eval batch, a broadcast) waiting longer "
                                         "than this fails the run (a hung or stopped peer); must cover the "
-                                        "slowest legitimate call, compilation and the chief scoring while "
-                                        "others wait included (0 = wait forever)")
+                                        "slowest legitimate call, the chief scoring while others wait "
+                                        "included; a call that traces and compiles (the first of each "
+                                        "function, the warm-up) runs without it (0 = wait forever)")
     precision: str = field("float32", choices=("float32", "bfloat16", "float16"),
                            doc="compute dtype; variables, optimizer state, loss and batch-norm statistics "
                            "stay float32; float16 adds dynamic loss scaling")

@@ -1,6 +1,7 @@
 """tf.distribute runtimes: one device, mirrored (GPUs or logical CPUs), multi-worker, TPU."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -137,8 +138,16 @@ class StrategyRuntime(Runtime):
         return self._broadcast_fn(tf.constant(mine, tf.float64)).numpy()
 
     def function(self, fn: Callable) -> Callable:
-        compiled = super().function(fn)
-        return self.watchdog.wrap(compiled) if self.watchdog else compiled
+        if self.watchdog is None:
+            return super().function(fn)
+        watchdog = self.watchdog
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            watchdog.compiling()  # runs only while tracing: this call compiles, no deadline for it
+            return fn(*args, **kwargs)
+
+        return watchdog.wrap(super().function(traced))
 
     def replica_function(self, fn: Callable) -> Callable:
         # TPUStrategy.run already compiles the replica function with XLA.
@@ -348,7 +357,9 @@ def lost_peer_error(error: BaseException, collective_timeout_s: float) -> Harnes
     """A multi-worker failure caused by a lost peer, as one line naming it (from TF_CONFIG); None otherwise.
 
     TensorFlow reports it as a long gRPC error whose text names tasks as /job:worker/replica:0/task:1;
-    the peer is the task named there other than this one, or the only other task of the cluster.
+    the peer is the task named there other than this one, or the only other task of the cluster. A
+    deadline (the collective watchdog's DeadlineExceededError) names no one: it cannot know who stopped
+    answering, so the line says how long the call waited and lists the peers.
     """
     if not isinstance(error, tf.errors.OpError):
         return None
@@ -369,10 +380,16 @@ def lost_peer_error(error: BaseException, collective_timeout_s: float) -> Harnes
     def name(task: tuple[str, int]) -> str:
         return f"{task[0]} {task[1]} ({cluster[task[0]][task[1]]})"
 
-    who = ", ".join(name(t) for t in peers) if peers else f"a peer (one of {', '.join(name(t) for t in others)})"
     if isinstance(error, tf.errors.DeadlineExceededError):
-        why = f"no answer within runtime.collective_timeout_s={collective_timeout_s:g}s"
-    elif "heartbeat" in text:
+        # A deadline cannot tell who stopped answering, or whether the call was merely slow: no one is
+        # blamed, every peer is listed.
+        return HarnessError(f"a collective call waited more than {collective_timeout_s:g}s "
+                            f"(runtime.collective_timeout_s) for its peers ({', '.join(name(t) for t in others)}): "
+                            f"one of them stopped answering (hung, stopped or cut off), or the call is "
+                            f"slower than the timeout (then raise runtime.collective_timeout_s); this run is "
+                            f"incomplete")
+    who = ", ".join(name(t) for t in peers) if peers else f"a peer (one of {', '.join(name(t) for t in others)})"
+    if "heartbeat" in text:
         why = "it stopped sending heartbeats (crashed, stopped or cut off)"
     elif re.search(r"coordination service|connect|socket closed|connection reset", text, re.IGNORECASE):
         why = "it cannot be reached (crashed or cut off)"

@@ -5,6 +5,12 @@ collective and keeps it for the whole timeout: thousands of live threads per pro
 training. One watchdog thread per process does the same job for the price of one: each guarded call
 (a chunk of train steps, an eval batch, a broadcast) gets a deadline, and a call that outlives it makes
 the watchdog abort this process's pending collectives, which then raise DeadlineExceededError.
+
+Compilation is not under the deadline: a call that traces its function (the first call of each traced
+function, so the warm-up's, which also builds every per-replica XLA program on its first execution) runs
+without one; `compiling()`, called from the traced Python function, disarms it. A peer that hangs later
+is found within the timeout of the call it hangs in. The watchdog cannot tell which peer stopped
+answering (or whether the call was merely slow): its message says how long the call waited.
 """
 from __future__ import annotations
 
@@ -47,6 +53,21 @@ class CollectiveWatchdog:
                            f"(runtime.collective_timeout_s) for its peers")
                 logging.error(message)
                 tf_context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED, message)
+
+    @property
+    def armed(self) -> bool:
+        """Whether a deadline is running now (inside a guarded call that is not compiling)."""
+        with self._cond:
+            return self._deadline is not None
+
+    @tf.autograph.experimental.do_not_convert
+    def compiling(self) -> None:
+        """Called while a guarded call traces its function: the rest of that call (tracing, XLA
+        compilation on first execution, and that first execution) runs without a deadline."""
+        with self._cond:
+            if self._depth:
+                self._deadline = None
+                self._cond.notify()
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
