@@ -344,6 +344,45 @@ def compile_errors_as_one_line(runtime: Runtime, workload: Workload, which: str)
         raise
 
 
+HostValue = Any  # np.ndarray, or for a DTensor (layout, {shard coordinates: np.ndarray}, [key per device])
+
+
+def host_snapshot(runtime: Runtime) -> list[HostValue]:
+    """Every variable's value (weights, optimizer slots, statistics) copied to host memory.
+
+    A mirrored or TPU variable read across replicas gives its primary copy; a DTensor variable gives
+    this host's shards, one numpy array per distinct shard (replicated copies are stored once)."""
+    from tensorflow.experimental import dtensor
+
+    saved: list[HostValue] = []
+    for info in runtime.variables():
+        value = info.variable.read_value()
+        if not dtensor.is_dtensor(value):
+            saved.append(np.asarray(value.numpy()))
+            continue
+        layout = dtensor.fetch_layout(value)
+        locations = layout.mesh.local_device_locations()
+        keys = [tuple(loc[d] for d in layout.sharding_specs if d != dtensor.UNSHARDED) for loc in locations]
+        shards: dict[tuple, np.ndarray] = {}
+        for key, part in zip(keys, dtensor.unpack(value)):
+            if key not in shards:
+                shards[key] = np.asarray(part.numpy())
+        saved.append((layout, shards, keys))
+    return saved
+
+
+def restore_snapshot(runtime: Runtime, saved: list[HostValue]) -> None:
+    """Assigns `host_snapshot`'s values back to the variables they came from."""
+    from tensorflow.experimental import dtensor
+
+    for info, value in zip(runtime.variables(), saved):
+        if isinstance(value, tuple):
+            layout, shards, keys = value
+            with tf.device(dtensor.device_name()):
+                value = dtensor.pack([tf.constant(shards[k]) for k in keys], layout)
+        info.variable.assign(value)
+
+
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
               progress: Progress | None = None, wait: InputWait | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
@@ -371,8 +410,9 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     dist_eval = eval_input(runtime, workload, ebs, cfg.seed)
     num_eval_steps = eval_steps_for(workload.eval_samples, ebs)
 
-    # Compile and warm up on zeros, then put every variable back: the timed run starts from init.
-    saved = [v.variable.read_value() for v in runtime.variables()]
+    # Compile and warm up on zeros, then put every variable back: the timed run starts from init. The
+    # copy waits in host memory: a device copy of every weight and optimizer slot could exhaust the device.
+    saved = host_snapshot(runtime)
     with compile_errors_as_one_line(runtime, workload, "train"):
         warm = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed, dummy=True)),
                                 tf.constant(1))
@@ -380,8 +420,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     with compile_errors_as_one_line(runtime, workload, "eval"):
         steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
     runtime.broadcast_from_chief(np.zeros(2))
-    for v, value in zip(runtime.variables(), saved):
-        v.variable.assign(value)
+    restore_snapshot(runtime, saved)
     del saved
     traces_at_start = dict(steps.traces)
     scale_state = steps.loss_scale_state()
