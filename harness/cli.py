@@ -5,17 +5,79 @@ Bad input raises HarnessError anywhere below; this is the one place that turns i
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
+import tempfile
+from typing import Any
 
 from absl import app, flags, logging
 
-from harness import quiet
 from harness.errors import HarnessError
+
+# ------------------------------------------------------------------ a quiet start
+# `import tensorflow` makes its C++ libraries print several lines to file descriptor 2 before absl's logging
+# is initialised (the oneDNN notice, "All log messages before absl::InitializeLog()"), which no environment
+# variable silences. Unless asked (--verbose, MLPERF_HARNESS_VERBOSE=1), the first import of tensorflow,
+# wherever it happens, runs with descriptor 2 pointed at a temporary file: the lines are dropped when the
+# import succeeds and replayed when it fails. Everything after the import prints as usual.
+
+VERBOSE_ENV = "MLPERF_HARNESS_VERBOSE"
+
+
+def verbose_from_env() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                self.loader.exec_module(module)
+            except BaseException:
+                os.dup2(saved, 2)
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode(errors="replace"))
+                raise
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+
+class _QuietFinder(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` through the other finders and wraps its loader; removes itself on first use."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+def silence_tensorflow_import() -> None:
+    """Makes the process's first `import tensorflow` quiet on descriptor 2 (a no-op once imported)."""
+    if "tensorflow" in sys.modules or any(isinstance(f, _QuietFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _QuietFinder())
+
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "print TensorFlow's native start-up and info lines and the harness's info "
-                  f"diagnostics (also: {quiet.VERBOSE_ENV}=1)")
+                  f"diagnostics (also: {VERBOSE_ENV}=1)")
 flags.DEFINE_multi_string("set", [], "Config override key=value (repeatable), e.g. schedule.max_epochs=5")
 flags.DEFINE_string("output_dir", None, "run: write runs under this directory (default: config output_dir)")
 flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile one train and one eval step "
@@ -197,12 +259,12 @@ def dispatch(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> None:
-    if FLAGS.verbose or quiet.verbose_from_env():
+    if FLAGS.verbose or verbose_from_env():
         logging.set_verbosity(logging.INFO)
     else:
         # Before TensorFlow is imported anywhere: its C++ info and warning lines, then its start-up lines.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        quiet.silence_tensorflow_import()
+        silence_tensorflow_import()
         logging.set_verbosity(logging.WARNING)
     code = dispatch(argv)
     sys.stdout.flush()

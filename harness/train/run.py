@@ -14,7 +14,7 @@ from benchmarks import registry
 from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
-from harness.train import data_service, reference, weights_init
+from harness.train import data_service, reference, remote_input, weights_init
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
@@ -110,6 +110,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     reference.check_closed_model(workload)
     workload.validate()
     data_service.validate(workload)
+    remote_input.check(workload, runtime, bool(pipeline_config(cfg.data).service.dispatcher))
     schedule = workload.eval_schedule()
     # A ruleset that names the reference model's tensors must find all of them in this model, now.
     initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
