@@ -88,8 +88,7 @@ class Bert(Block):
         seq = ids.shape[1]
         dropout_on = self.cfg.hidden_dropout > 0 or self.cfg.attention_dropout > 0
         seed = seed if training and seed is not None and dropout_on else None
-        # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
-        x = tf.cast(tf.gather(self.word.embeddings.read_value(), ids), self.dtype)
+        x = self.word(ids)  # vocab-parallel when the layout splits the vocabulary
         x = x + self.token_type(batch["segment_ids"])
         # Broadcast, not [None]: a new-axis strided slice of a DVariable crashes DTensor's SPMD pass.
         x = x + tf.cast(self.position.embeddings[:seq], self.dtype)

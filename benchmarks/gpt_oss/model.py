@@ -18,7 +18,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rotary
+from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rotary, vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss.config import ModelConfig
@@ -248,8 +248,7 @@ class GptOss(Block):
         """Logits [b, s, vocab] (float32) of the next token after each of inputs [b, s], and each layer's
         routing."""
         segments = self.segments(inputs) if self.cfg.document_attention else None
-        # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
-        x = tf.cast(tf.gather(self.embeddings.read_value(), inputs), self.dtype)
+        x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, inputs), self.dtype)
         routings = []
         for layer in self.layers:
             x, r = layer(x, segments)

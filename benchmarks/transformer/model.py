@@ -13,7 +13,8 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, Dense, LayerNorm, MultiHeadAttention, dropout, glorot_uniform, normal
+from harness.nn.layers import NEG_INF, Block, Dense, LayerNorm, MultiHeadAttention, dropout, glorot_uniform, normal, \
+    vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.transformer.beam_search import beam_search
@@ -119,8 +120,7 @@ class Transformer(Block):
 
     # ------------------------------------------------------------------------------- pieces
     def embed(self, ids: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
-        # Gather from the read value: DTensor cannot gather from a resource sharded on its first axis.
-        x = tf.gather(self.embeddings.read_value(), ids) * (self.cfg.hidden_size ** 0.5)
+        x = vocab_parallel_lookup(self.runtime, self.embeddings, ids) * (self.cfg.hidden_size ** 0.5)
         x = x * tf.expand_dims(tf.cast(tf.not_equal(ids, 0), x.dtype), -1)
         return tf.cast(x + position_encoding(positions, self.cfg.hidden_size), self.dtype)
 

@@ -165,14 +165,58 @@ class LayerNorm(Block):
         return tf.cast(y, x.dtype)
 
 
+def vocab_parallel_lookup(runtime: Runtime, table: tf.Variable | tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Rows `ids` of `table` [vocab, dim], whose vocab dimension the runtime may split.
+
+    Kept whole (tf.distribute runtimes, or a layout that does not split `vocab`): a plain gather. Split n
+    ways: the table is viewed as [n, vocab / n, dim] with its first axis on the vocab's devices; each device
+    looks every id up in its own rows only (at id mod vocab / n), an id another device owns is masked to
+    zero, and the n partial lookups are summed (one all-reduce of [batch, seq, dim] over the vocab's mesh
+    dimension). A gather from the split table would make DTensor all-gather it to full size first, and
+    build the gradient as a dense full-size segment sum; here the gradient is a one-hot contraction that
+    each device computes for its own rows only (the same size as one device's share of a vocab-split
+    output layer), so table, gradient and optimizer update stay shards.
+    """
+    n = runtime.shards("vocab")
+    if n == 1:
+        return tf.gather(table, ids)
+    if ids.shape.rank != 2:
+        raise ValueError(f"a vocab-split lookup takes ids [batch, seq], not rank {ids.shape.rank}")
+    vocab, dim = table.shape
+    rows = vocab // n
+    ids = tf.cast(ids, tf.int32)
+    batch_dims = ("batch", None)
+    own = runtime.place(tf.one_hot(ids // rows, n, dtype=table.dtype), batch_dims + ("vocab",))
+    local_ids = ids % rows
+
+    @tf.custom_gradient
+    def lookup(t: tf.Tensor) -> tf.Tensor:
+        shards = runtime.place(tf.reshape(t, [n, rows, dim]), ("vocab", None, None))
+        looked = runtime.place(tf.gather(shards, local_ids, axis=1), ("vocab",) + batch_dims + (None,))
+        out = tf.einsum("kbsm,bsk->bsm", looked, own)
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            hot = runtime.place(tf.one_hot(local_ids, rows, dtype=dy.dtype), batch_dims + (None,))
+            per_shard = tf.einsum("bsr,bsk,bsm->krm", hot, tf.cast(own, dy.dtype), dy)
+            per_shard = runtime.place(per_shard, ("vocab", None, None))
+            return tf.cast(tf.reshape(per_shard, [vocab, dim]), t.dtype)
+
+        return out, grad
+
+    return lookup(table.read_value() if isinstance(table, tf.Variable) else table)
+
+
 class Embedding(Block):
     def __init__(self, runtime: Runtime, path: str, seed: int, vocab: int, dim: int,
                  dims: tuple[str | None, str | None] = ("vocab", None), stddev: float = 0.02) -> None:
         super().__init__(runtime, path, seed)
+        self.vocab_split = dims[0] == "vocab"
         self.embeddings = self.var("embeddings", (vocab, dim), dims,
                                    truncated_normal(stddev, f"{path}/embeddings", seed))
 
     def __call__(self, ids: tf.Tensor) -> tf.Tensor:
+        if self.vocab_split:
+            return tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, ids), self.dtype)
         return tf.cast(tf.gather(self.embeddings, ids), self.dtype)
 
 

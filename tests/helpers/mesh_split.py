@@ -1,0 +1,131 @@
+"""The per-device program DTensor builds for one train step of each named mesh config, as JSON.
+
+Run in a subprocess (tests/test_mesh_split.py): the 4 logical CPU devices are set before TensorFlow
+starts, and DTensor writes its SPMD-expanded MLIR module (the program each device runs, with local
+shapes and the collectives it inserted) only when these variables are in the environment at start-up:
+TF_CPP_VMODULE=dtensor_mlir_passes=1, TF_DUMP_GRAPH_PREFIX=<dir>, MLIR_BRIDGE_LOG_PASS_FILTER=
+DTensorSPMDExpansion (a VLOG-gated dump in TF 2.21's dtensor_mlir_passes.cc).
+
+argv: dump dir, JSON {name: [config, [overrides]]}, then optionally `mutant`: gpt_oss's attention output
+projection then gathers its operands to full heads first (replicated compute, the losses unchanged), the
+bug the test must catch.
+
+Prints one RESULT line: {name: {"contractions": [...], "all_gathers": [...], "lookups": [...],
+"segment_sums": [...], "vocab": V, "hidden": m}}, every shape as "AxB" local to one device.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import tensorflow as tf  # noqa: E402
+
+from harness.train import loop  # noqa: E402
+from tests.helpers.step_case import build  # noqa: E402
+
+# Device groups of a 2x2 mesh {data: 2, model: 2} (device = 2 * data index + model index).
+AXES = {"[[0, 1], [2, 3]]": "model", "[[0, 2], [1, 3]]": "data", "[[0, 1, 2, 3]]": "all"}
+CONTRACTIONS = ("Einsum", "MatMul", "BatchMatMulV2")
+OP = re.compile(r'^\s*(%[\w#]+)(?::\d+)? = "tf\.(\w+)"\(([^)]*)\)(.*)$')
+CONST = re.compile(r'^\s*(%[\w#]+) = "tf\.Const"\(\) <\{value = dense<(.*?)> : tensor<')
+
+
+def replicate_attention_output() -> None:
+    """The mutant: ctx and the output kernel laid out with heads whole before `bshgd,hgdm->bsm`."""
+    from benchmarks.gpt_oss import model as gpt
+
+    original = gpt.Attention.__call__
+
+    def call(self, x, segments):
+        real_einsum = tf.einsum
+
+        def einsum(equation, *operands):
+            if equation == "bshgd,hgdm->bsm":
+                ctx, wo = operands
+                operands = (self.runtime.place(ctx, ("batch", None, None, None, None)),
+                            self.runtime.place(wo, (None, None, None, None)))
+            return real_einsum(equation, *operands)
+
+        gpt.tf.einsum = einsum
+        try:
+            return original(self, x, segments)
+        finally:
+            gpt.tf.einsum = real_einsum
+
+    gpt.Attention.__call__ = call
+
+
+def shapes(types: str) -> list[str]:
+    """Shapes of the tensor types in an MLIR type list ("tensor<2x3xf32>, tensor<i32>" -> ["2x3", ""])."""
+    return [m.group(1).rstrip("x") for m in re.finditer(r"tensor<((?:\d+x)*)\w+>", types)]
+
+
+def parse(text: str) -> dict:
+    consts = {m.group(1): m.group(2) for m in map(CONST.match, text.splitlines()) if m}
+    ops = []
+    for line in text.splitlines():
+        m = OP.match(line)
+        if not m:
+            continue
+        name, op, args, rest = m.groups()
+        sig = re.search(r":\s*\((.*)\)\s*->\s*(.*)$", rest)
+        ins, outs = (shapes(sig.group(1)), shapes(sig.group(2))) if sig else ([], [])
+        equation = re.search(r'equation = "([^"]*)"', rest)
+        reduce_op = re.search(r'reduce_op = "(\w+)"', rest)
+        ops.append(dict(name=name, op=op, args=[a.strip() for a in args.split(",") if a.strip()], ins=ins,
+                        outs=outs, equation=equation.group(1) if equation else op,
+                        reduce_op=reduce_op.group(1) if reduce_op else ""))
+    users: dict[str, list[dict]] = {}
+    for o in ops:
+        for a in o["args"]:
+            users.setdefault(a.split(":")[0], []).append(o)
+
+    def collectives(o: dict) -> list[str]:
+        out = []
+        for u in users.get(o["name"], []):
+            if u["op"].startswith("DTensor"):
+                groups = consts.get(u["args"][1], "") if len(u["args"]) > 1 else ""
+                out.append(" ".join(x for x in (u["op"], u["reduce_op"], AXES.get(groups, groups)) if x))
+        return out
+
+    return {
+        "contractions": [dict(equation=o["equation"], operands=o["ins"], result=o["outs"][0],
+                              collectives=collectives(o)) for o in ops if o["op"] in CONTRACTIONS],
+        "all_gathers": sorted(f"{o['ins'][0]}->{o['outs'][0]}" for o in ops if o["op"] == "DTensorAllGather"),
+        "lookups": [dict(params=o["ins"][0], result=o["outs"][0]) for o in ops
+                    if o["op"] in ("GatherV2", "ResourceGather")],
+        "segment_sums": [o["outs"][0] for o in ops if ("Segment" in o["op"] or "Scatter" in o["op"])
+                         and not o["op"].startswith("DTensor")],
+    }
+
+
+def main(dump: str, cases: dict[str, list], mutant: bool) -> None:
+    if mutant:
+        replicate_attention_output()
+    out = {}
+    for name, (config, overrides) in cases.items():
+        before = set(glob.glob(os.path.join(dump, "*")))
+        cfg, rt, wl = build(config, overrides)
+        steps = loop.CompiledSteps(rt, wl)
+        it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
+        steps.train_loop(it, tf.constant(1))
+        new = sorted(set(glob.glob(os.path.join(dump, "*after_DTensorSPMDExpansion*__train_loop*"))) - before)
+        if len(new) != 1:
+            raise SystemExit(f"{name}: expected one SPMD-expanded train_loop module in {dump}, found {new}")
+        with open(new[0]) as f:
+            out[name] = parse(f.read())
+        table = next(v.variable for v in rt.variables() if v.dims[:1] == ("vocab",))
+        out[name]["vocab"], out[name]["hidden"] = table.shape.as_list()
+    print("RESULT " + json.dumps(out), flush=True)
+    # Several meshes in one process: TensorFlow's teardown can abort after the result is out.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:] == ["mutant"])
