@@ -51,6 +51,8 @@ class RuntimeConfig:
                              "sees no GPU is refused)")
     gpus: int = field(-1, min=-1, doc="mirrored: number of GPUs to use (-1 = all visible; 0 is refused: "
                       "TensorFlow reads an empty device list as every device)")
+    slurm_port_base: int = field(8888, min=1, max=65535, doc="multi_worker without TF_CONFIG, started by srun: "
+                                 "the k-th task on a node listens on this port + k")
     tpu: str = field("", doc="TPU name or grpc:// address for kind=tpu ('' = $TPU_NAME if set, else this "
                      "host's TPU ('local', a TPU VM))")
     tpu_timeout_s: float = field(120.0, min=1.0, doc="give up connecting to the TPU after this long")

@@ -44,10 +44,38 @@ def tf_configs(n: int = 2) -> list[str]:
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(n)]
 
 
-def start_workers(out: str, *overrides: str) -> list[subprocess.Popen]:
+def free_port_pair() -> int:
+    """A port p with p + 1 free as well (two SLURM tasks on one node listen on port_base + 0, + 1)."""
+    while True:
+        (base,) = free_ports(1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+                return base
+            except OSError:
+                continue
+
+
+def slurm_envs(n: int = 2) -> tuple[list[dict], int]:
+    """The variables srun sets for n tasks on one node (here 127.0.0.1), one dict per task, and the port
+    base. No TF_CONFIG: the runtime reads the cluster from these."""
+    common = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": str(n), "SLURM_STEP_NUM_TASKS": str(n),
+              "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NNODES": "1",
+              "SLURM_TASKS_PER_NODE": str(n), "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURM_NODEID": "0"}
+    return [dict(common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)) for i in range(n)], free_port_pair()
+
+
+def start_workers(out: str, *overrides: str, launcher: str = "tf_config") -> list[subprocess.Popen]:
     procs = []
-    for tf_config in tf_configs():
-        env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    if launcher == "slurm":
+        tasks, port = slurm_envs()
+        envs = [dict(base, **task) for task in tasks]
+        overrides = (*overrides, *sets(runtime__slurm_port_base=port))
+    else:
+        envs = [dict(base, TF_CONFIG=tf_config) for tf_config in tf_configs()]
+    for env in envs:
+        env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "harness", "run", SMOKE, "--output_dir", out,
                *sets(runtime__kind="multi_worker", runtime__cpu_devices=1, run_id="mw"), *overrides]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -67,10 +95,11 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize("attempt", range(2))
-def test_two_processes_fixed_run_id_only_chief_writes(tmp_out, attempt):
-    """Both hosts use run_id 'mw': the non-chief must never judge the directory the chief just filled."""
-    procs = start_workers(tmp_out, *QUICK)
+@pytest.mark.parametrize("launcher", ["tf_config", "slurm"])
+def test_two_processes_fixed_run_id_only_chief_writes(tmp_out, launcher):
+    """Both hosts use run_id 'mw': the non-chief must never judge the directory the chief just filled.
+    Twice: with the cluster in TF_CONFIG, and from the variables srun sets (no TF_CONFIG)."""
+    procs = start_workers(tmp_out, *QUICK, launcher=launcher)
     try:
         outputs = [p.communicate(timeout=WAIT_S) for p in procs]
     finally:

@@ -23,7 +23,7 @@ def make_runtime(cfg: RuntimeConfig, platform: str = "") -> Runtime:
         return distribute.make_mirrored(cfg.cpu_devices, cfg.gpus, cfg.precision, cfg.jit_compile)
     if cfg.kind == "multi_worker":
         return distribute.make_multi_worker(cfg.precision, cfg.jit_compile, cfg.collective_timeout_s,
-                                            cfg.cpu_devices)
+                                            cfg.cpu_devices, cfg.slurm_port_base)
     if cfg.kind == "tpu":
         return distribute.make_tpu(cfg.tpu, cfg.tpu_timeout_s, cfg.precision, cfg.jit_compile, spatial,
                                    platform)

@@ -296,8 +296,9 @@ def make_mirrored(cpu_devices: int, gpus: int, precision: str, jit: str) -> Stra
 
 
 def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 600.0,
-                      cpu_devices: int = 0) -> StrategyRuntime:
-    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster.
+                      cpu_devices: int = 0, slurm_port_base: int = 8888) -> StrategyRuntime:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster, or, without TF_CONFIG, the cluster of the
+    SLURM job step this process is a task of (see slurm_cluster).
 
     Each worker computes on its GPUs; one that sees none is refused (a broken CUDA install would otherwise
     train on CPU, or mix NCCL and ring hosts), unless `cpu_devices` is 1: each worker on its CPU (tests),
@@ -309,6 +310,10 @@ def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 60
     host-side watchdog (watchdog.py), which then aborts the collectives (DeadlineExceededError).
     TensorFlow's own per-collective timeout is not used: it keeps a thread alive per collective.
     """
+    global _slurm
+    slurm = not os.environ.get("TF_CONFIG") and in_slurm_step()
+    if slurm:
+        _slurm = slurm_cluster(slurm_port_base)
     _cluster_from_env()
     if cpu_devices > 1:
         raise HarnessError(f"runtime.cpu_devices={cpu_devices} with runtime.kind=multi_worker: a worker runs "
@@ -325,19 +330,72 @@ def make_multi_worker(precision: str, jit: str, collective_timeout_s: float = 60
     impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
             else tf.distribute.experimental.CommunicationImplementation.RING)
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    resolver = None
+    if slurm:
+        cluster, (job, index) = _cluster_from_env()
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster), task_type=job, task_id=index, rpc_layer="grpc",
+            num_accelerators={"GPU": len(gpus)} if gpus else {})
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
     if not gpus:
         refuse_cpu_replica_jit("multi_worker", strategy.num_replicas_in_sync, jit)
     watchdog = CollectiveWatchdog(collective_timeout_s) if collective_timeout_s else None
     return StrategyRuntime("multi_worker", strategy, "GPU" if gpus else "CPU", precision, jit, watchdog=watchdog)
 
 
+# The SLURM job step's cluster once make_multi_worker has read it (the error translation needs it too).
+_slurm: tuple[dict[str, list[str]], tuple[str, int]] | None = None
+
+
+def in_slurm_step() -> bool:
+    """Whether this process is a task of a SLURM job step (srun sets SLURM_PROCID)."""
+    return "SLURM_PROCID" in os.environ
+
+
+def slurm_cluster(port_base: int) -> tuple[dict[str, list[str]], tuple[str, int]]:
+    """The cluster (one "worker" per SLURM task) and this task, from the variables srun sets.
+
+    Tasks are listed node by node in SLURM's node order, the k-th task of a node at port_base + k, so
+    task SLURM_PROCID is the one srun's default block distribution started there. TensorFlow's
+    SlurmClusterResolver is not used as such: it sorts host names as strings (node10 before node9, so
+    ranks land on another node's address beyond 9 nodes) and needs GPUs per task. Its parsers of SLURM's
+    compressed lists ("node[01-04]", "2(x3),1") are.
+    """
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+    def var(*names: str) -> str:
+        for name in names:
+            if os.environ.get(name):
+                return os.environ[name]
+        raise HarnessError(f"runtime.kind=multi_worker under SLURM: {names[0]} is not set (start the harness "
+                           f"with srun, one task per host; see README)")
+
+    nodes_text = var("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    counts_text = var("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    try:
+        nodes = slurm.expand_hostlist(nodes_text)
+        counts = slurm.expand_tasks_per_node(counts_text)
+        tasks, rank = int(var("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")), int(var("SLURM_PROCID"))
+    except ValueError as e:
+        raise HarnessError(f"runtime.kind=multi_worker under SLURM: cannot read the job step ({e})") from None
+    addresses = [f"{node}:{port_base + k}" for node, count in zip(nodes, counts) for k in range(count)]
+    if len(nodes) != len(counts) or len(addresses) != tasks or not 0 <= rank < tasks:
+        raise HarnessError(f"runtime.kind=multi_worker under SLURM: nodes {nodes_text!r} with tasks per node "
+                           f"{counts_text!r} do not give {tasks} tasks with this one (SLURM_PROCID={rank}) "
+                           f"among them")
+    return {"worker": addresses}, ("worker", rank)
+
+
 def _cluster_from_env() -> tuple[dict[str, list[str]], tuple[str, int]]:
-    """TF_CONFIG's cluster (job -> addresses) and this task (job, index)."""
+    """TF_CONFIG's cluster (job -> addresses) and this task (job, index); without TF_CONFIG, the SLURM job
+    step's once make_multi_worker has read it."""
     raw = os.environ.get("TF_CONFIG", "")
+    if not raw and _slurm is not None:
+        return _slurm
     if not raw:
         raise HarnessError("runtime.kind=multi_worker needs the TF_CONFIG environment variable "
-                           "(cluster and task, see README)")
+                           "(cluster and task, see README), or to be started by srun as a task of a SLURM "
+                           "job step")
     try:
         tf_config = json.loads(raw)
         cluster = {job: list(addresses) for job, addresses in tf_config["cluster"].items()}
