@@ -100,6 +100,41 @@ def test_colour_jitter_on_device_is_the_host_jitter_batched():
     np.testing.assert_allclose(color_jitter(image, f).numpy(), tf.clip_by_value(want, 0, 1).numpy(), atol=1e-5)
 
 
+def test_images_leave_the_host_in_the_compute_dtype():
+    """data.images_in_compute_dtype: under bfloat16 the host sends bfloat16 images (train and eval), the
+    model's first conv casts to it anyway (logits bit for bit), and device-jittered pixels are jittered in
+    float32 after rounding; false keeps float32."""
+    from benchmarks.ssd.model import SSD
+    from harness.config import RuntimeConfig
+    from harness.runtime import make_runtime
+
+    on, off = make_source(synthetic(), MODEL, tf.bfloat16), make_source(synthetic(images_in_compute_dtype=False),
+                                                                      MODEL, tf.bfloat16)
+    a, b = take(on.train(ctx()), 4), take(off.train(ctx()), 4)
+    assert {el["image"].dtype for el in a} == {np.dtype(tf.bfloat16.as_numpy_dtype)} and b[0]["image"].dtype == np.float32
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x["image"], y["image"].astype(tf.bfloat16.as_numpy_dtype))
+        np.testing.assert_array_equal(x["jitter"], y["jitter"])
+    jittered = device_image({k: tf.constant(np.stack([el[k] for el in a])) for k in a[0]})
+    assert jittered.dtype == tf.float32
+    np.testing.assert_allclose(jittered.numpy(), device_image({k: tf.constant(np.stack([el[k] for el in b]))
+                                                               for k in b[0]}).numpy(), atol=2e-2)
+    record = next(iter(on.eval_records()))
+    assert on.eval_parse(record)["image"].dtype == tf.bfloat16
+    from harness import config as config_lib
+    smoke = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                "configs", "ssd", "smoke.yaml"), []).model
+    normalized = tf.constant(np.stack([el["image"] for el in take(make_source(synthetic(augment=False), smoke)
+                                                                    .train(ctx()), 2)]))
+    runtime = make_runtime(RuntimeConfig(precision="bfloat16"))
+    with runtime.scope():
+        model = SSD(runtime, 1, smoke, 1)
+    loc_f, conf_f = model(normalized, training=False)
+    loc_b, conf_b = model(tf.cast(normalized, tf.bfloat16), training=False)
+    np.testing.assert_array_equal(loc_f.numpy(), loc_b.numpy())
+    np.testing.assert_array_equal(conf_f.numpy(), conf_b.numpy())
+
+
 def test_synthetic_keeps_exactly_train_samples_nonempty_images_and_shards_hosts():
     cfg = synthetic(augment=False, train_samples=40)
     src = make_source(cfg, MODEL)

@@ -38,6 +38,11 @@ class DataConfig(PipelineConfig):
                                    "and sends the resized [0, 1] image; the train step applies the jitter and "
                                    "normalization to the batch (the same formulas and draws; the host's costliest "
                                    "float work moves to the accelerator)")
+    images_in_compute_dtype: bool = field(
+        True, doc="with runtime.precision bfloat16 or float16 the host sends images already cast to it (half the "
+        "bytes batched and copied to the device): normalized images are what the model's first conv casts to "
+        "anyway (identical numerics); with jitter_on_device the resized [0, 1] pixels are rounded to it (bfloat16: "
+        "steps of 1/256 near 1, the JPEG's own 8-bit levels) and jittered in float32. false = float32 images")
     shuffle_buffer: int = field(10000, min=1)
     synthetic_seed: int = field(0, doc="fixes the synthetic shapes; the run seed fixes the order")
     synthetic_classes: int = field(3, min=1, max=4, doc="synthetic: shape classes (category ids 1, 5, 9, 13)")

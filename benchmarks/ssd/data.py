@@ -1,7 +1,8 @@
 """SSD inputs: COCO TFRecords with their instances json, TFDS coco/2017, or the in-memory synthetic shapes task.
 
 Every source gives the same training elements (unbatched, static shapes, so the harness can batch and shard them):
-  image  float32 [S, S, 3]  scaled to [0, 1], then normalized with the ImageNet mean/std (specs/ssd.md section 1)
+  image  float32 [S, S, 3]  scaled to [0, 1], then normalized with the ImageNet mean/std (specs/ssd.md section 1);
+         in the compute dtype (bfloat16/float16) under data.images_in_compute_dtype
   boxes  float32 [max_boxes, 4]  ltrb = (xmin, ymin, xmax, ymax) normalized to [0, 1]; zero rows pad
   labels int32 [max_boxes]  contiguous class labels 1..C (the CategoryMap of the source); 0 pads
   jitter float32 [4]  only with augment and data.jitter_on_device: the colour jitter's draws; the image is then
@@ -195,10 +196,10 @@ def color_jitter(images01: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
 
 def device_image(batch: dict[str, tf.Tensor]) -> tf.Tensor:
     """The model's training input: a batch that carries jitter draws gets its colour jitter and normalization
-    here, in the step; otherwise the host did both."""
+    here, in the step, in float32 (the pixels may arrive in the compute dtype); otherwise the host did both."""
     if "jitter" not in batch:
         return batch["image"]
-    return normalize(color_jitter(batch["image"], batch["jitter"]))
+    return normalize(color_jitter(tf.cast(batch["image"], tf.float32), batch["jitter"]))
 
 
 def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -211,11 +212,12 @@ def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.T
 
 def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor, size: int,
                      max_boxes: int, augment: bool, max_samples: int,
-                     jitter_on_device: bool = False) -> dict[str, tf.Tensor]:
+                     jitter_on_device: bool = False, dtype: tf.DType = tf.float32) -> dict[str, tf.Tensor]:
     """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes.
 
     `jitter_on_device` (with augment): the element carries the resized [0, 1] image and its jitter draws
-    (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step.
+    (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step. The image leaves
+    in `dtype` (`data.images_in_compute_dtype`).
     """
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
     boxes = tf.cast(boxes, tf.float32)
@@ -225,16 +227,16 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
     image = resize(image, size)
     boxes, labels = pad_boxes(boxes, labels, max_boxes)
     if not augment:
-        return {"image": normalize(image), "boxes": boxes, "labels": labels}
+        return {"image": tf.cast(normalize(image), dtype), "boxes": boxes, "labels": labels}
     factors = jitter_factors(keys[2])
     if jitter_on_device:
-        return {"image": image, "jitter": factors, "boxes": boxes, "labels": labels}
-    return {"image": normalize(color_jitter(image, factors)), "boxes": boxes, "labels": labels}
+        return {"image": tf.cast(image, dtype), "jitter": factors, "boxes": boxes, "labels": labels}
+    return {"image": tf.cast(normalize(color_jitter(image, factors)), dtype), "boxes": boxes, "labels": labels}
 
 
-def preprocess_eval(image: tf.Tensor, size: int) -> dict[str, tf.Tensor]:
+def preprocess_eval(image: tf.Tensor, size: int, dtype: tf.DType = tf.float32) -> dict[str, tf.Tensor]:
     """Eval: resize to size x size and normalize only."""
-    return {"image": normalize(resize(image, size))}
+    return {"image": tf.cast(normalize(resize(image, size)), dtype)}
 
 
 def _element_seed(ctx: InputContext, index: tf.Tensor) -> tf.Tensor:
@@ -306,17 +308,18 @@ def count_images_with_boxes(files: list[str]) -> int:
 class _Source:
     category_map: CategoryMap
 
-    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig) -> None:
+    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig, image_dtype: tf.DType = tf.float32) -> None:
         self.cfg = data_cfg
         self.size = model_cfg.image_size
+        self.image_dtype = image_dtype
         self._gt = None
 
     def _augment(self, ctx: InputContext) -> Callable[..., dict[str, tf.Tensor]]:
-        c, size = self.cfg, self.size
+        c, size, dtype = self.cfg, self.size, self.image_dtype
 
         def fn(index: tf.Tensor, image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
             return preprocess_train(image, boxes, labels, _element_seed(ctx, index), size, c.max_boxes, c.augment,
-                                    c.max_samples, c.jitter_on_device)
+                                    c.max_samples, c.jitter_on_device, dtype)
         return fn
 
     def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext) -> tf.data.Dataset:
@@ -353,8 +356,8 @@ class SyntheticSource(_Source):
     generator's seed, so this is the same set on every host and run). Eval keeps all eval_samples images.
     """
 
-    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig) -> None:
-        super().__init__(data_cfg, model_cfg)
+    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig, image_dtype: tf.DType = tf.float32) -> None:
+        super().__init__(data_cfg, model_cfg, image_dtype)
         self.category_map = CategoryMap(synthetic_shapes.category_ids(data_cfg.synthetic_classes))
         self._train_data: dict[str, Any] | None = None
         self._eval_data: dict[str, np.ndarray] | None = None
@@ -429,7 +432,7 @@ class SyntheticSource(_Source):
         return tf.data.Dataset.range(self.cfg.eval_samples)
 
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
-        return preprocess_eval(tf.gather(self._eval_images_tensor(), record), self.size)
+        return preprocess_eval(tf.gather(self._eval_images_tensor(), record), self.size, self.image_dtype)
 
     @property
     def eval_image_ids(self) -> np.ndarray:
@@ -474,8 +477,8 @@ class TFRecordSource(_Source):
     ids must be exactly the eval records' ids.
     """
 
-    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig) -> None:
-        super().__init__(data_cfg, model_cfg)
+    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig, image_dtype: tf.DType = tf.float32) -> None:
+        super().__init__(data_cfg, model_cfg, image_dtype)
         self._coco = None
         self._cmap: CategoryMap | None = None
         self._eval_scan: dict[str, Any] | None = None
@@ -671,7 +674,7 @@ class TFRecordSource(_Source):
 
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         ex = tf.io.parse_single_example(record, {"image/encoded": FEATURES["image/encoded"]})
-        return preprocess_eval(_decode(ex["image/encoded"]), self.size)
+        return preprocess_eval(_decode(ex["image/encoded"]), self.size, self.image_dtype)
 
     def ground_truth(self) -> Any:
         """The annotation json itself (its image ids are checked to be exactly the eval records')."""
@@ -693,8 +696,8 @@ class TFDSSource(_Source):
 
     NUM_LABELS = 80
 
-    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig) -> None:
-        super().__init__(data_cfg, model_cfg)
+    def __init__(self, data_cfg: DataConfig, model_cfg: ModelConfig, image_dtype: tf.DType = tf.float32) -> None:
+        super().__init__(data_cfg, model_cfg, image_dtype)
         self.category_map = coco_category_map()
         self._eval_scan: dict[str, np.ndarray] | None = None
 
@@ -803,7 +806,7 @@ class TFDSSource(_Source):
         return self._load(self.cfg.tfds_eval_split, None).map(_encoded_image)
 
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
-        return preprocess_eval(_decode(record), self.size)
+        return preprocess_eval(_decode(record), self.size, self.image_dtype)
 
     def ground_truth(self) -> Any:
         """COCO ground truth rebuilt from the eval split (close to the json; areas are w*h, not mask areas)."""
@@ -826,7 +829,9 @@ class TFDSSource(_Source):
 Source = SyntheticSource | TFRecordSource | TFDSSource
 
 
-def make_source(data_cfg: DataConfig, model_cfg: ModelConfig) -> Source:
-    """The input source named by data_cfg.source; constructing it reads nothing (validate() and train() do)."""
+def make_source(data_cfg: DataConfig, model_cfg: ModelConfig, compute_dtype: tf.DType = tf.float32) -> Source:
+    """The input source named by data_cfg.source; constructing it reads nothing (validate() and train() do).
+    Its images leave the host in `compute_dtype` under `data.images_in_compute_dtype`, else float32."""
+    dtype = compute_dtype if data_cfg.images_in_compute_dtype else tf.float32
     return {"synthetic": SyntheticSource, "tfrecord": TFRecordSource, "tfds": TFDSSource}[data_cfg.source](
-        data_cfg, model_cfg)
+        data_cfg, model_cfg, dtype)

@@ -54,7 +54,7 @@ class SSDWorkload(Workload):
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
-        self.source = data.make_source(cfg.data, cfg.model)
+        self.source = data.make_source(cfg.data, cfg.model, runtime.compute_dtype)
         self.model: SSD | None = None
         self.bn_group = runtime.batch_norm_group(cfg.model.bn_span, self.replica_batch)
         self.bn_span = self.bn_group * self.replica_batch
@@ -172,7 +172,7 @@ class SSDWorkload(Workload):
             notes.append(f"model.backbone_checkpoint {m.backbone_checkpoint} not read: weights from the initializers")
             m.backbone_checkpoint = ""  # the dry run's own config: build() then reads no file
         size, boxes = m.image_size, c.data.max_boxes
-        image = tf.TensorSpec([size, size, 3], tf.float32)
+        image = tf.TensorSpec([size, size, 3], self.source.image_dtype)
         train = {"image": image, "boxes": tf.TensorSpec([boxes, 4], tf.float32),
                  "labels": tf.TensorSpec([boxes], tf.int32)}
         if c.data.augment and c.data.jitter_on_device:
