@@ -368,7 +368,7 @@ def slurm_cluster(port_base: int) -> tuple[dict[str, list[str]], tuple[str, int]
             if os.environ.get(name):
                 return os.environ[name]
         raise HarnessError(f"runtime.kind=multi_worker under SLURM: {names[0]} is not set (start the harness "
-                           f"with srun, one task per host; see README)")
+                           f"with srun, one task per host; see docs/accelerators.md)")
 
     nodes_text = var("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     counts_text = var("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
@@ -394,8 +394,8 @@ def _cluster_from_env() -> tuple[dict[str, list[str]], tuple[str, int]]:
         return _slurm
     if not raw:
         raise HarnessError("runtime.kind=multi_worker needs the TF_CONFIG environment variable "
-                           "(cluster and task, see README), or to be started by srun as a task of a SLURM "
-                           "job step")
+                           "(cluster and task, see docs/accelerators.md), or to be started by srun as a task of "
+                           "a SLURM job step")
     try:
         tf_config = json.loads(raw)
         cluster = {job: list(addresses) for job, addresses in tf_config["cluster"].items()}
