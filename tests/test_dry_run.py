@@ -161,3 +161,64 @@ def test_gpt_oss_counted_cost_is_the_compiled_models_params_and_a_lower_bound_of
     assert counted.params == r.params
     assert 0 < counted.train_flops_per_sample * r.per_replica_batch <= r.train_flops_per_replica_step
     assert 0 < counted.eval_flops_per_sample * r.eval_per_replica_batch <= r.eval_flops_per_replica_step
+
+
+MESH_CONFIG = "configs/bert/smoke-mesh.yaml"  # data 2 x model 2; reduced width, 8 examples per replica
+MESH_OVERRIDES = REDUCED["bert"] + ["schedule.global_batch_size=16", "schedule.eval_batch_size=16"]
+
+
+def _layout_split_bytes(trainable_only: bool = False) -> tuple[int, int, int]:
+    """(bytes of the model's variables a model-axis layout splits, of the others, model ways), from the
+    config's own layout and the built model's variables, independently of the dry run's arithmetic."""
+    cfg = config_lib.load_config(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES)
+    workload, runtime, _ = dryrun.standin_model(cfg)
+    workload.dry_run_inputs()
+    with runtime.scope():
+        workload.build()
+    layout, model = cfg.runtime.layout, "model"
+    sharded = whole = 0
+    for v in runtime.variables(trainable=True if trainable_only else None):
+        if v.path.startswith(f"{workload.optimizer.name}/"):
+            continue
+        size = v.variable.shape.num_elements() * v.variable.dtype.size
+        if any(d is not None and layout.get(d) == model for d in v.dims):
+            sharded += size
+        else:
+            whole += size
+    return sharded, whole, int(cfg.runtime.mesh[model])
+
+
+def test_dry_run_reports_memory_per_device_on_a_model_axis():
+    """A mesh with a model axis (review accelerator-path-2, 6e): weights, optimizer state, gradients and an
+    activation estimate per device, and a peak that is their sum; weights split as the layout says."""
+    r = dryrun.compile_report(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES, optimize=True)
+    assert r.model_axis == 2
+    assert r.peak_bytes_per_device is not None and r.activation_bytes_per_device is not None
+    sharded, whole, ways = _layout_split_bytes()
+    assert sharded > 0 and ways == 2
+    assert r.weight_bytes_per_device == whole + sharded // ways
+    t_sharded, t_whole, _ = _layout_split_bytes(trainable_only=True)  # float32: gradient = weight
+    assert r.gradient_bytes_per_device == t_whole + t_sharded // ways < r.gradient_bytes
+    assert r.activation_bytes_per_device > 0
+    assert r.peak_bytes_per_device == (r.weight_bytes_per_device + r.optimizer_bytes_per_device
+                                       + r.gradient_bytes_per_device + r.activation_bytes_per_device)
+    assert r.eval_peak_bytes_per_device is not None and r.eval_peak_bytes_per_device > r.weight_bytes_per_device
+    assert r.memory_source.startswith("estimate: ") and "split evenly over its 2 devices" in r.memory_source
+    lines = "\n".join(r.lines())
+    assert "peak memory per device (estimate, train step): " in lines and "not reported" not in lines
+    assert "activations and other temporaries per device (estimate, train step): " in lines
+
+
+def test_spatial_replica_memory_splits_activations_not_weights():
+    """TPU spatial partitioning (a replica over 4 cores, weights whole on each): the estimate splits the
+    plan's activations over the cores and keeps every core's full state and gradients."""
+    m = dryrun.memory_per_device(peak=1000, eval_peak=500, devices=4, state=(300, 300), eval_state=(100, 100),
+                                 gradients=(100, 100))
+    assert (m.activations, m.peak, m.eval_peak) == (150, 300 + 100 + 150, 100 + 100)
+    assert m.source.startswith("estimate: ")
+    one = dryrun.memory_per_device(peak=1000, eval_peak=500, devices=1, state=(300, 300), eval_state=(100, 100),
+                                   gradients=(100, 100))
+    assert (one.activations, one.peak, one.eval_peak) == (600, 1000, 500)  # XLA's own plan, as it is
+    assert one.source.startswith("XLA:CPU buffer assignment")
+    none = dryrun.memory_per_device(None, None, 4, (300, 300), (100, 100), (100, 100))
+    assert none.peak is None and none.activations is None

@@ -51,11 +51,14 @@ class CompileReport:
     weight_bytes_per_device: int
     optimizer_bytes_per_device: int
     gradient_bytes: int      # bytes all-reduced per step per replica (trainable params x grad dtype)
-    peak_bytes_per_device: int | None
+    peak_bytes_per_device: int | None  # XLA:CPU's plan (one device per replica), else the sum of the parts
     compile_seconds: dict[str, float]    # {"train": ..., "eval": ...}
     runtime_kind: str = ""
     precision: str = "float32"
     eval_peak_bytes_per_device: int | None = None
+    gradient_bytes_per_device: int = 0   # each gradient split as its variable is
+    activation_bytes_per_device: int | None = None  # estimate: see `memory_source`
+    memory_source: str = ""  # how peak and activation bytes per device were obtained
     stand_in: list[str] = dataclasses.field(default_factory=list)  # what stood in for what, and how
     # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
     traced: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -66,6 +69,8 @@ class CompileReport:
     def lines(self) -> list[str]:
         def gib(n: int | None) -> str:
             return "not reported" if n is None else f"{n / 2**30:.3f} GiB ({n:,} bytes)"
+
+        how = "estimate" if self.memory_source.startswith("estimate") else "XLA:CPU buffer assignment"
 
         return [
             f"dry run: {self.workload} from {self.config} (XLA compile only: no data read, no log, no timing)",
@@ -83,8 +88,12 @@ class CompileReport:
             f"weights per device: {gib(self.weight_bytes_per_device)}",
             f"optimizer state per device: {gib(self.optimizer_bytes_per_device)}",
             f"gradients all-reduced per replica per step: {gib(self.gradient_bytes)}",
-            f"peak memory per device (XLA:CPU buffer assignment, train step): {gib(self.peak_bytes_per_device)}",
-            f"peak memory per device (XLA:CPU buffer assignment, eval step): {gib(self.eval_peak_bytes_per_device)}",
+            f"gradients per device: {gib(self.gradient_bytes_per_device)}",
+            f"activations and other temporaries per device (estimate, train step): "
+            f"{gib(self.activation_bytes_per_device)}",
+            f"peak memory per device ({how}, train step): {gib(self.peak_bytes_per_device)}",
+            f"peak memory per device ({how}, eval step): {gib(self.eval_peak_bytes_per_device)}",
+            f"memory source: {self.memory_source}",
         ]
 
 
@@ -431,18 +440,26 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size / runtime.layout_shards(v.dims)
                        for v in infos))
 
+    def whole(infos: list) -> int:
+        return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size for v in infos))
+
     trainable = runtime.variables(trainable=True)
+    memory = memory_per_device(
+        train.peak_bytes, evaluation.peak_bytes, plan.model_axis,
+        state=(whole(model_vars) + whole(opt_vars), per_device(model_vars) + per_device(opt_vars)),
+        eval_state=(whole(model_vars), per_device(model_vars)),
+        gradients=(whole(trainable), per_device(trainable)))
     notes = list(plan.notes) + [
         f"one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
-        f"(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled"]
+        f"(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
+        "the warm-up's copy of the initial state is kept in host memory, not on the devices"]
     if plan.model_axis > 1:
         notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "
-                     f"devices repeat is counted once); bytes per device divide each variable by its layout; "
-                     f"XLA's peak is that of the unpartitioned replica, so it is not reported per device")
+                     f"devices repeat is counted once); bytes of weights, optimizer state and gradients per "
+                     f"device divide each variable by its layout; activations are an estimate (memory source)")
     notes += data_notes + ([eval_note] if eval_note else [])
     if workload.cfg.schedule.gradient_accumulation_steps > 1:
         notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
-    whole = plan.model_axis == 1
     return CompileReport(
         workload=cfg.workload, config=config_path, replicas=plan.replicas, model_axis=plan.model_axis,
         per_replica_batch=per_replica, global_batch=gbs, eval_per_replica_batch=eval_per_replica,
@@ -452,12 +469,48 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
                      "elementwise 1 per element, while-loop bodies once; XLA's HloCostAnalysis is not exposed "
                      "by TensorFlow's Python API)",
         weight_bytes_per_device=per_device(model_vars), optimizer_bytes_per_device=per_device(opt_vars),
-        gradient_bytes=int(sum(v.variable.shape.num_elements() * v.variable.dtype.size for v in trainable)),
-        peak_bytes_per_device=train.peak_bytes if whole else None,
-        eval_peak_bytes_per_device=evaluation.peak_bytes if whole else None,
+        gradient_bytes=whole(trainable), gradient_bytes_per_device=per_device(trainable),
+        activation_bytes_per_device=memory.activations, peak_bytes_per_device=memory.peak,
+        eval_peak_bytes_per_device=memory.eval_peak, memory_source=memory.source,
         compile_seconds={"train": round(train.seconds, 2), "eval": round(evaluation.seconds, 2)},
         runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes,
         traced={"train": train.traced, "eval": evaluation.traced})
+
+
+@dataclasses.dataclass
+class DeviceMemory:
+    peak: int | None
+    eval_peak: int | None
+    activations: int | None
+    source: str
+
+
+def memory_per_device(peak: int | None, eval_peak: int | None, devices: int, state: tuple[int, int],
+                      eval_state: tuple[int, int], gradients: tuple[int, int]) -> DeviceMemory:
+    """Per-device memory of one replica's steps from XLA:CPU's plan of the whole (unpartitioned) replica.
+
+    `state`, `eval_state` and `gradients` are (whole replica, per device) bytes, the per-device part from
+    each variable's layout. The activation estimate is the plan's peak less the replica's whole state and
+    gradients (activations and every other temporary), split evenly over the replica's `devices`. Where a
+    replica is one device holding whole variables the plan's peak is the peak; otherwise (a model axis,
+    spatial partitioning, variables split over the data axis) it is this device's state and gradients
+    plus its activations. None without a plan (a trace-only dry run)."""
+    if peak is None:
+        return DeviceMemory(None, None, None, "no XLA memory plan (trace only)")
+    activations = max(peak - state[0] - gradients[0], 0) // devices
+    if devices == 1 and state[0] == state[1] and gradients[0] == gradients[1]:
+        return DeviceMemory(peak, eval_peak, activations, (
+            "XLA:CPU buffer assignment of the replica's step (TPU tiling and GPU fusion differ); activations "
+            "= that peak less weights, optimizer state and gradients"))
+    eval_activations = None if eval_peak is None else max(eval_peak - eval_state[0], 0) // devices
+    return DeviceMemory(
+        state[1] + gradients[1] + activations,
+        None if eval_activations is None else eval_state[1] + eval_activations,
+        activations,
+        f"estimate: XLA:CPU buffer assignment of the whole, unpartitioned replica less its weights, optimizer "
+        f"state and gradients, split evenly over its {devices} devices (a lower bound where the layout keeps "
+        f"an activation whole on every device, e.g. the hidden stream on a model axis); plus this device's "
+        f"shards of weights, optimizer state and gradients")
 
 
 def main(config_path: str, overrides: list[str], json_path: str | None = None) -> int:
