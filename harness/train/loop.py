@@ -54,7 +54,7 @@ class RunResult:
     traces: dict[str, int]
     converged_key: str = "epochs_to_converge"
     loss_scale: dict[str, float] | None = None  # precision=float16: final scale, skipped steps
-    input_wait_s: float = 0.0        # training time the steps spent blocked on the input iterator
+    input_wait_s: float = 0.0        # training time spent waiting for batches (the pipeline's InputWait)
 
     @property
     def converged_at(self) -> float | None:
