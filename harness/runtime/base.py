@@ -78,8 +78,6 @@ class Runtime(abc.ABC):
     kind: str = ""
     # runtime.spatial_partition once validated: () when each example stays on one device.
     spatial_dims: tuple[int, ...] = ()
-    # Whether the host loop can read a clock around `next(iterator)` (the input-wait meter).
-    clock_in_host_loop: bool = True
     # The layout: tensor dimension name -> mesh dimension, and mesh dimension sizes (empty: nothing split).
     rules: dict[str, str] = {}
     sizes: dict[str, int] = {}

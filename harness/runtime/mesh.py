@@ -38,8 +38,6 @@ def _slicer(parts: int) -> Callable[..., tf.data.Dataset]:
 
 class MeshRuntime(Runtime):
     kind = "mesh"
-    # DTensor has no layout rule for tf.timestamp; the loop reads no clock on any runtime now.
-    clock_in_host_loop = False
 
     def __init__(self, mesh: dtensor.Mesh, sizes: dict[str, int], layout: dict[str, str], device_type: str,
                  precision: str, jit_compile: str) -> None:
