@@ -161,6 +161,11 @@ def test_gpt_oss_counted_cost_is_the_compiled_models_params_and_a_lower_bound_of
     assert counted.params == r.params
     assert 0 < counted.train_flops_per_sample * r.per_replica_batch <= r.train_flops_per_replica_step
     assert 0 < counted.eval_flops_per_sample * r.eval_per_replica_batch <= r.eval_flops_per_replica_step
+    # The report shows the compiled step against that useful count (the MoE dispatch's waste is visible).
+    useful = counted.train_flops_per_sample * r.per_replica_batch
+    assert r.useful_train_flops_per_replica_step == pytest.approx(useful)
+    ratio = f"compiled / useful = {r.train_flops_per_replica_step / useful:.2f}"
+    assert [line for line in r.lines() if line.startswith("useful FLOPs") and line.endswith(ratio)]
 
 
 MESH_CONFIG = "configs/bert/smoke-mesh.yaml"  # data 2 x model 2; reduced width, 8 examples per replica

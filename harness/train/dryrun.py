@@ -60,6 +60,8 @@ class CompileReport:
     activation_bytes_per_device: int | None = None  # estimate: see `memory_source`
     memory_source: str = ""  # how peak and activation bytes per device were obtained
     stand_in: list[str] = dataclasses.field(default_factory=list)  # what stood in for what, and how
+    # The workload's useful FLOPs (benchmarks/<name>/cost.py) for the same per-replica batch: 0 = no cost model.
+    useful_train_flops_per_replica_step: float = 0.0
     # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
     traced: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -85,6 +87,10 @@ class CompileReport:
             f"FLOPs per train step (one replica): {self.train_flops_per_replica_step:.4g}",
             f"FLOPs per eval step (one replica): {self.eval_flops_per_replica_step:.4g}",
             f"FLOPs source: {self.flops_source}",
+            *([f"useful FLOPs per train step (one replica, the cost module's count): "
+               f"{self.useful_train_flops_per_replica_step:.4g}; compiled / useful = "
+               f"{self.train_flops_per_replica_step / self.useful_train_flops_per_replica_step:.2f}"]
+              if self.useful_train_flops_per_replica_step else []),
             f"weights per device: {gib(self.weight_bytes_per_device)}",
             f"optimizer state per device: {gib(self.optimizer_bytes_per_device)}",
             f"gradients all-reduced per replica per step: {gib(self.gradient_bytes)}",
@@ -408,6 +414,17 @@ def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePl
     return workload, runtime, plan
 
 
+def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
+    """What the workload's cost module counts as useful for one replica's train step (0: no cost module), so
+    the report can show how much more the compiled step does (dense MoE dispatch, padding, recompute)."""
+    from harness.plan import cost as cost_lib
+
+    try:
+        return cost_lib.analytic(cfg).train_flops_per_sample * per_replica_batch
+    except HarnessError:
+        return 0.0
+
+
 def compile_report(config_path: str, overrides: list[str], optimize: bool = True) -> CompileReport:
     """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
     (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks)."""
@@ -465,6 +482,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         per_replica_batch=per_replica, global_batch=gbs, eval_per_replica_batch=eval_per_replica,
         params=int(sum(v.variable.shape.num_elements() for v in trainable)),
         train_flops_per_replica_step=train.flops, eval_flops_per_replica_step=evaluation.flops,
+        useful_train_flops_per_replica_step=useful_train_flops(cfg, per_replica),
         flops_source="counted (from the HLO module TensorFlow gives XLA: dot/convolution 2 per multiply-add, "
                      "elementwise 1 per element, while-loop bodies once; XLA's HloCostAnalysis is not exposed "
                      "by TensorFlow's Python API)",
