@@ -75,6 +75,10 @@ class RuntimeConfig:
                                  doc="kind=mesh: mesh dimension sizes")
     layout: dict[str, str] = field(default_factory=dict,
                                    doc="kind=mesh: named tensor dimension -> mesh dimension")
+    fsdp: bool = field(False, doc="kind=mesh: fully sharded data parallelism: every variable (weights, "
+                       "optimizer slots) also split over the batch mesh dimension on its largest dimension "
+                       "that dimension's size divides (too small: replicated), gathered where the model "
+                       "reads it; gradients reduced into the shards")
     spatial_partition: list[int] = field(default_factory=list,
                                          doc="kind=tpu: split image inputs [batch, height, width, channels] "
                                          "this many ways per dimension over one replica's cores, e.g. "
@@ -89,6 +93,9 @@ class RuntimeConfig:
             raise HarnessError("config runtime.gpus: 0 would mean every visible GPU to TensorFlow (an empty "
                                "device list); set runtime.gpus=-1 for all GPUs, N > 0 for N, or "
                                "runtime.cpu_devices=N to run on the CPU")
+        if self.fsdp and self.kind != "mesh":
+            raise HarnessError(f"config runtime.fsdp: true needs runtime.kind=mesh (got {self.kind!r}): FSDP "
+                               "splits variables over a DTensor mesh's data dimension")
 
 
 @dataclasses.dataclass

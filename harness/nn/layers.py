@@ -178,7 +178,7 @@ def vocab_parallel_lookup(runtime: Runtime, table: tf.Variable | tf.Tensor, ids:
     output layer), so table, gradient and optimizer update stay shards.
     """
     n = runtime.shards("vocab")
-    table = table.read_value() if isinstance(table, tf.Variable) else table
+    table = runtime.read(table) if isinstance(table, tf.Variable) else table
     if n == 1:
         return tf.gather(table, ids)
     if ids.shape.rank != 2:

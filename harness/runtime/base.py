@@ -188,6 +188,10 @@ class Runtime(abc.ABC):
     def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
         ...
 
+    def read(self, variable: tf.Variable) -> tf.Tensor:
+        """A variable's value as the model computes with it (a mesh with FSDP gathers the shards)."""
+        return variable.read_value()
+
     def variables(self, trainable: bool | None = None) -> list[VariableInfo]:
         return [v for v in self._variables.values() if trainable is None or v.trainable == trainable]
 

@@ -5,6 +5,11 @@ Each variable's named dimensions are mapped to mesh dimensions through `runtime.
 Inputs arrive with their batch dimension sharded on the batch mesh dimension, so every reduction the
 model does over the batch is already global: `sum`, `mean` and gradient all-reduce are identities, and
 DTensor inserts the collectives. Everything runs inside tf.functions executed under the mesh.
+
+FSDP (`runtime.fsdp`, ZeRO-3 style): every variable is additionally split over the batch mesh dimension
+on one of its dimensions (see `MeshRuntime.storage_layout`), so weights, their gradients and the optimizer
+slots made with the same dims are 1/data per device; a weight is gathered (all-gather) to its compute
+layout where the model reads it, and its gradient comes back reduced into the shard.
 """
 from __future__ import annotations
 
@@ -36,15 +41,31 @@ def _slicer(parts: int) -> Callable[..., tf.data.Dataset]:
     return split
 
 
+class ShardedDVariable(dtensor.DVariable):
+    """A DVariable stored in a layout (`storage_layout`) that the model never computes with: every read
+    as a tensor (`value()`: tf.cast(v), v * x, tf.matmul(x, v), convert_to_tensor) is relaid to the
+    variable's compute layout, i.e. gathered over the FSDP axis (DTensorAllGather). The gradient of that
+    Relayout is a relayout back to the stored layout, so gradients arrive as shards. `read_value()` stays
+    in the stored layout: optimizers read and update their 1/N share of the weight with no communication.
+    """
+
+    compute_layout: dtensor.Layout | None = None
+
+    def value(self) -> tf.Tensor:
+        stored = super().value()
+        return stored if self.compute_layout is None else dtensor.relayout(stored, self.compute_layout)
+
+
 class MeshRuntime(Runtime):
     kind = "mesh"
 
     def __init__(self, mesh: dtensor.Mesh, sizes: dict[str, int], layout: dict[str, str], device_type: str,
-                 precision: str, jit_compile: str) -> None:
+                 precision: str, jit_compile: str, fsdp: bool = False) -> None:
         self.mesh = mesh
         self.sizes = dict(sizes)
         self.rules = dict(layout)
         self.batch_dim = self.rules.get(BATCH, "data")
+        self.fsdp = fsdp
         self._device_type = device_type
         self._broadcast_fn: Callable | None = None
         super().__init__(precision, jit_compile)
@@ -91,6 +112,38 @@ class MeshRuntime(Runtime):
                 specs.append(dtensor.UNSHARDED)
         return dtensor.Layout(specs, self.mesh)
 
+    def storage_layout(self, shape: tuple[int, ...], dims: tuple[str | None, ...]) -> dtensor.Layout:
+        """Where a variable lives: its compute layout (`layout_for(dims)`) and, with FSDP, the batch mesh
+        dimension on the largest dimension that is not already split and that the batch mesh size divides
+        (the first such on a tie). A variable with no such dimension (scalars, a bias or norm scale whose
+        size the data axis does not divide, a dimension already on the model axis that is the only one
+        large enough) stays as its compute layout says: replicated over the data axis, which
+        `fsdp_replicated_bytes` counts."""
+        layout = self.layout_for(dims)
+        n = self.sizes.get(self.batch_dim, 1)
+        specs = list(layout.sharding_specs)
+        if not self.fsdp or n == 1 or self.batch_dim in specs:
+            return layout
+        free = [axis for axis, spec in enumerate(specs) if spec == dtensor.UNSHARDED and shape[axis] % n == 0]
+        if not free:
+            return layout
+        axis = max(free, key=lambda a: (shape[a], -a))
+        specs[axis] = self.batch_dim
+        return dtensor.Layout(specs, self.mesh)
+
+    def read(self, variable: tf.Variable) -> tf.Tensor:
+        return variable.value()  # a ShardedDVariable's value() is gathered to its compute layout
+
+    def fsdp_replicated_bytes(self) -> int:
+        """Bytes of variables (any, optimizer slots included) that FSDP could not split over the data axis
+        (each device holds them whole, or as their model-axis shard)."""
+        total = 0
+        for info in self.variables():
+            layout = dtensor.fetch_layout(info.variable.read_value())
+            if self.batch_dim not in layout.sharding_specs:
+                total += info.variable.shape.num_elements() * info.variable.dtype.size
+        return total
+
     # ------------------------------------------------------------------------------ variables
     def scope(self) -> Any:
         return contextlib.nullcontext()
@@ -101,9 +154,14 @@ class MeshRuntime(Runtime):
             if spec != dtensor.UNSHARDED and shape[axis] % self.sizes[spec]:
                 raise HarnessError(f"variable {path}: dimension '{dims[axis]}' of size {shape[axis]} does not "
                                    f"divide over mesh dimension {spec}={self.sizes[spec]}")
+        stored = self.storage_layout(shape, dims)
         # The value is computed once on the host, as on any runtime, then split: same numbers everywhere.
         value = initializer(shape, dtype)
-        return dtensor.DVariable(self.to_mesh(value, layout), trainable=trainable, name=path)
+        if stored == layout:
+            return dtensor.DVariable(self.to_mesh(value, layout), trainable=trainable, name=path)
+        var = ShardedDVariable(self.to_mesh(value, stored), trainable=trainable, name=path)
+        var.compute_layout = layout
+        return var
 
     def to_mesh(self, value: Any, layout: dtensor.Layout) -> tf.Tensor:
         """A host tensor -> a DTensor with `layout` (replicate, then keep each device's slice)."""
@@ -264,4 +322,4 @@ def make_mesh(cfg: RuntimeConfig) -> MeshRuntime:
         mesh = dtensor.create_distributed_mesh(list(sizes.items()), device_type=device_type)
     else:
         mesh = dtensor.create_mesh(list(sizes.items()), device_type=device_type)
-    return MeshRuntime(mesh, sizes, layout, device_type, cfg.precision, cfg.jit_compile)
+    return MeshRuntime(mesh, sizes, layout, device_type, cfg.precision, cfg.jit_compile, fsdp=cfg.fsdp)

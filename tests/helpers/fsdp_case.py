@@ -1,0 +1,42 @@
+"""Train steps of named configs in one process with 4 logical CPU devices, as JSON (tests/test_fsdp.py).
+
+argv: JSON {name: [config, [overrides], steps]}. Runs each case in order (mesh cases first: the logical
+devices are configured by the first mesh runtime) and prints one RESULT line: {name: {"losses": [...],
+"layouts": {path: [sharding spec per axis]}, "shape": {path: shape}, "replicated_bytes": n}} (layouts and
+bytes only on a mesh).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tensorflow.experimental import dtensor  # noqa: E402
+
+from harness.train import loop  # noqa: E402
+from tests.helpers.step_case import build, train  # noqa: E402
+
+
+def run(config: str, overrides: list[str], steps: int) -> dict:
+    cfg, rt, wl = build(config, overrides)
+    out: dict = {"losses": train(loop.CompiledSteps(rt, wl), cfg, steps)}
+    if rt.kind == "mesh":
+        out["layouts"] = {v.path: list(dtensor.fetch_layout(v.variable.read_value()).sharding_specs)
+                          for v in rt.variables()}
+        out["shapes"] = {v.path: v.variable.shape.as_list() for v in rt.variables()}
+        out["replicated_bytes"] = rt.fsdp_replicated_bytes()
+        out["data"] = rt.sizes[rt.batch_dim]
+    return out
+
+
+def main(cases: dict[str, list]) -> None:
+    out = {name: run(config, overrides, steps) for name, (config, overrides, steps) in cases.items()}
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)  # several meshes in one process: TensorFlow's teardown can abort after the result is out
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
