@@ -30,8 +30,10 @@ CASES = {
     "gpt_oss_20b": ["configs/gpt_oss_20b/smoke-mesh.yaml",
                     ["model.num_layers=1", "data.seq_length=128", "data.synthetic_train_rows=8",
                      "data.eval_samples=2"]],
-    "bert": ["configs/bert/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4"]],
-    "transformer": ["configs/transformer/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4"]],
+    "bert": ["configs/bert/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4",
+                                              "data.train_samples=64", "data.eval_samples=8"]],
+    "transformer": ["configs/transformer/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4",
+                                                            "data.synthetic_train_pairs=200"]],
 }
 SUM_OVER_MODEL = "DTensorAllReduce Add model"
 SUM_OVER_DATA = "DTensorAllReduce Add data"
