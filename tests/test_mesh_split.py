@@ -11,8 +11,8 @@ and asserts, with local (per-device) shapes:
   round trip over `data` in the optimizer);
 - the vocab-split input embedding: each device gathers from its own rows, and the table's gradient is a
   shard all-reduced over `data` (no full-size table, no segment sum of vocab rows).
-One subprocess traces all three workloads (about 30 s of CPU); the mutant is a second, gpt_oss-only run,
-opt-in: MESH_SPLIT_MUTANT=1 .venv/bin/python -m pytest tests/test_mesh_split.py -k mutant
+One subprocess traces the three workloads and then the review's mutant (gpt_oss whose attention output
+projection gathers its operands first), which must fail the same checks (about 35 s of CPU in all).
 """
 from __future__ import annotations
 
@@ -63,11 +63,10 @@ OUTPUT_LAYER = {"gpt_oss_20b": ("bsm,mv->bsv", ["1x128x32", "32x32"]),
 ALL_GATHERS = {"gpt_oss_20b": ["32x4->32x8"] * 3, "bert": [], "transformer": []}
 
 
-def trace(cases: dict, tmp_path, *extra: str) -> dict:
-    dump = str(tmp_path)
+def trace(cases: dict, dump: str) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPP_VMODULE="dtensor_mlir_passes=1",
                TF_DUMP_GRAPH_PREFIX=dump, MLIR_BRIDGE_LOG_PASS_FILTER="DTensorSPMDExpansion")
-    p = subprocess.run([sys.executable, HELPER, dump, json.dumps(cases), *extra], cwd=REPO, env=env,
+    p = subprocess.run([sys.executable, HELPER, dump, json.dumps(cases)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=900)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
@@ -76,7 +75,8 @@ def trace(cases: dict, tmp_path, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
-    return trace(CASES, tmp_path_factory.mktemp("spmd"))
+    # The mutant last: its patch of gpt_oss's Attention stays in the process.
+    return trace(dict(CASES, **{"gpt_oss_20b:mutant": CASES["gpt_oss_20b"]}), str(tmp_path_factory.mktemp("spmd")))
 
 
 def check_split(program: dict, workload: str) -> None:
@@ -115,11 +115,11 @@ def test_input_embedding_stays_a_vocab_shard(programs, workload):
     assert not [s for s in p["segment_sums"] if s.split("x")[0] == str(vocab)], p["segment_sums"]
 
 
-@pytest.mark.skipif(os.environ.get("MESH_SPLIT_MUTANT") != "1",
-                    reason="a second gpt_oss trace (~20 s): MESH_SPLIT_MUTANT=1 runs it")
-def test_mutant_with_a_replicated_attention_output_fails(tmp_path):
+def test_mutant_with_a_replicated_attention_output_fails(programs):
     """The review's mutant (attention output projection on gathered operands: the same losses) fails."""
-    mutant = trace({"gpt_oss_20b": CASES["gpt_oss_20b"]}, tmp_path, "mutant")["gpt_oss_20b"]
-    with pytest.raises(AssertionError):
+    mutant = programs["gpt_oss_20b:mutant"]
+    with pytest.raises(AssertionError, match="bshgd,hgdm->bsm"):
         check_split(mutant, "gpt_oss_20b")
-    assert mutant["all_gathers"] != ALL_GATHERS["gpt_oss_20b"]
+    # Its two operands are gathered to full heads: two all-gathers more than the real model's.
+    assert sorted(set(mutant["all_gathers"]) - set(ALL_GATHERS["gpt_oss_20b"])) == \
+        ["1x128x1x2x8->1x128x2x2x8", "1x2x8x32->2x2x8x32"]

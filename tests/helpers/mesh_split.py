@@ -6,9 +6,9 @@ shapes and the collectives it inserted) only when these variables are in the env
 TF_CPP_VMODULE=dtensor_mlir_passes=1, TF_DUMP_GRAPH_PREFIX=<dir>, MLIR_BRIDGE_LOG_PASS_FILTER=
 DTensorSPMDExpansion (a VLOG-gated dump in TF 2.21's dtensor_mlir_passes.cc).
 
-argv: dump dir, JSON {name: [config, [overrides]]}, then optionally `mutant`: gpt_oss's attention output
-projection then gathers its operands to full heads first (replicated compute, the losses unchanged), the
-bug the test must catch.
+argv: dump dir, JSON {name: [config, [overrides]]}, traced in order. A name ending in `:mutant` is traced
+after gpt_oss's attention output projection is made to gather its operands to full heads first
+(replicated compute, the losses unchanged: the bug the test must catch); the patch stays for later cases.
 
 Prints one RESULT line: {name: {"contractions": [...], "all_gathers": [...], "lookups": [...],
 "segment_sums": [...], "vocab": V, "hidden": m}}, every shape as "AxB" local to one device.
@@ -105,11 +105,11 @@ def parse(text: str) -> dict:
     }
 
 
-def main(dump: str, cases: dict[str, list], mutant: bool) -> None:
-    if mutant:
-        replicate_attention_output()
+def main(dump: str, cases: dict[str, list]) -> None:
     out = {}
     for name, (config, overrides) in cases.items():
+        if name.endswith(":mutant"):
+            replicate_attention_output()
         before = set(glob.glob(os.path.join(dump, "*")))
         cfg, rt, wl = build(config, overrides)
         steps = loop.CompiledSteps(rt, wl)
@@ -128,4 +128,4 @@ def main(dump: str, cases: dict[str, list], mutant: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:] == ["mutant"])
+    main(sys.argv[1], json.loads(sys.argv[2]))
