@@ -55,6 +55,14 @@ class ShardedDVariable(dtensor.DVariable):
         stored = super().value()
         return stored if self.compute_layout is None else dtensor.relayout(stored, self.compute_layout)
 
+    def sparse_read(self, indices: Any, name: str | None = None) -> tf.Tensor:
+        # tf.gather(variable, ids) reads rows straight from the variable (ResourceGather); from a shard,
+        # its data-split rows would conflict with the batch's split downstream. Gather from the weight.
+        return tf.gather(self.value(), indices, name=name)
+
+    def gather_nd(self, indices: Any, name: str | None = None) -> tf.Tensor:
+        return tf.gather_nd(self.value(), indices, name=name)
+
 
 class MeshRuntime(Runtime):
     kind = "mesh"
