@@ -2,7 +2,8 @@
 
 argv: JSON {name: [config, [overrides], steps]}. Runs each case in order (mesh cases first: the logical
 devices are configured by the first mesh runtime) and prints one RESULT line: {name: {"losses": [...],
-"layouts": {path: [sharding spec per axis]}, "shape": {path: shape}, "replicated_bytes": n}} (layouts and
+"layouts": {path: [sharding spec per axis]}, "shapes": {path: shape},
+"itemsize": {path: bytes}, "by_layout": [paths the workload's layout already splits over data], "replicated_bytes": n}} (layouts and
 bytes only on a mesh).
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ def run(config: str, overrides: list[str], steps: int) -> dict:
         out["layouts"] = {v.path: list(dtensor.fetch_layout(v.variable.read_value()).sharding_specs)
                           for v in rt.variables()}
         out["shapes"] = {v.path: v.variable.shape.as_list() for v in rt.variables()}
+        out["by_layout"] = [v.path for v in rt.variables() if rt.batch_dim in rt.layout_for(v.dims).sharding_specs]
+        out["itemsize"] = {v.path: v.variable.dtype.size for v in rt.variables()}
         out["replicated_bytes"] = rt.fsdp_replicated_bytes()
         out["data"] = rt.sizes[rt.batch_dim]
     return out
