@@ -214,6 +214,46 @@ def test_dry_run_reports_memory_per_device_on_a_model_axis():
     assert "activations and other temporaries per device (estimate, train step): " in lines
 
 
+def test_fsdp_divides_state_and_gradients_by_the_data_axis_where_a_dimension_allows():
+    """runtime.fsdp=true on the same mesh: each variable's bytes per device divide by data=2 too where one
+    of its dimensions not on the model axis is even (the mesh runtime's rule); the report says what it saves."""
+    path = os.path.join(REPO, MESH_CONFIG)
+    plain = dryrun.compile_report(path, MESH_OVERRIDES, optimize=False)
+    r = dryrun.compile_report(path, MESH_OVERRIDES + ["runtime.fsdp=true"], optimize=False)
+    cfg = config_lib.load_config(path, MESH_OVERRIDES)
+    workload, runtime, _ = dryrun.standin_model(cfg)
+    workload.dry_run_inputs()
+    with runtime.scope():
+        workload.build()
+    layout, data, model = cfg.runtime.layout, int(cfg.runtime.mesh["data"]), int(cfg.runtime.mesh["model"])
+    expect = {"weights": 0, "optimizer": 0, "gradients": 0, "whole": 0}
+    for v in runtime.variables():
+        shape, size = v.variable.shape.as_list(), v.variable.shape.num_elements() * v.variable.dtype.size
+        on_model = [d is not None and layout.get(d) == "model" for d in v.dims]
+        if any(on_model):
+            size //= model
+            first = on_model.index(True)  # a mesh dimension splits one dimension of a tensor
+            on_model = [i == first for i in range(len(on_model))]
+        if any(not m and n % data == 0 for m, n in zip(on_model, shape)):
+            size //= data
+        else:
+            expect["whole"] += v.variable.shape.num_elements() * v.variable.dtype.size
+        optimizer = v.path.startswith(f"{workload.optimizer.name}/")
+        expect["optimizer" if optimizer else "weights"] += size
+        expect["gradients"] += size if v.trainable and not optimizer else 0
+    assert r.weight_bytes_per_device == expect["weights"] < plain.weight_bytes_per_device
+    assert r.optimizer_bytes_per_device == expect["optimizer"] < plain.optimizer_bytes_per_device
+    assert r.gradient_bytes_per_device == expect["gradients"] < plain.gradient_bytes_per_device
+    assert r.gradient_bytes == plain.gradient_bytes  # what a replica's step produces before it is reduced
+    saved = sum(getattr(plain, k) - getattr(r, k) for k in
+                ("weight_bytes_per_device", "optimizer_bytes_per_device", "gradient_bytes_per_device"))
+    assert (r.fsdp_data_axis, r.fsdp_saved_bytes_per_device, r.fsdp_replicated_bytes) == (data, saved, expect["whole"])
+    assert saved > 0 and expect["whole"] > 0  # the LAMB step counter, at least, cannot be split
+    line = [x for x in r.lines() if x.startswith("FSDP over data=2: saves ")]
+    assert len(line) == 1 and f"({saved:,} bytes) per device" in line[0], r.lines()
+    assert not [x for x in plain.lines() if x.startswith("FSDP")]
+
+
 def test_spatial_replica_memory_splits_activations_not_weights():
     """TPU spatial partitioning (a replica over 4 cores, weights whole on each): the estimate splits the
     plan's activations over the cores and keeps every core's full state and gradients."""

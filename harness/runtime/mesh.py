@@ -41,6 +41,13 @@ def _slicer(parts: int) -> Callable[..., tf.data.Dataset]:
     return split
 
 
+def fsdp_axis(shape: tuple[int, ...] | list[int], split: list[bool], n: int) -> int | None:
+    """The dimension FSDP splits `n` ways: the largest not already `split` that `n` divides (the first on a
+    tie); None if there is none (the variable stays whole over the data axis). The dry run uses it too."""
+    free = [axis for axis, size in enumerate(shape) if not split[axis] and size % n == 0]
+    return max(free, key=lambda a: (shape[a], -a)) if free else None
+
+
 class ShardedDVariable(dtensor.DVariable):
     """A DVariable stored in a layout (`storage_layout`) that the model never computes with: every read
     as a tensor (`value()`: tf.cast(v), v * x, tf.matmul(x, v), convert_to_tensor) is relaid to the
@@ -132,10 +139,9 @@ class MeshRuntime(Runtime):
         specs = list(layout.sharding_specs)
         if not self.fsdp or n == 1 or self.batch_dim in specs:
             return layout
-        free = [axis for axis, spec in enumerate(specs) if spec == dtensor.UNSHARDED and shape[axis] % n == 0]
-        if not free:
+        axis = fsdp_axis(shape, [spec != dtensor.UNSHARDED for spec in specs], n)
+        if axis is None:
             return layout
-        axis = max(free, key=lambda a: (shape[a], -a))
         specs[axis] = self.batch_dim
         return dtensor.Layout(specs, self.mesh)
 

@@ -60,6 +60,11 @@ class CompileReport:
     activation_bytes_per_device: int | None = None  # estimate: see `memory_source`
     memory_source: str = ""  # how peak and activation bytes per device were obtained
     stand_in: list[str] = dataclasses.field(default_factory=list)  # what stood in for what, and how
+    # runtime.fsdp: the data axis size, the per-device bytes of weights + optimizer state + gradients it
+    # saves against the same mesh without FSDP, and the variable bytes it leaves whole over the data axis.
+    fsdp_data_axis: int = 0
+    fsdp_saved_bytes_per_device: int = 0
+    fsdp_replicated_bytes: int = 0
     # The workload's useful FLOPs (benchmarks/<name>/cost.py) for the same per-replica batch: 0 = no cost model.
     useful_train_flops_per_replica_step: float = 0.0
     # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
@@ -95,6 +100,10 @@ class CompileReport:
             f"optimizer state per device: {gib(self.optimizer_bytes_per_device)}",
             f"gradients all-reduced per replica per step: {gib(self.gradient_bytes)}",
             f"gradients per device: {gib(self.gradient_bytes_per_device)}",
+            *([f"FSDP over data={self.fsdp_data_axis}: saves {gib(self.fsdp_saved_bytes_per_device)} per device "
+               f"(weights, optimizer state and gradients) against no FSDP; "
+               f"{gib(self.fsdp_replicated_bytes)} of variables stay whole over data (no dimension it divides)"]
+              if self.fsdp_data_axis else []),
             f"activations and other temporaries per device (estimate, train step): "
             f"{gib(self.activation_bytes_per_device)}",
             f"peak memory per device ({how}, train step): {gib(self.peak_bytes_per_device)}",
@@ -187,6 +196,7 @@ class StandInRuntime(StrategyRuntime):
             self.sizes = {str(k): int(v) for k, v in cfg.runtime.mesh.items()}
             self.rules = dict(cfg.runtime.layout) or {"batch": "data"}
             self.rules.setdefault("batch", "data")
+        self.fsdp = cfg.runtime.kind == "mesh" and cfg.runtime.fsdp
 
     @property
     def num_replicas(self) -> int:
@@ -219,14 +229,24 @@ class StandInRuntime(StrategyRuntime):
     def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
         return t
 
-    def layout_shards(self, dims: tuple[str | None, ...]) -> int:
-        """How many devices one variable is split over (a mesh dimension counts once per tensor)."""
-        used, n = set(), 1
+    def layout_shards(self, dims: tuple[str | None, ...], shape: tuple[int, ...] | None = None,
+                      fsdp: bool | None = None) -> int:
+        """How many devices one variable is split over (a mesh dimension counts once per tensor); with FSDP
+        (and the variable's `shape`), times the data axis where the mesh runtime's rule finds it a dimension."""
+        used, n, split = set(), 1, []
         for name in dims:
             mesh_dim = self.rules.get(name) if name else None
-            if mesh_dim in self.sizes and mesh_dim not in used and self.sizes[mesh_dim] > 1:
+            split.append(mesh_dim in self.sizes and mesh_dim not in used and self.sizes[mesh_dim] > 1)
+            if split[-1]:
                 used.add(mesh_dim)
                 n *= self.sizes[mesh_dim]
+        if not (self.fsdp if fsdp is None else fsdp) or shape is None:
+            return n
+        from harness.runtime.mesh import fsdp_axis  # the mesh runtime's own rule
+
+        data = self.sizes.get(self.rules["batch"], 1)
+        if data > 1 and self.rules["batch"] not in used and fsdp_axis(shape, split, data) is not None:
+            n *= data
         return n
 
 
@@ -453,9 +473,9 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]
     opt_vars = [v for v in runtime.variables() if v.path.startswith(f"{workload.optimizer.name}/")]
 
-    def per_device(infos: list) -> int:
-        return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size / runtime.layout_shards(v.dims)
-                       for v in infos))
+    def per_device(infos: list, fsdp: bool | None = None) -> int:
+        return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size
+                       / runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), fsdp) for v in infos))
 
     def whole(infos: list) -> int:
         return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size for v in infos))
@@ -474,6 +494,20 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "
                      f"devices repeat is counted once); bytes of weights, optimizer state and gradients per "
                      f"device divide each variable by its layout; activations are an estimate (memory source)")
+    fsdp: dict[str, int] = {}
+    if runtime.fsdp:
+        data = runtime.sizes[runtime.rules["batch"]]
+        everything = model_vars + opt_vars + trainable  # state, then gradients (split as their variables)
+        fsdp = dict(fsdp_data_axis=data,
+                    fsdp_saved_bytes_per_device=per_device(everything, False) - per_device(everything),
+                    fsdp_replicated_bytes=int(sum(
+                        v.variable.shape.num_elements() * v.variable.dtype.size for v in model_vars + opt_vars
+                        if runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), True)
+                        == runtime.layout_shards(v.dims, None, False))))
+        notes.append(f"FSDP: weights, optimizer state and gradients per device are split over data={data} as "
+                     f"the mesh runtime lays them out; each weight is also gathered whole where it is used "
+                     f"(an all-gather per weight per step, kept for the backward pass), which this compile of "
+                     f"whole variables does not show apart")
     notes += data_notes + ([eval_note] if eval_note else [])
     if workload.cfg.schedule.gradient_accumulation_steps > 1:
         notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
@@ -491,7 +525,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         activation_bytes_per_device=memory.activations, peak_bytes_per_device=memory.peak,
         eval_peak_bytes_per_device=memory.eval_peak, memory_source=memory.source,
         compile_seconds={"train": round(train.seconds, 2), "eval": round(evaluation.seconds, 2)},
-        runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes,
+        runtime_kind=cfg.runtime.kind, precision=cfg.runtime.precision, stand_in=notes, **fsdp,
         traced={"train": train.traced, "eval": evaluation.traced})
 
 
