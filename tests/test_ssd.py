@@ -60,7 +60,8 @@ def test_closed_rules_are_enforced_at_load(tmp_path):
             r"^closed division on real data needs the reference SSD300 on ResNet-34: model.image_size=64 \(reference "
             r"300\), model.width=16 \(reference 64\), model.blocks=\[1, 1, 1\] \(reference \[3, 4, 6\]\), .*"
             r"model.num_classes=4 \(reference 81\); use submission.division=open$")
-    refused(tmp_path, ["runtime.kind=default", "model.bn_span=0", "model.backbone_checkpoint=''"],
+    refused(tmp_path, ["runtime.kind=default", "runtime.allow_platform_mismatch=true", "model.bn_span=0",
+                       "model.backbone_checkpoint=''"],
             "set model.backbone_checkpoint", config=REFERENCE)
 
 

@@ -30,13 +30,14 @@ BATCH = "batch"
 REPLICATED = "replicated"  # a layout value that keeps a named dimension whole on every device
 
 
-def _slicer(parts: int) -> Callable[..., tf.data.Dataset]:
-    """flat_map function: one batch -> `parts` consecutive equal batches (static shapes kept)."""
+def _slicer(parts: int, rows: int) -> Callable[..., tf.data.Dataset]:
+    """flat_map function: one batch of `parts * rows` -> `parts` consecutive batches of `rows`, each with a
+    static batch dimension (DTensorDataset requires one, even from a pipeline that did not drop remainders)."""
 
     def split(*batch: Any) -> tf.data.Dataset:
         value = batch[0] if len(batch) == 1 else batch
         return tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(
-            lambda t: tf.reshape(t, tf.concat([[parts, t.shape[0] // parts], tf.shape(t)[1:]], 0)), value))
+            lambda t: tf.reshape(t, tf.concat([[parts, rows], tf.shape(t)[1:]], 0)), value))
 
     return split
 
@@ -201,7 +202,7 @@ class MeshRuntime(Runtime):
         # global batch holds the same examples, in the same order, as one device's batch would. Not
         # `rebatch`: given the global replica count, auto-sharding rewrites a rebatch to host batch /
         # global replicas, right only on one host (review accelerator-path-2, N1).
-        ds = ds.flat_map(_slicer(per_host // per_replica))
+        ds = ds.flat_map(_slicer(per_host // per_replica, per_replica))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         ds = ds.with_options(options)
