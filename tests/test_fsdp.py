@@ -18,10 +18,10 @@ from conftest import REPO
 
 GPT = os.path.join(REPO, "configs", "gpt_oss_20b")
 BERT = os.path.join(REPO, "configs", "bert")
-GPT_SMALL = ["data.seq_length=256", "data.synthetic_train_rows=8", "data.eval_samples=2",
-             "schedule.global_batch_size=4"]
+GPT_SMALL = ["data.seq_length=128", "data.synthetic_train_rows=8", "data.eval_samples=2",
+             "schedule.global_batch_size=4", "model.num_layers=1"]
 BERT_SMALL = ["data.train_samples=256", "data.eval_samples=8", "schedule.global_batch_size=8",
-              "model.hidden_size=64", "model.ff_size=128"]
+              "model.hidden_size=64", "model.ff_size=128", "model.num_layers=1"]
 DATA4 = ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true"]
 STEPS = 2
 CASES = {  # mesh cases first: the first mesh sets up the 4 logical devices
@@ -85,4 +85,4 @@ def test_every_variable_the_data_axis_divides_is_split_over_it(result, case):
         for slot in ("m", "v"):
             if f"optimizer/{slot}/{p}" in r["layouts"]:
                 assert r["layouts"][f"optimizer/{slot}/{p}"] == r["layouts"][p]
-    assert split > 20 and r["replicated_bytes"] == replicated
+    assert split > 15 and r["replicated_bytes"] == replicated
