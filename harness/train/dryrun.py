@@ -229,6 +229,11 @@ class StandInRuntime(StrategyRuntime):
     def split_spatially(self, t: tf.Tensor) -> tf.Tensor:
         return t
 
+    def mesh_dims_used(self, dims: tuple[str | None, ...]) -> set[str]:
+        """The mesh dimensions the layout rules put on a variable's named dimensions (each once)."""
+        named = [self.rules.get(name) for name in dims if name]
+        return {d for d in named if d in self.sizes and self.sizes[d] > 1}
+
     def layout_shards(self, dims: tuple[str | None, ...], shape: tuple[int, ...] | None = None,
                       fsdp: bool | None = None) -> int:
         """How many devices one variable is split over (a mesh dimension counts once per tensor); with FSDP
@@ -503,7 +508,8 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
                     fsdp_replicated_bytes=int(sum(
                         v.variable.shape.num_elements() * v.variable.dtype.size for v in model_vars + opt_vars
                         if runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), True)
-                        == runtime.layout_shards(v.dims, None, False))))
+                        == runtime.layout_shards(v.dims, None, False)
+                        and runtime.rules["batch"] not in runtime.mesh_dims_used(v.dims))))
         notes.append(f"FSDP: weights, optimizer state and gradients per device are split over data={data} as "
                      f"the mesh runtime lays them out; each weight is also gathered whole where it is used "
                      f"(an all-gather per weight per step, kept for the backward pass), which this compile of "
