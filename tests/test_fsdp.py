@@ -23,7 +23,7 @@ GPT_SMALL = ["data.seq_length=128", "data.synthetic_train_rows=8", "data.eval_sa
 BERT_SMALL = ["data.train_samples=256", "data.eval_samples=8", "schedule.global_batch_size=8",
               "model.hidden_size=64", "model.ff_size=128", "model.num_layers=1"]
 DATA4 = ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true"]
-STEPS = 2
+STEPS = 2  # calls of the compiled train loop, 2 steps each (tests/helpers/fsdp_case.py)
 CASES = {  # mesh cases first: the first mesh sets up the 4 logical devices
     "gpt_data4": [f"{GPT}/smoke-mesh.yaml", GPT_SMALL + DATA4
                   + ["runtime.layout={batch: data, heads: model, ff: model, vocab: model}"], STEPS],

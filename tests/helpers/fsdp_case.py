@@ -1,6 +1,7 @@
 """Train steps of named configs in one process with 4 logical CPU devices, as JSON (tests/test_fsdp.py).
 
-argv: JSON {name: [config, [overrides], steps]}. Runs each case in order (mesh cases first: the logical
+argv: JSON {name: [config, [overrides], calls]}: `calls` calls of the compiled train loop, each of 2 steps
+(a step reads weights the step before it assigned in the same function). Runs each case in order (mesh cases first: the logical
 devices are configured by the first mesh runtime) and prints one RESULT line: {name: {"losses": [...],
 "layouts": {path: [sharding spec per axis]}, "shapes": {path: shape},
 "itemsize": {path: bytes}, "by_layout": [paths the workload's layout already splits over data], "replicated_bytes": n}} (layouts and
@@ -15,15 +16,21 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import tensorflow as tf  # noqa: E402
 from tensorflow.experimental import dtensor  # noqa: E402
 
 from harness.train import loop  # noqa: E402
-from tests.helpers.step_case import build, train  # noqa: E402
+from tests.helpers.step_case import build  # noqa: E402
+
+STEPS_PER_CALL = 2
 
 
-def run(config: str, overrides: list[str], steps: int) -> dict:
+def run(config: str, overrides: list[str], calls: int) -> dict:
     cfg, rt, wl = build(config, overrides)
-    out: dict = {"losses": train(loop.CompiledSteps(rt, wl), cfg, steps)}
+    steps = loop.CompiledSteps(rt, wl)
+    it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
+    out: dict = {"losses": [float(rt.to_host(steps.train_loop(it, tf.constant(STEPS_PER_CALL))["loss"]))
+                            for _ in range(calls)]}
     if rt.kind == "mesh":
         out["layouts"] = {v.path: list(dtensor.fetch_layout(v.variable.read_value()).sharding_specs)
                           for v in rt.variables()}
