@@ -86,3 +86,12 @@ def test_every_variable_the_data_axis_divides_is_split_over_it(result, case):
             if f"optimizer/{slot}/{p}" in r["layouts"]:
                 assert r["layouts"][f"optimizer/{slot}/{p}"] == r["layouts"][p]
     assert split > 15 and r["replicated_bytes"] == replicated
+
+
+def test_fsdp_off_a_mesh_is_refused_with_one_reason():
+    from harness import config as config_lib
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match=r"runtime.fsdp: true needs runtime.kind=mesh \(got 'mirrored'\)"):
+        config_lib.load_config(f"{BERT}/smoke.yaml", ["runtime.kind=mirrored", "runtime.fsdp=true"])
+    assert config_lib.load_config(f"{BERT}/smoke-mesh.yaml", ["runtime.fsdp=true"]).runtime.fsdp
