@@ -26,6 +26,15 @@ def package(name: str) -> str:
     return _WORKLOADS[name].split(":")[0].rsplit(".", 1)[0]
 
 
+def cost_module(name: str):
+    """The workload's `cost` module (benchmarks/<package>/cost.py: FLOPs and sample counts for `plan` and the
+    dry run's useful FLOPs); None where it has none."""
+    try:
+        return importlib.import_module(f"{package(name)}.cost")
+    except ModuleNotFoundError:
+        return None
+
+
 def get_known(name: str) -> None:
     if name not in _WORKLOADS:
         close = difflib.get_close_matches(name, names(), n=2)

@@ -10,7 +10,6 @@ A ModelCost comes from one of three places, named in `source`:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from typing import Any
@@ -53,11 +52,11 @@ def workload_cost_module(workload: str) -> Any:
     """`cost` beside the workload's registered module (benchmarks/<package>/cost.py)."""
     from benchmarks import registry
 
-    package = registry.package(workload)
-    try:
-        return importlib.import_module(f"{package}.cost")
-    except ModuleNotFoundError:
-        raise HarnessError(f"workload {workload!r} has no cost model ({package.replace('.', '/')}/cost.py)") from None
+    module = registry.cost_module(workload)
+    if module is None:
+        package = registry.package(workload)
+        raise HarnessError(f"workload {workload!r} has no cost model ({package.replace('.', '/')}/cost.py)")
+    return module
 
 
 def analytic(cfg: Any) -> ModelCost:

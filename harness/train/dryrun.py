@@ -16,7 +16,6 @@ assignment (XLA:CPU's memory plan). No data set, checkpoint or MLPerf log is tou
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -123,9 +122,7 @@ class DevicePlan:
     notes: list[str]
 
 
-# submission.platform names are parsed in one place (harness/platforms.py).
-_GPU_COUNT = GPU_COUNT
-DEFAULT_GPUS = 8
+DEFAULT_GPUS = 8  # submission.platform names are parsed in one place (harness/platforms.py)
 
 
 def device_plan(cfg: config_lib.Config) -> DevicePlan:
@@ -138,7 +135,7 @@ def device_plan(cfg: config_lib.Config) -> DevicePlan:
             return DevicePlan(r.cpu_devices, 1, "CPU", [f"runtime.cpu_devices={r.cpu_devices} logical CPUs"])
         if r.gpus > 0:
             return DevicePlan(r.gpus, 1, "GPU", [f"runtime.gpus={r.gpus} GPUs"])
-        m = _GPU_COUNT.search(cfg.submission.platform)
+        m = GPU_COUNT.search(cfg.submission.platform)
         if m:
             n = int(m.group(1) or m.group(2))
             return DevicePlan(n, 1, "GPU", [f"runtime.gpus=-1 (all visible): {n} GPUs, read from "
@@ -443,15 +440,10 @@ def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePl
 def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
     """What the workload's cost module counts as useful for one replica's train step (0: no cost module), so
     the report can show how much more the compiled step does (dense MoE dispatch, padding, recompute)."""
-    # The workload's own cost module, read directly: harness/train may not import harness/plan (the layering
-    # in tests/test_layout.py), whose `cost.analytic` is the same lookup.
     from benchmarks import registry
 
-    try:
-        module = importlib.import_module(f"{registry.package(cfg.workload)}.cost")
-    except ModuleNotFoundError:
-        return 0.0
-    return module.model_cost(cfg).train_flops_per_sample * per_replica_batch
+    module = registry.cost_module(cfg.workload)
+    return 0.0 if module is None else module.model_cost(cfg).train_flops_per_sample * per_replica_batch
 
 
 def compile_report(config_path: str, overrides: list[str], optimize: bool = True) -> CompileReport:
