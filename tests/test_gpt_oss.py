@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.gpt_oss import data, indexed_dataset, model
-from benchmarks.gpt_oss.config import DataConfig
+from benchmarks.gpt_oss import model, moe
+from benchmarks.lm import attention, data, indexed_dataset
+from benchmarks.lm.config import DataConfig
 from harness.errors import HarnessError
 from harness.review import logparse, report, scoring
 
@@ -35,7 +36,7 @@ def _softmax(x, axis=-1):
 def test_router_takes_top_k_logits_then_softmax_over_the_k():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=[1, 2, 6, 5]).astype(np.float32)
-    r = model.route(tf.constant(logits), 2, capacity=6)
+    r = moe.route(tf.constant(logits), 2, capacity=6)
     combine = r.combine.numpy().sum(-1)                        # [b, g, s, e]: each token's expert weights
     top = np.argsort(-logits, -1)[..., :2]
     expect = np.zeros_like(logits)
@@ -48,8 +49,8 @@ def test_router_takes_top_k_logits_then_softmax_over_the_k():
 def test_capacity_drops_assignments_past_it_in_priority_order():
     # Every token's first choice is expert 0 and second choice expert 1; capacity 2 per expert.
     logits = np.tile(np.array([3.0, 2.0, 0.0, -1.0], np.float32), [1, 1, 5, 1])
-    assert model.expert_capacity(5, 4, 2, 0.8) == 2 and model.expert_capacity(5, 4, 2, 0.0) == 5
-    r = model.route(tf.constant(logits), 2, capacity=2)
+    assert moe.expert_capacity(5, 4, 2, 0.8) == 2 and moe.expert_capacity(5, 4, 2, 0.0) == 5
+    r = moe.route(tf.constant(logits), 2, capacity=2)
     kept = r.dispatch.numpy()[0, 0].sum(-1)                    # [s, e]
     np.testing.assert_array_equal(kept[:, 0], [1, 1, 0, 0, 0])  # earliest tokens keep expert 0
     np.testing.assert_array_equal(kept[:, 1], [1, 1, 0, 0, 0])
@@ -61,7 +62,7 @@ def test_capacity_drops_assignments_past_it_in_priority_order():
 def test_load_balancing_loss_is_experts_times_sum_of_fraction_times_probability():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=[1, 1, 16, 4]).astype(np.float32)
-    r = model.route(tf.constant(logits), 2, capacity=16)
+    r = moe.route(tf.constant(logits), 2, capacity=16)
     top = np.argsort(-logits, -1)[..., :2]
     f = np.zeros(4)
     for e in top.reshape(-1):
@@ -70,7 +71,7 @@ def test_load_balancing_loss_is_experts_times_sum_of_fraction_times_probability(
     p = _softmax(logits).mean(2).reshape(-1)
     np.testing.assert_allclose(float(r.balance_sum), 4 * np.sum(f * p), rtol=1e-5)
     # Minimum 1 at uniform load: equal logits give P = 1/E, and balanced assignments f = 1/E.
-    uniform = model.route(tf.zeros([1, 1, 8, 4]), 2, capacity=8)
+    uniform = moe.route(tf.zeros([1, 1, 8, 4]), 2, capacity=8)
     f_u = tf.reduce_mean(tf.one_hot(tf.math.top_k(tf.zeros([8, 4]), 2).indices, 4), [0, 1]).numpy()
     assert float(uniform.balance_sum) == pytest.approx(4 * np.sum(f_u * 0.25), rel=1e-6)
     assert float(uniform.balance_sum) == pytest.approx(1.0, rel=1e-6)
@@ -79,7 +80,7 @@ def test_load_balancing_loss_is_experts_times_sum_of_fraction_times_probability(
 def test_router_z_loss_is_squared_logsumexp_summed_over_tokens():
     rng = np.random.default_rng(2)
     logits = rng.normal(size=[2, 3, 4, 8]).astype(np.float32) * 3
-    r = model.route(tf.constant(logits), 4, capacity=4)
+    r = moe.route(tf.constant(logits), 4, capacity=4)
     lse = np.log(np.exp(logits).sum(-1))
     np.testing.assert_allclose(float(r.z_sum), np.sum(lse ** 2), rtol=1e-5)
     assert r.tokens == 2 * 3 * 4 and r.groups == 6
@@ -105,7 +106,7 @@ def test_blockwise_window_attention_equals_dense_masked_attention(window, block,
     q = rng.normal(size=[2, 32, 2, 2, 4]).astype(np.float32)
     k, v = (rng.normal(size=[2, 32, 2, 4]).astype(np.float32) for _ in range(2))
     segments = np.cumsum(rng.random([2, 32]) < 0.15, 1).astype(np.int32) if with_segments else None
-    got = model.windowed_attention(tf.constant(q), tf.constant(k), tf.constant(v),
+    got = attention.windowed_attention(tf.constant(q), tf.constant(k), tf.constant(v),
                                    None if segments is None else tf.constant(segments), window, block)
     np.testing.assert_allclose(got.numpy(), _dense_attention(q, k, v, segments, window), atol=2e-5)
 

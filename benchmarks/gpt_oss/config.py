@@ -5,30 +5,7 @@ import dataclasses
 
 from harness.config import field
 
-
-@dataclasses.dataclass
-class DataConfig:
-    source: str = field("synthetic", choices=("synthetic", "indexed"))
-    data_dir: str = field("", doc="indexed: folder holding the Megatron .bin/.idx pairs")
-    train_prefix: str = field("c4-train.en_6_text_document", doc="indexed: <prefix>.bin/.idx of the training set")
-    eval_prefix: str = field("c4-validation-91205-samples.en_text_document",
-                             doc="indexed: <prefix>.bin/.idx of the validation set (first eval_samples rows)")
-    seq_length: int = field(8192, min=8, doc="tokens per row (MLPerf max_sequence_length)")
-    eod_id: int = field(0, min=0, doc="end-of-document token; loss is not taken where it is the input "
-                        "(the reference's eod_mask_loss)")
-    train_samples: int = field(0, min=0, doc="rows in one epoch (MLPerf train_samples); 0 = counted from "
-                               "the data (indexed) or the synthetic corpus size")
-    eval_samples: int = field(1024, min=1, doc="rows of the fixed eval set (closed: 1024)")
-    eval_every_samples: int = field(0, min=0, doc="eval cadence in training samples (0 = the rules: "
-                                    "ceil(12288 / global_batch_size) * global_batch_size)")
-    shuffle_buffer: int = field(64, min=1)
-    synthetic_seed: int = field(0, doc="fixes the synthetic language; the run seed fixes the order")
-    synthetic_train_rows: int = field(4096, min=1, doc="synthetic: rows in one epoch")
-    synthetic_doc_min: int = field(64, min=2, doc="synthetic: shortest document, EOD included")
-    synthetic_doc_max: int = field(256, min=2, doc="synthetic: longest document, EOD included")
-    synthetic_main_prob: float = field(0.8, min=0.0, max=1.0, doc="synthetic: probability of a token's "
-                                       "main successor (the rest is spread over synthetic_branching - 1)")
-    synthetic_branching: int = field(4, min=1, doc="synthetic: successors per token")
+from benchmarks.lm.config import DataConfig, OptimizerConfig  # noqa: F401  (gpt_oss's sections)
 
 
 @dataclasses.dataclass
@@ -59,19 +36,3 @@ class ModelConfig:
     router_z_loss_coef: float = field(0.0, min=0.0, doc="ST-MoE router z-loss weight (0 = off, the reference)")
     norm_epsilon: float = field(1e-6, min=0.0)
     init_stddev: float = field(0.008, min=0.0)
-
-
-@dataclasses.dataclass
-class OptimizerConfig:
-    base_learning_rate: float = field(4e-4, min=0.0)
-    end_learning_rate: float = field(4e-5, min=0.0)
-    warmup_steps: int = field(128, min=0)
-    max_steps: int = field(1_200_000, min=1, doc="length of the cosine (MLPerf max_steps); decay steps are "
-                           "max_steps - warmup_steps. The run stops at the target long before")
-    beta_1: float = field(0.9, min=0.0, max=1.0)
-    beta_2: float = field(0.95, min=0.0, max=1.0)
-    epsilon: float = field(1e-5, min=0.0)
-    weight_decay: float = field(0.1, min=0.0)
-    clip_norm: float = field(1.0, min=0.0, doc="clip gradients by global norm (0 = off)")
-    exclude_from_decay: list[str] = field(default_factory=lambda: [r"norm", r"/bias$"],
-                                          doc="regexes of variable paths without weight decay")

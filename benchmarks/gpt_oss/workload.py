@@ -19,7 +19,8 @@ from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.gpt_oss import config, data
+from benchmarks.gpt_oss import config
+from benchmarks.lm import data
 from benchmarks.gpt_oss.model import GptOss
 
 CLOSED_SEQ_LENGTH, CLOSED_EVAL_SAMPLES = 8192, 1024

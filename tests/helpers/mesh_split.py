@@ -38,7 +38,7 @@ CONST = re.compile(r'^\s*(%[\w#]+) = "tf\.Const"\(\) <\{value = dense<(.*?)> : t
 
 def replicate_attention_output() -> None:
     """The mutant: ctx and the output kernel laid out with heads whole before `bshgd,hgdm->bsm`."""
-    from benchmarks.gpt_oss import model as gpt
+    from benchmarks.lm import attention as gpt
 
     original = gpt.Attention.__call__
 

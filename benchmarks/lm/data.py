@@ -21,8 +21,8 @@ import tensorflow as tf
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
-from benchmarks.gpt_oss import indexed_dataset
-from benchmarks.gpt_oss.config import DataConfig
+from benchmarks.lm import indexed_dataset
+from benchmarks.lm.config import DataConfig
 
 
 class SyntheticLanguage:

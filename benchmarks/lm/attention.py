@@ -1,0 +1,101 @@
+"""Causal grouped-query self-attention with RoPE, dense or blockwise within a window: the decoder LMs' attention.
+
+Named dimensions: `heads` (key/value heads, their query groups with them) so a mesh runtime can split
+them. The config passed in needs hidden_size, num_heads, num_kv_heads, head_dim, rope_base,
+attention_block and init_stddev. Every shape is static and no op leaves the device.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from harness.nn.layers import NEG_INF, Block, normal, rotary
+from harness.runtime.base import Runtime
+
+
+# ------------------------------------------------------------------------------------- attention
+
+def block_plan(seq: int, window: int, block: int) -> tuple[int, int]:
+    """(query block, look-back blocks) for a causal window of `window` tokens over rows of `seq`: one
+    dense block when the window covers the row, else blocks of `block` that see `ceil((window-1)/block)`
+    earlier blocks, so the cost grows with seq x window instead of seq^2."""
+    if window >= seq or block >= seq:
+        return seq, 0
+    return block, math.ceil((window - 1) / block)
+
+
+def visible(seq: int, window: int, block: int) -> np.ndarray:
+    """Causal window mask [blocks, block, (lookback + 1) * block]: key k is visible to query q when
+    q - window < k <= q (and k >= 0)."""
+    blk, back = block_plan(seq, window, block)
+    nb = seq // blk
+    q = np.arange(nb)[:, None, None] * blk + np.arange(blk)[None, :, None]
+    k = (np.arange(nb)[:, None, None] - back) * blk + np.arange((back + 1) * blk)[None, None, :]
+    return (k >= 0) & (k <= q) & (q - k < window)
+
+
+def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
+    """t [batch, blocks, block, ...] -> [batch, blocks, (back + 1) * block, ...]: each block preceded by
+    its `back` predecessors (padded with `fill` before the row's start)."""
+    if back == 0:
+        return t
+    pad = [[0, 0], [back, 0]] + [[0, 0]] * (len(t.shape) - 2)
+    padded = tf.pad(t, pad, constant_values=fill)
+    nb = t.shape[1]
+    return tf.concat([padded[:, j:j + nb] for j in range(back + 1)], axis=2)
+
+
+def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
+                       block: int) -> tf.Tensor:
+    """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
+    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents). Returns q's shape."""
+    b, seq, kv, g, d = q.shape
+    blk, back = block_plan(seq, window, block)
+    nb = seq // blk
+    qb = tf.reshape(q, [b, nb, blk, kv, g, d])
+    kb = _lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0)
+    vb = _lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0)
+    # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
+    mask = visible(seq, window, block)
+    allowed = tf.constant(mask.reshape((1,) + mask.shape))                       # [1, nb, blk, keys]
+    if segments is not None:
+        sq = tf.reshape(segments, [b, nb, blk])
+        sk = _lookback(sq, back, -1)
+        allowed = tf.logical_and(allowed, tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2)))
+    # The softmax runs over [b, nb, kv, g * blk, keys], rank 5: oneDNN's softmax (on by default on AVX-512
+    # CPUs) refuses rank 6, and accelerators tile rank-5 tensors as well. The bias repeats over the g query
+    # heads of a group (g-major, as the reshape of [g, blk] orders them) and broadcasts over kv.
+    bias = tf.tile(tf.expand_dims(tf.where(allowed, 0.0, NEG_INF), 2), [1, 1, 1, g, 1])  # [b, nb, 1, g*blk, keys]
+    scores = tf.einsum("bnqhgd,bnkhd->bnhgqk", qb, kb)
+    keys = scores.shape[-1]
+    scores = tf.reshape(scores, [b, nb, kv, g * blk, keys])
+    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
+    probs = tf.reshape(tf.cast(probs, v.dtype), [b, nb, kv, g, blk, keys])
+    out = tf.einsum("bnhgqk,bnkhd->bnqhgd", probs, vb)
+    return tf.reshape(out, [b, seq, kv, g, d])
+
+
+class Attention(Block):
+    """Grouped-query self-attention with RoPE; query kernel [hidden, kv, g, d], so a key/value head and
+    its query group live on one device when `heads` is split."""
+
+    def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int) -> None:
+        super().__init__(runtime, path, seed)
+        m, kv, d = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
+        g = cfg.num_heads // kv
+        self.cfg, self.window, self.groups = cfg, window, g
+        init = lambda name: normal(cfg.init_stddev, f"{path}/{name}/kernel", seed)  # noqa: E731
+        self.wq = self.var("query/kernel", (m, kv, g, d), (None, "heads", None, None), init("query"))
+        self.wk = self.var("key/kernel", (m, kv, d), (None, "heads", None), init("key"))
+        self.wv = self.var("value/kernel", (m, kv, d), (None, "heads", None), init("value"))
+        self.wo = self.var("output/kernel", (kv, g, d, m), ("heads", None, None, None), init("output"))
+
+    def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
+        dt, base = self.dtype, self.cfg.rope_base
+        q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base)
+        k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base)
+        v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
+        ctx = windowed_attention(q, k, v, segments, self.window, self.cfg.attention_block)
+        return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))
