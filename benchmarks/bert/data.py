@@ -70,11 +70,12 @@ class TFRecordSource:
         """A block of records [B] -> features with a leading [B]: one vectorized parse, not B."""
         return to_model_features(tf.io.parse_example(records, self.spec))
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
-        """Element order follows the dataset options' `deterministic` (data.deterministic)."""
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """Element order follows the dataset options' `deterministic` (data.deterministic). `repeat=False`: one
+        epoch, each record once (a tf.data service job)."""
         c = self.cfg
         ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
-                             deterministic=None)
+                             deterministic=None, repeat=repeat)
         if c.parse_block == 1:
             return ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.batch(c.parse_block).map(self.parse_many, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
@@ -155,11 +156,22 @@ class SyntheticSource:
                 "masked_lm_weights": valid.astype(np.float32),
                 "next_sentence_labels": random_next.astype(np.int64)[:, None]}
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
+    def pool(self) -> dict[str, np.ndarray]:
         if self._train is None:
             self._train = self.generate(min(self.cfg.train_samples, self.POOL), stream=1)
-        n = len(self._train["input_ids"])
-        ds = tf.data.Dataset.from_tensor_slices(self._train).map(to_model_features)
+        return self._train
+
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """The pool's sequences, shuffled and repeated; `repeat=False`: one epoch of data.train_samples
+        (sequence i is the pool's i mod its size), this host's share, shuffled afresh per tf.data service job."""
+        pool = self.pool()
+        n = len(pool["input_ids"])
+        if not repeat:
+            ds = tf.data.Dataset.range(self.cfg.train_samples).shard(ctx.num_hosts, ctx.host_id)
+            ds = ds.shuffle(min(self.cfg.train_samples, self.cfg.shuffle_buffer))
+            return ds.map(lambda i: to_model_features({k: tf.gather(v, i % n) for k, v in pool.items()}),
+                          num_parallel_calls=tf.data.AUTOTUNE)
+        ds = tf.data.Dataset.from_tensor_slices(pool).map(to_model_features)
         ds = ds.shard(ctx.num_hosts, ctx.host_id)
         return ds.shuffle(min(n, self.cfg.shuffle_buffer), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
 

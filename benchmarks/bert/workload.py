@@ -155,6 +155,9 @@ class BertWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        return self.source.train(ctx, repeat=False)
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 

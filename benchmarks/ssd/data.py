@@ -303,6 +303,15 @@ def count_images_with_boxes(files: list[str]) -> int:
     return sum(int(np.count_nonzero(n)) for n in ds.as_numpy_iterator())
 
 
+def _indexed(ds: tf.data.Dataset, repeat: bool) -> tf.data.Dataset:
+    """(index, element) pairs whose index seeds the element's augmentation: its position in the endless stream,
+    or for one epoch (`repeat=False`, a tf.data service job, which would restart every position at 0) a random
+    draw per element."""
+    if repeat:
+        return ds.enumerate()
+    return ds.map(lambda *item: (tf.random.uniform([], 0, 1 << 62, tf.int64), item[0] if len(item) == 1 else item))
+
+
 # ----------------------------------------------------------------------------------------------- sources
 
 class _Source:
@@ -322,14 +331,14 @@ class _Source:
                                     c.max_samples, c.jitter_on_device, dtype)
         return fn
 
-    def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext) -> tf.data.Dataset:
+    def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
         """(encoded image, boxes, labels) elements of the file-based sources -> augmented training elements."""
         augment = self._augment(ctx)
 
         def fn(index, item):
             encoded, boxes, labels = item
             return augment(index, _decode(encoded), boxes, labels)
-        return ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return _indexed(ds, repeat).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train_count(self) -> int | None:
         """Training images with boxes, when that is known without reading the data (else None)."""
@@ -401,7 +410,9 @@ class SyntheticSource(_Source):
     def validate(self) -> None:
         """Nothing can be wrong with generated data that the config's own checks do not catch."""
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """This host's training images, shuffled and repeated (`repeat=False`: one epoch, shuffled afresh per
+        tf.data service job)."""
         d = self.train_data()
         part = slice(ctx.host_id, None, ctx.num_hosts)
         count = len(d["num_boxes"][part])
@@ -410,13 +421,16 @@ class SyntheticSource(_Source):
                                f"{ctx.num_hosts} no training images")
         images = d["images"] if ctx.num_hosts == 1 else d["images"][part]
         ds = tf.data.Dataset.from_tensor_slices((images, d["boxes"][part], d["labels"][part], d["num_boxes"][part]))
-        ds = ds.shuffle(min(count, self.cfg.shuffle_buffer), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(min(count, self.cfg.shuffle_buffer), seed=ctx.seed if repeat else None,
+                        reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
         augment = self._augment(ctx)
 
         def fn(index, item):
             image, boxes, labels, num = item
             return augment(index, image, boxes[:num], labels[:num])
-        return ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return _indexed(ds, repeat).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
     @tf.autograph.experimental.do_not_convert
     def _eval_images_tensor(self) -> tf.Tensor:
@@ -648,16 +662,21 @@ class TFRecordSource(_Source):
                 "eval_samples": counted_records(self._files(self.cfg.eval_pattern))}
 
     # -- pipelines
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """This host's training images with boxes, shuffled and repeated (`repeat=False`: one epoch, each
+        image once, shuffled afresh per tf.data service job)."""
         files = self._files(self.cfg.train_pattern)
         if len(files) < ctx.num_hosts:
             raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
+        seed = ctx.seed if repeat else None
         ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(len(files), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
         # Order: data.deterministic, through the dataset options the harness sets.
         ds = ds.interleave(_named_records, cycle_length=min(self.cfg.parallel_reads, len(files)),
                            num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=ctx.seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         lookups = self._lookups()
 
         def parse(file: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -667,7 +686,7 @@ class TFRecordSource(_Source):
             return ex["image/encoded"], boxes, labels
 
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).filter(_has_boxes)
-        return self._augment_encoded(ds, ctx)
+        return self._augment_encoded(ds, ctx, repeat)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self._files(self.cfg.eval_pattern))

@@ -158,6 +158,11 @@ class SSDWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        if not isinstance(self.source, (data.TFRecordSource, data.SyntheticSource)):
+            return super().train_epoch_dataset(ctx)
+        return self.source.train(ctx, repeat=False)
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 

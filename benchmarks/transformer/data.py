@@ -70,6 +70,11 @@ class Source:
     def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
         raise NotImplementedError
 
+    def epoch_rows(self, ctx: InputContext) -> tf.data.Dataset | None:
+        """One epoch of this host's rows, exactly `counted_rows` of them, for a tf.data service job (no
+        Python callbacks, shuffled afresh per job); None when the source cannot give one."""
+        return None
+
     def counted_rows(self) -> int | None:
         """Rows in one epoch when the source can count them exactly (a fixed corpus), else None."""
         return None
@@ -110,6 +115,10 @@ class SyntheticSource(Source):
     def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices(self.rows).shard(ctx.num_hosts, ctx.host_id)
         return ds.shuffle(self.counted_rows(), seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+
+    def epoch_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices(self.rows).shard(ctx.num_hosts, ctx.host_id)
+        return ds.shuffle(self.counted_rows())
 
     @functools.cached_property
     def eval_set(self) -> tuple[list[list[int]], list[str]]:
@@ -218,6 +227,30 @@ class TFRecordSource(Source):
                             num_parallel_calls=tf.data.AUTOTUNE)
         return packing.pack_blocks(blocks, self.row_length)
 
+    def epoch_rows(self, ctx: InputContext) -> tf.data.Dataset:
+        """Packed: the rows `counted_rows` counts, packed from the pairs in that order (sorted shards read
+        round-robin), in one tf.data service split (the rows depend on the order of every pair before them,
+        so one worker packs a whole epoch), then shuffled; every epoch trains on the same rows in a fresh order.
+        Unpacked (a row per pair, order-free): the shards are split between the workers."""
+        c, files = self.cfg, self.files()
+        if not c.packing:
+            ds = sharded_records(files, ctx, c.shuffle_buffer, cycle_length=8, deterministic=None, repeat=False)
+            return self._rows(ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE))
+        if ctx.num_hosts > 1:
+            raise HarnessError("data.service with the Transformer's packed TFRecords on several hosts: the rows "
+                               "are counted over every shard in one order; preprocess locally or set "
+                               "data.packing=false")
+        parse, keep, length = self.parse_block, packing.within_length_block(c.max_sequence_length), self.row_length
+
+        def whole_epoch(_: tf.Tensor) -> tf.data.Dataset:
+            records = tf.data.Dataset.from_tensor_slices(sorted(files)).interleave(
+                tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
+            blocks = records.batch(packing.BLOCK).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            blocks = blocks.map(keep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return packing.pack_blocks(blocks, length, flush_at_end=True)
+
+        return tf.data.Dataset.range(1).flat_map(whole_epoch).shuffle(c.shuffle_buffer)
+
     @functools.cached_property
     def eval_set(self) -> tuple[list[list[int]], list[str]]:
         sources = _read_lines(self.cfg.eval_source_file, "eval_source_file")
@@ -259,6 +292,10 @@ class TFDSSource(TFRecordSource):
 
     def counted_rows(self) -> None:
         """Counting would encode the whole corpus on the host: data.train_samples is required instead."""
+        return None
+
+    def epoch_rows(self, ctx: InputContext) -> None:
+        """None: the pairs are encoded by Python (the subword tokenizer), which a service worker cannot run."""
         return None
 
     def validate(self) -> None:

@@ -151,6 +151,10 @@ class TransformerWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train_rows(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        rows = self.source.epoch_rows(ctx)
+        return super().train_epoch_dataset(ctx) if rows is None else rows
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         sources = self.source.eval_set[0]
         padded = np.zeros([len(sources), self.eval_length], np.int32)
