@@ -1,11 +1,13 @@
 """Calibration: the per-chip efficiency that makes the step model reproduce step times MLPerf logs show.
 
 `measure(paths, ...)` reads result logs (the harness's own or public ones) of one benchmark at one scale and
-returns the mean step time over the scored runs: (run_stop - run_start - synchronous evals) divided by the
-steps to the last eval. That includes whatever the loop spends between steps, so a projection from it
-predicts run time, not a kernel benchmark. It also returns the mean synchronous eval time (an eval with
-training events inside its interval is asynchronous, and evals without intervals are untimed: both count
-0, their cost is inside the measured step) and the init time; these replace the documented defaults. `planner` then solves the step model for the efficiency.
+returns the mean step time over the scored runs: (run_stop - run_start - synchronous evals - the last
+asynchronous eval's tail) divided by the steps to the last eval. That includes whatever the loop spends
+between steps, so a projection from it predicts run time, not a kernel benchmark. It also returns how the
+logs evaluate: synchronously (no training events inside an eval interval), asynchronously (training goes on
+inside it: the run waits only for the last one) or untimed (no intervals), the mean eval interval, the
+evals and steps per run, and the init time. `project.calibrate` then solves the step model for the
+efficiency and splits the eval into its device, host and fixed parts.
 """
 from __future__ import annotations
 
@@ -28,10 +30,12 @@ class Measurement:
     global_batch: int
     step_seconds: float
     runs: int
-    eval_seconds: float           # mean synchronous eval; 0 when the logs' evals overlap training or are
-                                  # not timed (then whatever they cost is inside the measured step)
+    eval_seconds: float | None    # mean eval interval (None: the logs time no eval)
     init_seconds: float | None
     paths: list[str]
+    eval_mode: str = "sync"       # "sync" | "async" | "untimed"
+    evals: float = 0.0            # per run
+    steps: float = 0.0            # per run
 
 
 def chips_from_platform(platform: str, chips_per_host: int, cores_per_chip: int) -> int | None:
@@ -70,6 +74,7 @@ def measure(paths: list[str], unit: str, epoch_size: int, chips_per_host: int, c
 
     logs = rcp.result_logs(paths)
     steps, evals, inits, benchmark, batch, platform, used = [], [], [], None, None, None, []
+    asyncs, counts, run_steps = [], [], []
     for path in logs:
         events = logparse.parse_log(path)
         s = logparse.summarize(events, path)
@@ -86,12 +91,21 @@ def measure(paths: list[str], unit: str, epoch_size: int, chips_per_host: int, c
         if not samples:
             raise HarnessError(f"--calibrate: {path}: cannot tell how many samples were trained")
         train_marks = [e.time_ms for e in events if e.key in TRAIN_MARKS]
-        sync = [(b.time_ms - a.time_ms) / 1000.0 for a, b in
-                logparse.match_intervals(events, "eval_start", "eval_stop", ("epoch_num", "samples_count"))
+        pairs = logparse.match_intervals(events, "eval_start", "eval_stop", ("epoch_num", "samples_count"))
+        sync = [(b.time_ms - a.time_ms) / 1000.0 for a, b in pairs
                 if not any(a.time_ms < t < b.time_ms for t in train_marks)]
+        late = [(a.time_ms, b.time_ms) for a, b in pairs if any(a.time_ms < t < b.time_ms for t in train_marks)]
         run = (s.run_stop_ms - s.run_start_ms) / 1000.0
-        steps.append((run - sum(sync)) / (samples / batch))
+        # the run waited for the last asynchronous eval only after training's last event
+        tail = 0.0
+        if late:
+            last_train = max((t for t in train_marks if t <= s.run_stop_ms), default=late[-1][0])
+            tail = max(0.0, (max(b for _, b in late) - max(last_train, late[-1][0])) / 1000.0)
+        steps.append((run - sum(sync) - tail) / (samples / batch))
+        run_steps.append(samples / batch)
+        counts.append(len(pairs) or sum(1 for e in events if e.key == "eval_accuracy"))
         evals += sync
+        asyncs += [(b - a) / 1000.0 for a, b in late]
         if s.init_time_s is not None:
             inits.append(s.init_time_s)
         used.append(path)
@@ -101,6 +115,8 @@ def measure(paths: list[str], unit: str, epoch_size: int, chips_per_host: int, c
     if not n:
         raise HarnessError(f"--calibrate: cannot tell the chip count from submission_platform {platform!r}; "
                            "give --calibrate_chips N")
+    mode = "async" if asyncs and len(asyncs) >= len(evals) else "sync" if evals else "untimed"
+    timed = asyncs if mode == "async" else evals
     return Measurement(benchmark, platform, n, batch, statistics.median(steps), len(used),
-                       statistics.mean(evals) if evals else 0.0, statistics.median(inits) if inits else None,
-                       used)
+                       statistics.mean(timed) if timed else None, statistics.median(inits) if inits else None,
+                       used, mode, statistics.mean(counts), statistics.mean(run_steps))

@@ -11,7 +11,7 @@ from typing import Any
 from harness.errors import HarnessError
 from harness.plan import collectives, converge, cost as costs
 from harness.plan.calibrate import Measurement, measure
-from harness.plan.project import Projection, check_chips, project, solve_efficiency
+from harness.plan.project import Calibration, Projection, calibrate as calibrate_step, check_chips, project
 from harness.plan.system import System, load_system
 
 MODEL_AXES = (2, 4, 8, 16)
@@ -29,6 +29,7 @@ class Plan:
     efficiency_note: str
     measurement: Measurement | None
     mesh_model_axis: int
+    calibration: Calibration | None = None
 
     def converge_at(self, global_batch: int) -> converge.Convergence:
         conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
@@ -38,14 +39,8 @@ class Plan:
     def at(self, chips: int, global_batch: int, model_axis: int | None = None) -> Projection:
         m = self.mesh_model_axis if model_axis is None else model_axis
         conv = self.converge_at(global_batch)
-        host, init = None, None
-        if self.measurement is not None:
-            init = self.measurement.init_seconds
-            if self.measurement.eval_seconds is not None:
-                ref = self.cost.eval_flops_per_sample * self.cost.eval_samples / (
-                    self.measurement.chips * self.system.peak_flops * self.efficiency)
-                host = max(0.0, self.measurement.eval_seconds - ref)
-        return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, m, host, init)
+        init = self.measurement.init_seconds if self.measurement is not None else None
+        return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, m, self.calibration, init)
 
 
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
@@ -71,21 +66,23 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
     else:
         cost = costs.analytic(cfg)
     mesh_axis = cfg.runtime.mesh.get("model", 1) if cfg.runtime.kind == "mesh" else 1
-    measurement = None
+    measurement, calibration = None, None
     if calibrate:
         measurement = measure(calibrate, module.CONVERGE_UNIT, cost.train_samples, system.chips_per_host,
                               system.cores_per_chip, calibrate_chips)
         if measurement.benchmark != cfg.workload:
             raise HarnessError(f"--calibrate: the logs are {measurement.benchmark}, the config is {cfg.workload}")
-        efficiency = solve_efficiency(cost, system, measurement.chips, measurement.global_batch,
-                                      measurement.step_seconds)
+        calibration = calibrate_step(cost, system, measurement.chips, measurement.global_batch,
+                                     measurement.step_seconds, measurement.eval_seconds, measurement.eval_mode,
+                                     measurement.evals, measurement.steps)
+        efficiency = calibration.efficiency
         note = (f"calibrated on {measurement.runs} log(s) at {measurement.chips} chips, global batch "
                 f"{measurement.global_batch} (measured step {measurement.step_seconds * 1e3:.1f} ms, "
-                f"platform {measurement.platform!r})")
+                f"platform {measurement.platform!r}); {calibration.describe()}")
     else:
         efficiency = system.default_efficiency
         note = "the system's documented default, NOT calibrated (pass --calibrate LOGS for a measured one)"
-    return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis)
+    return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis, calibration)
 
 
 def _ms(x: float) -> str:
@@ -110,25 +107,32 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"  {unit + ' to converge':<26}{value}  [{c.source}]" + (f"  ** {c.note} **" if c.note else ""),
         f"  steps to converge         {p.steps:,}",
         f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
-        f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)}",
+        f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)} "
+        f"+ fixed {_ms(s.fixed)}",
         f"    all-reduce              {_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
         f"per chip on {collectives.describe(sysm, p.replicas)}; {_ms(hidden)} ms hidden under the backward pass "
         f"(overlap {sysm.allreduce_overlap:g} of it)",
         f"    other                   optimizer update: {plan.cost.params / p.model_axis / 1e6:.1f} M params x "
         f"{plan.cost.optimizer_bytes_per_param:g} B over {sysm.hbm_bandwidth / 1e9:g} GB/s HBM",
-        f"  eval                      {p.evals} eval(s) x {p.eval_seconds:.2f} s (compute {p.eval_compute_seconds:.2f} "
-        f"s over all chips + host scoring {p.host_eval_seconds:.2f} s"
-        f"{', from the calibration logs' if plan.measurement else ', documented default'})",
+        f"    fixed                   {sysm.name} step_overhead_seconds (launches, kernels too small to fill a "
+        f"chip, the host loop)",
+        f"  eval                      {p.evals} {p.eval.mode} eval(s) x {p.eval.one:.3f} s = device {p.eval.device:.3f} s "
+        f"(forward pass split over the {p.chips} chips) + host scoring {p.eval.host:.3f} s (one host, per eval "
+        f"sample) + fixed {p.eval.fixed:.3f} s (per eval) [{p.eval.source}]"
+        + ("; asynchronous: only the last eval's host and fixed parts are on the clock" if p.eval.mode == "async"
+           else ""),
         f"  init (not in the score)   " + (f"{p.init_seconds:.0f} s (calibration logs)" if p.init_seconds is not None
                                           else "not known (no calibration logs)"),
         f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "
-        f"{p.evals * p.eval_seconds / 60:.2f}",
+        f"{p.eval_total_seconds / 60:.2f} (eval {100 * p.eval_total_seconds / p.total_seconds:.1f}% of it)",
+        f"  model FLOP/s              {p.model_flops_per_s / 1e12:,.1f} TFLOP/s over the training steps "
+        f"({plan.cost.train_flops_per_sample / 1e9:,.1f} GFLOP per {plan.cost.sample_unit} x "
+        f"{p.global_batch / s.total:,.1f} samples/s); MFU {100 * p.mfu:.1f}% of {p.chips} x "
+        f"{sysm.peak_flops / 1e12:g} TFLOP/s",
     ]
-    if p.global_batch / p.chips < SMALL_PER_CHIP_BATCH:
-        lines.append(f"  caution: {p.global_batch / p.chips:g} samples per chip. Fixed per-step costs (kernel launches, "
-                     "kernels too small to fill a chip) are not modelled, so this is optimistic there: "
-                     "scripts/validate_plan.py finds public SSD runs at 2-8 images per chip 2-5x slower per step "
-                     "than projected (BERT and ResNet there within 1.5x)")
+    if p.global_batch / p.chips < SMALL_PER_CHIP_BATCH and not sysm.step_overhead_seconds:
+        lines.append(f"  caution: {p.global_batch / p.chips:g} samples per chip and {sysm.name} states no "
+                     "step_overhead_seconds: fixed per-step costs are left out, so this is optimistic")
     return lines
 
 
@@ -139,6 +143,18 @@ def header(plan: Plan) -> list[str]:
             f"  model cost: {c.train_flops_per_sample / 1e9:,.1f} GFLOP per training {c.sample_unit}, "
             f"{c.params / 1e6:.2f} M params, {c.gradient_bytes / 1e6:.1f} MB of gradients; {c.source}",
             f"  efficiency: {plan.efficiency:.3f} of peak: {plan.efficiency_note}"]
+
+
+def default_batch(plan: Plan, chips: int) -> tuple[int, str]:
+    """A global batch for `chips` when the config's cannot fill them: the calibration logs' per-chip batch
+    (else one sample per replica) held up to the convergence table's largest batch, as --sweep does."""
+    replicas = chips // plan.mesh_model_axis
+    per_chip = plan.measurement.global_batch / plan.measurement.chips if plan.measurement else 1.0
+    points = _table_points(plan)
+    cap = max(b for b, _ in points) if points else replicas * per_chip
+    batch = int(max(replicas, min(cap, round(per_chip * chips))))
+    held = f"the calibration logs' {per_chip:g} per chip" if plan.measurement else "one sample per replica"
+    return batch, f"{held}, capped at the convergence table's largest batch {cap:g}"
 
 
 def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, int]]:
@@ -305,8 +321,13 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
     batch = global_batch or plan.cfg.schedule.global_batch_size
     if batch < 1:
         raise HarnessError(f"--global_batch {batch}: give a positive global batch")
+    batch_note = []
+    if global_batch is None and batch < chips // plan.mesh_model_axis:
+        batch, why = default_batch(plan, chips)
+        batch_note = [f"  global batch {batch}: the config's {plan.cfg.schedule.global_batch_size} is smaller than the "
+                      f"{chips // plan.mesh_model_axis} replicas; {why} (--global_batch N to choose)"]
     p = plan.at(chips, batch)
-    lines = header(plan) + format_projection(plan, p)
+    lines = header(plan) + batch_note + format_projection(plan, p)
     out: dict[str, Any] = {"config": config_path, "system": plan.system.name, "model_cost": plan.cost.to_dict(),
                            "efficiency": plan.efficiency, "efficiency_source": plan.efficiency_note,
                            "projection": p.to_dict()}

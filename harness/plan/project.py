@@ -8,8 +8,24 @@ Per step of one chip (a replica spans `model_axis` chips):
   model-parallel   = activation all-reduces inside the model group (the workload's mp bytes per sample)
   other            = the optimizer update's HBM traffic (params / model_axis x bytes per parameter / HBM
                      bandwidth), which does not shrink with the per-chip batch
-Time to train = steps x step + evals x (eval FLOPs / (chips x peak x efficiency) + host scoring).
-Init is printed apart: MLPerf's clock starts at run_start, after init.
+  fixed            = the system's step_overhead_seconds (launches, kernels too small to fill a chip, the host
+                     loop): what keeps a step from shrinking to nothing at 1-8 samples per chip
+One eval is three parts, each scaled the way it runs (EvalTime):
+  device           = the forward pass over the eval set split over the chips: eval FLOPs / (chips x peak x
+                     efficiency), or the calibration's measured device part x calibration chips / chips;
+                     plus one fixed step cost per eval step (the eval set in global batches)
+  host             = scoring on one host per eval sample (COCO mAP, BLEU): host seconds per sample x samples
+  fixed            = the workload's fixed cost per eval
+Synchronous evals add all three each time. Asynchronous ones (scored while training goes on) take the
+chips for their device part each time, but only the last one's host and fixed parts are on the clock (the
+run stops when its result is known).
+Time to train = steps x step + the evals. Init is printed apart: MLPerf's clock starts at run_start.
+
+Calibration (`calibrate`) solves the step model for the efficiency that reproduces a measured step, and
+splits a measured eval by this rule: host and fixed are the workload's stated figures (not fitted; when
+they exceed the measurement they are scaled down to it), the rest is device work at the calibration's chip
+count. An asynchronous eval's device part ran on the training chips, so it is taken out of the measured
+step before solving.
 """
 from __future__ import annotations
 
@@ -33,10 +49,53 @@ class StepTime:
     allreduce_exposed: float  # what is left after the overlap with the backward pass
     model_parallel: float
     other: float
+    fixed: float = 0.0        # the system's fixed per-step cost
 
     @property
     def total(self) -> float:
-        return self.compute + self.allreduce_exposed + self.model_parallel + self.other
+        return self.compute + self.allreduce_exposed + self.model_parallel + self.other + self.fixed
+
+
+@dataclasses.dataclass
+class EvalTime:
+    device: float             # split over the chips (forward pass, its eval steps' fixed costs)
+    host: float               # host scoring per eval sample, on one host
+    fixed: float              # per eval, whatever the chips
+    mode: str = "sync"        # "sync" | "async"
+    source: str = "documented"  # "documented" | "calibrated"
+
+    @property
+    def one(self) -> float:
+        return self.device + self.host + self.fixed
+
+    def total(self, evals: int) -> float:
+        """Seconds the evals add to the time to train."""
+        if evals <= 0:
+            return 0.0
+        if self.mode == "async":
+            return evals * self.device + self.host + self.fixed
+        return evals * self.one
+
+
+@dataclasses.dataclass
+class Calibration:
+    """What one scale's logs fix: the efficiency, and the device part of one eval at `chips`."""
+    efficiency: float
+    chips: int
+    global_batch: int
+    step_seconds: float                 # as measured (asynchronous evals' device part still inside)
+    eval_mode: str = "sync"             # "sync" | "async" | "untimed" (no eval intervals in the logs)
+    eval_seconds: float | None = None   # one measured eval (sync: its interval; async: its interval)
+    eval_device_seconds: float | None = None  # its device part at `chips`; None: from FLOPs
+    eval_host_seconds: float = 0.0
+    eval_fixed_seconds: float = 0.0
+
+    def describe(self) -> str:
+        if self.eval_device_seconds is None:
+            return f"evals {self.eval_mode} in the logs: device part from FLOPs, host and fixed parts documented"
+        return (f"measured {self.eval_mode} eval {self.eval_seconds:.3f} s at {self.chips} chips = device "
+                f"{self.eval_device_seconds:.3f} s (split over chips) + host {self.eval_host_seconds:.3f} s + "
+                f"fixed {self.eval_fixed_seconds:.3f} s (host and fixed: the workload's stated figures)")
 
 
 @dataclasses.dataclass
@@ -51,24 +110,34 @@ class Projection:
     steps: int
     step: StepTime
     evals: int
-    eval_seconds: float       # one eval
-    eval_compute_seconds: float
-    host_eval_seconds: float
+    eval: EvalTime            # one eval, by part
     init_seconds: float | None
     efficiency: float
+    model_flops_per_s: float = 0.0  # useful train FLOPs x samples/s over the training steps (all chips)
+    mfu: float = 0.0                # model_flops_per_s / (chips x peak)
+
+    @property
+    def eval_seconds(self) -> float:
+        return self.eval.one
 
     @property
     def train_seconds(self) -> float:
         return self.steps * self.step.total
 
     @property
+    def eval_total_seconds(self) -> float:
+        return self.eval.total(self.evals)
+
+    @property
     def total_seconds(self) -> float:
-        return self.train_seconds + self.evals * self.eval_seconds
+        return self.train_seconds + self.eval_total_seconds
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["step"]["total"] = self.step.total
-        d.update(train_seconds=self.train_seconds, total_seconds=self.total_seconds)
+        d["eval"]["one"] = self.eval.one
+        d.update(train_seconds=self.train_seconds, eval_total_seconds=self.eval_total_seconds,
+                 total_seconds=self.total_seconds)
         return d
 
 
@@ -91,7 +160,7 @@ def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, 
     hidden = min(allreduce, system.allreduce_overlap * BACKWARD_SHARE * compute)
     mp = collectives.model_group_allreduce_seconds(system, cost.mp_bytes_per_sample * per_replica, model_axis)
     other = cost.params / model_axis * cost.optimizer_bytes_per_param / system.hbm_bandwidth
-    return StepTime(compute, allreduce, allreduce - hidden, mp, other)
+    return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds)
 
 
 def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: float, step_seconds: float,
@@ -115,8 +184,72 @@ def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: 
     return hi
 
 
+def eval_steps(cost: ModelCost, global_batch: float) -> int:
+    """Steps of one eval: the eval set in global batches (an eval batch the size of the training one)."""
+    return max(1, int(math.ceil(cost.eval_samples / max(1.0, global_batch) - 1e-9))) if cost.eval_samples else 0
+
+
+def stated_eval_parts(cost: ModelCost, system: System, global_batch: float) -> tuple[float, float]:
+    """(host, fixed) seconds of one eval as the workload states them; fixed includes one fixed step cost per
+    eval step (those steps are the device's, but their count does not shrink with the chips)."""
+    host = cost.eval_host_seconds_per_sample * cost.eval_samples
+    fixed = cost.eval_fixed_seconds + cost.eval_host_seconds
+    return host, fixed + eval_steps(cost, global_batch) * system.step_overhead_seconds
+
+
+def eval_time(cost: ModelCost, system: System, chips: int, global_batch: float, efficiency: float,
+              cal: Calibration | None = None, mode: str | None = None) -> EvalTime:
+    host, fixed = stated_eval_parts(cost, system, global_batch)
+    mode = mode or (cal.eval_mode if cal is not None and cal.eval_mode == "async" else "sync")
+    if cal is not None and cal.eval_mode == "untimed":
+        host, fixed = 0.0, 0.0
+    if cal is not None and cal.eval_mode == "async":
+        scale = (cal.eval_host_seconds + cal.eval_fixed_seconds) / max(1e-12, sum(
+            stated_eval_parts(cost, system, cal.global_batch)))
+        device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
+        return EvalTime(device, host * scale, fixed * scale, mode, "host and fixed bounded by the logs' "
+                        "asynchronous evals, device part from FLOPs")
+    if cal is not None and cal.eval_device_seconds is not None:
+        scale = (cal.eval_host_seconds + cal.eval_fixed_seconds) / max(1e-12, sum(
+            stated_eval_parts(cost, system, cal.global_batch)))
+        steps_fixed = eval_steps(cost, global_batch) * system.step_overhead_seconds
+        return EvalTime(cal.eval_device_seconds * cal.chips / chips, host * scale,
+                        (fixed - steps_fixed) * scale + steps_fixed, mode, "calibrated")
+    device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
+    return EvalTime(device, host, fixed, mode, "untimed in the calibration logs: host and fixed parts inside the "
+                    "measured step" if cal is not None and cal.eval_mode == "untimed" else "documented")
+
+
+def calibrate(cost: ModelCost, system: System, chips: int, global_batch: int, step_seconds: float,
+              eval_seconds: float | None = None, eval_mode: str = "sync", evals: float = 0.0,
+              steps: float = 0.0, model_axis: int = 1) -> Calibration:
+    """The efficiency and the eval split one scale's measurements give (the rule in the module docstring).
+    `evals` and `steps` (per run) matter for asynchronous evals only: their device part leaves the step."""
+    host, fixed = stated_eval_parts(cost, system, global_batch)
+    if eval_seconds is None or eval_mode not in ("sync", "async"):
+        # untimed evals: whatever they cost is inside the measured step already, so only their device part
+        # (from FLOPs) is added to a projection
+        eff = solve_efficiency(cost, system, chips, global_batch, step_seconds, model_axis)
+        return Calibration(eff, chips, global_batch, step_seconds, "untimed")
+    if host + fixed > eval_seconds:
+        share = eval_seconds / (host + fixed)
+        host, fixed = host * share, fixed * share
+    if eval_mode == "async":
+        # training ran inside the interval, so it bounds the host scoring rather than measures the eval; the
+        # device part (the forward pass, on the training chips) comes from FLOPs and leaves the measured step
+        eff = solve_efficiency(cost, system, chips, global_batch, step_seconds, model_axis)
+        for _ in range(20):
+            device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * eff)
+            train_step = step_seconds - (evals * device / steps if evals and steps else 0.0)
+            eff = solve_efficiency(cost, system, chips, global_batch, train_step, model_axis)
+        return Calibration(eff, chips, global_batch, step_seconds, eval_mode, eval_seconds, None, host, fixed)
+    device = eval_seconds - host - fixed
+    eff = solve_efficiency(cost, system, chips, global_batch, step_seconds, model_axis)
+    return Calibration(eff, chips, global_batch, step_seconds, eval_mode, eval_seconds, device, host, fixed)
+
+
 def project(cost: ModelCost, system: System, converge: Convergence, chips: int, global_batch: int,
-            efficiency: float, model_axis: int = 1, host_eval_seconds: float | None = None,
+            efficiency: float, model_axis: int = 1, calibration: Calibration | None = None,
             init_seconds: float | None = None) -> Projection:
     check_chips(system, chips, model_axis)
     replicas = chips // model_axis
@@ -127,8 +260,8 @@ def project(cost: ModelCost, system: System, converge: Convergence, chips: int, 
     steps_per_epoch = cost.train_samples / global_batch
     stop = converge.value if converge.stop is None else converge.stop
     samples = stop * cost.train_samples if converge.unit == "epochs" else stop
-    host = cost.eval_host_seconds if host_eval_seconds is None else host_eval_seconds
-    eval_compute = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
+    ev = eval_time(cost, system, chips, global_batch, efficiency, calibration)
+    model_flops = cost.train_flops_per_sample * global_batch / step.total
     return Projection(chips, model_axis, replicas, global_batch, global_batch / replicas, steps_per_epoch, converge,
-                      int(math.ceil(samples / global_batch - 1e-9)), step, converge.evals, eval_compute + host,
-                      eval_compute, host, init_seconds, efficiency)
+                      int(math.ceil(samples / global_batch - 1e-9)), step, converge.evals, ev, init_seconds,
+                      efficiency, model_flops, model_flops / (chips * system.peak_flops))

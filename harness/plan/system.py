@@ -35,6 +35,9 @@ class System:
     inter_bandwidth: float = 0.0  # hierarchical: bytes/s per GPU and direction between hosts
     intra_latency: float = 0.0
     inter_latency: float = 0.0
+    step_overhead_seconds: float = 0.0  # fixed per training step (kernel launches, kernels too small to fill
+                                        # a chip, the host loop, the step's synchronization), whatever the batch
+    device_match: str = ""    # regular expression of the device names this system's chip reports (a run's MFU)
     path: str = ""
 
 
@@ -79,6 +82,8 @@ def load_system(name_or_path: str) -> System:
     values = {}
     for key, value in data.items():
         want = fields[key].type
+        if want == "str" and key != "name" and not isinstance(value, str):
+            raise HarnessError(f"system file {path}: {key} must be a string, got {value!r}")
         if want in ("float", "int"):
             if isinstance(value, str):
                 try:
