@@ -88,7 +88,8 @@ def _mllog(t_ms: int, key: str, value=None, kind: str = "POINT_IN_TIME", **meta)
 
 def synthetic_log(path: str) -> None:
     """2 epochs of 1,000 images at global batch 100 (20 steps) in a 42 s run: one synchronous 2 s eval and
-    one asynchronous eval (an epoch_stop inside it), so training took 40 s: 2.0 s a step."""
+    one asynchronous 5 s eval (an epoch_stop inside it) that the run waits 4 s for after training's last
+    event, so training took 36 s: 1.8 s a step."""
     lines = [
         _mllog(0, "init_start", kind="INTERVAL_START"),
         _mllog(1, "submission_benchmark", "resnet"), _mllog(1, "submission_platform", "1xNVIDIA DGX A100"),
@@ -115,14 +116,16 @@ def test_calibration_from_a_synthetic_log(tmp_path):
     system = load_system("dgx-a100")
     m = measure([str(tmp_path)], "epochs", 999, system.chips_per_host, system.cores_per_chip)
     assert (m.benchmark, m.chips, m.global_batch, m.runs) == ("resnet", 8, 100, 1)  # 1 host x 8 GPUs
-    assert m.step_seconds == pytest.approx(2.0)
-    assert m.eval_seconds == pytest.approx(2.0) and m.init_seconds == pytest.approx(5.0)
+    assert m.step_seconds == pytest.approx(1.8)
+    assert (m.eval_mode, m.eval_seconds, m.evals, m.steps) == ("async", pytest.approx(5.0), 2, 20)
+    assert m.init_seconds == pytest.approx(5.0)
     # One chip: no all-reduce. 1.56e12 FLOPs a sample x 100 = 0.5 s at peak (312 TFLOP/s); the optimizer
-    # moves 1e6 params x 20 B over 1555 GB/s = 12.86 us. So 2.0 s = 0.5 / eff + 12.86 us.
+    # moves 1e6 params x 20 B over 1555 GB/s = 12.86 us; the fixed step cost is 7.34 ms (dgx-a100.yaml).
+    # So 1.8 s = 0.5 / eff + 12.86 us + 7.34 ms.
     cost = costs.ModelCost("resnet", "hand", 1.56e12, 0.0, 10**6, 4e6, 20.0, 1000, 0, "image")
     eff = solve_efficiency(cost, system, 1, 100, m.step_seconds)
-    assert eff == pytest.approx(0.5 / (2.0 - 2e7 / 1555e9), rel=1e-6)
-    assert step_time(cost, system, 1, 100, eff).total == pytest.approx(2.0, rel=1e-6)
+    assert eff == pytest.approx(0.5 / (1.8 - 2e7 / 1555e9 - 7.34e-3), rel=1e-6)
+    assert step_time(cost, system, 1, 100, eff).total == pytest.approx(1.8, rel=1e-6)
     with pytest.raises(HarnessError, match="shorter than the model's step at 100% of peak"):
         solve_efficiency(cost, system, 1, 100, 0.1)
 
@@ -278,7 +281,8 @@ def test_calibrated_sweep_json_and_png(tmp_path, capsys):
     planner.main(path, [], "dgx-a100", 64, 4096, [str(tmp_path)], 8, True, True, None, False, str(tmp_path))
     data = json.loads(capsys.readouterr().out)
     assert data["efficiency_source"].startswith("calibrated on 1 log(s) at 8 chips")
-    assert data["projection"]["chips"] == 64 and data["projection"]["host_eval_seconds"] >= 0
+    assert data["projection"]["chips"] == 64 and data["projection"]["eval"]["host"] >= 0
+    assert 0 < data["projection"]["mfu"] < 1
     with open(data["png"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     chips = [p["chips"] for p in data["sweep"]]
@@ -307,7 +311,7 @@ def test_model_cost_file_round_trips(tmp_path, capsys):
 
 def test_model_cost_from_a_dry_run_compile_report():
     """The dry run's CompileReport (dict form) gives per-sample FLOPs; dataset sizes come from the base."""
-    base = costs.ModelCost("bert", "counted", 1.0, 1.0, 1, 4.0, 36.0, 1000, 10, "sequence", eval_host_seconds=0.5)
+    base = costs.ModelCost("bert", "counted", 1.0, 1.0, 1, 4.0, 36.0, 1000, 10, "sequence", eval_fixed_seconds=0.5)
     report = {"workload": "bert", "config": "c", "replicas": 8, "model_axis": 1, "per_replica_batch": 4,
               "global_batch": 32, "eval_per_replica_batch": 2, "params": 100, "train_flops_per_replica_step": 8e9,
               "eval_flops_per_replica_step": 1e9, "flops_source": "xla cost analysis",
@@ -315,6 +319,6 @@ def test_model_cost_from_a_dry_run_compile_report():
               "peak_bytes_per_device": None, "compile_seconds": {}}
     c = costs.from_compile_report_dict(report, base)
     assert (c.train_flops_per_sample, c.eval_flops_per_sample, c.params, c.gradient_bytes) == (2e9, 5e8, 100, 200)
-    assert (c.train_samples, c.eval_host_seconds) == (1000, 0.5) and c.source.startswith("xla cost analysis")
+    assert (c.train_samples, c.eval_fixed_seconds) == (1000, 0.5) and c.source.startswith("xla cost analysis")
     with pytest.raises(HarnessError, match="compile report"):
         costs.from_compile_report_dict({"workload": "bert"}, base)

@@ -237,9 +237,11 @@ def calibrate(cost: ModelCost, system: System, chips: int, global_batch: int, st
     if eval_mode == "async":
         # training ran inside the interval, so it bounds the host scoring rather than measures the eval; the
         # device part (the forward pass, on the training chips) comes from FLOPs and leaves the measured step
+        # (the device part is bounded by what the interval leaves after host and fixed)
         eff = solve_efficiency(cost, system, chips, global_batch, step_seconds, model_axis)
+        room = max(0.0, eval_seconds - host - fixed)
         for _ in range(20):
-            device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * eff)
+            device = min(room, cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * eff))
             train_step = step_seconds - (evals * device / steps if evals and steps else 0.0)
             eff = solve_efficiency(cost, system, chips, global_batch, train_step, model_axis)
         return Calibration(eff, chips, global_batch, step_seconds, eval_mode, eval_seconds, None, host, fixed)

@@ -1,0 +1,134 @@
+"""`plan` at scale: the eval split into device / host / fixed parts recovered from one scale's logs, a
+device-side eval staying a small share 512x past its calibration, asynchronous evals, the fixed per-step
+cost (and its derivation from two held-out points), and the MFU a projection implies. No TensorFlow."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from harness.plan import converge, cost as costs
+from harness.plan.calibrate import measure
+from harness.plan.project import EvalTime, calibrate, eval_time, project, solve_efficiency, step_time
+from harness.plan.system import load_system
+
+from conftest import REPO
+
+A, B = 0.3, 24.0     # the synthetic family's eval: A + B / chips seconds
+EVAL_SAMPLES = 5000
+
+
+def _mllog(t_ms: float, key: str, value=None, kind: str = "POINT_IN_TIME", **meta) -> str:
+    return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": int(t_ms), "event_type": kind, "key": key,
+                                     "value": value, "metadata": meta})
+
+
+def family_log(path: str, chips_hosts: int, step_s: float, eval_s: float, epochs: int = 3) -> None:
+    """A run of `epochs` epochs of 1,000 images at global batch 100 (10 steps of step_s each) with one
+    synchronous eval of eval_s after each epoch."""
+    t = 1000.0
+    lines = [_mllog(0, "init_start", kind="INTERVAL_START"), _mllog(1, "submission_benchmark", "ssd"),
+             _mllog(1, "submission_platform", f"{chips_hosts}xNVIDIA DGX A100"), _mllog(1, "global_batch_size", 100),
+             _mllog(1, "train_samples", 1000), _mllog(t, "init_stop", kind="INTERVAL_END"),
+             _mllog(t, "run_start", kind="INTERVAL_START")]
+    for e in range(1, epochs + 1):
+        lines.append(_mllog(t, "epoch_start", kind="INTERVAL_START", epoch_num=e))
+        t += 10 * step_s * 1000
+        lines.append(_mllog(t, "epoch_stop", kind="INTERVAL_END", epoch_num=e))
+        lines.append(_mllog(t, "eval_start", kind="INTERVAL_START", epoch_num=e))
+        t += eval_s * 1000
+        lines.append(_mllog(t, "eval_accuracy", 0.1 * e, epoch_num=e))
+        lines.append(_mllog(t, "eval_stop", kind="INTERVAL_END", epoch_num=e))
+    lines.append(_mllog(t, "run_stop", kind="INTERVAL_END", status="success"))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def family_cost(host_per_sample: float = 0.0) -> costs.ModelCost:
+    return costs.ModelCost("ssd", "hand", 1e12, 3e11, 10**6, 2e6, 20.0, 1000, EVAL_SAMPLES, "image",
+                           eval_host_seconds_per_sample=host_per_sample, eval_fixed_seconds=A - host_per_sample * EVAL_SAMPLES)
+
+
+def test_eval_a_plus_b_over_chips_is_recovered_from_one_scales_logs(tmp_path):
+    """The family's eval takes A + B/chips: A on the host (what the workload states), B/chips on the devices.
+    Logs at 8 chips alone give B; the projection reproduces A + B/chips at 64 and 1024 chips."""
+    system = dataclasses.replace(load_system("dgx-a100"), step_overhead_seconds=0.0)
+    family_log(str(tmp_path / "result_0.txt"), 1, 0.05, A + B / 8)
+    m = measure([str(tmp_path)], "epochs", 1000, system.chips_per_host, system.cores_per_chip)
+    assert (m.chips, m.eval_mode, m.evals) == (8, "sync", 3) and m.eval_seconds == pytest.approx(A + B / 8)
+    assert m.step_seconds == pytest.approx(0.05)
+    for host_per_sample in (0.0, 4e-5):  # A as a fixed cost per eval, or as host scoring per sample
+        cal = calibrate(family_cost(host_per_sample), system, m.chips, m.global_batch, m.step_seconds,
+                        m.eval_seconds, m.eval_mode, m.evals, m.steps)
+        assert cal.eval_device_seconds * 8 == pytest.approx(B)
+        for chips in (64, 1024):
+            ev = eval_time(family_cost(host_per_sample), system, chips, 1024, cal.efficiency, cal)
+            assert ev.one == pytest.approx(A + B / chips) and ev.device == pytest.approx(B / chips)
+            assert ev.host == pytest.approx(host_per_sample * EVAL_SAMPLES)
+
+
+def test_a_device_side_eval_stays_a_small_share_512x_past_its_calibration():
+    """ResNet calibrated at 8 GPUs (the public DGX A100 v0.7 figures: 146.6 ms steps, 2.28 s synchronous
+    evals) and projected at 4,096: the eval is device work, so it shrinks with the chips."""
+    from harness.config import load_config
+
+    cfg = load_config(os.path.join(REPO, "configs", "resnet", "reference.yaml"))
+    module = costs.workload_cost_module("resnet")
+    cost, system = costs.analytic(cfg), load_system("dgx-a100")
+    cal = calibrate(cost, system, 8, 3264, 0.1466, 2.284, "sync", 11, 11 * 392.5)
+    conv = converge.to_converge("resnet", cfg.ruleset, 65536, "epochs", None)
+    conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, 65536))
+    far = project(cost, system, conv, 4096, 65536, cal.efficiency, 1, cal)
+    assert far.evals >= 10 and far.eval_total_seconds / far.total_seconds < 0.05
+    assert far.eval.device == pytest.approx(cal.eval_device_seconds * 8 / 4096)
+    # the eval seconds a stated-host split would have kept (the whole 2.28 s) would be a large share
+    assert far.evals * 2.284 / (far.train_seconds + far.evals * 2.284) > 0.3
+
+
+def test_asynchronous_evals_cost_their_device_part_each_time_and_the_last_ones_scoring():
+    ev = EvalTime(device=0.5, host=3.0, fixed=0.1, mode="async")
+    assert ev.total(6) == pytest.approx(6 * 0.5 + 3.1)
+    assert dataclasses.replace(ev, mode="sync").total(6) == pytest.approx(6 * 3.6)
+    # calibrating on asynchronous evals: the interval bounds the host part; the device part leaves the step
+    system = load_system("dgx-a100")
+    cost = costs.ModelCost("ssd", "hand", 1e12, 3e11, 10**6, 2e6, 20.0, 1000, EVAL_SAMPLES, "image",
+                           eval_host_seconds_per_sample=1e-3)  # 5 s of scoring stated; the logs' 2 s bound it
+    cal = calibrate(cost, system, 8, 100, 0.5, 2.0, "async", 4, 100)
+    assert cal.eval_mode == "async" and cal.eval_host_seconds + cal.eval_fixed_seconds == pytest.approx(2.0)
+    cost = dataclasses.replace(cost, eval_host_seconds_per_sample=2e-4)  # 1 s stated: fits in the interval
+    cal = calibrate(cost, system, 8, 100, 0.5, 2.0, "async", 4, 100)
+    assert cal.eval_host_seconds == pytest.approx(1.0)
+    plain = calibrate(cost, system, 8, 100, 0.5)
+    assert cal.efficiency > plain.efficiency  # the same step had eval work inside it
+
+
+def test_fixed_step_cost_bounds_small_per_chip_batches_and_is_derived_from_two_points():
+    cost = costs.ModelCost("ssd", "hand", 2e11, 7e10, 20 * 10**6, 4e7, 20.0, 117266, 5000, "image")
+    system = dataclasses.replace(load_system("dgx-a100"), step_overhead_seconds=0.008)
+    # at 2 images a chip the step cannot fall below the fixed cost, however many chips
+    small = step_time(cost, system, 1024, 2048, 0.4)
+    assert small.fixed == 0.008 and small.total > 0.008
+    eff = solve_efficiency(cost, system, 8, 912, 0.093)
+    assert step_time(cost, system, 8, 912, eff).total == pytest.approx(0.093, rel=1e-6)
+    # two steps the model gives at 8 ms and efficiency 0.4 give back 8 ms and 0.4
+    a = (8, 912, step_time(cost, system, 8, 912, 0.4).total)
+    b = (512, 2048, step_time(cost, system, 512, 2048, 0.4).total)
+    spec = importlib.util.spec_from_file_location("validate_plan", os.path.join(REPO, "scripts", "validate_plan.py"))
+    vp = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = vp
+    spec.loader.exec_module(vp)
+    fixed, eff = vp.derive_overhead(cost, dataclasses.replace(system, step_overhead_seconds=0.0), a, b)
+    assert fixed == pytest.approx(0.008, rel=1e-4) and eff == pytest.approx(0.4, rel=1e-4)
+
+
+def test_a_projection_reports_the_mfu_it_implies():
+    system = dataclasses.replace(load_system("dgx-a100"), step_overhead_seconds=0.0)
+    cost = costs.ModelCost("bert", "hand", 2.4e12, 8e11, 10**6, 2e6, 0.0, 10**6, 0, "sequence")
+    conv = converge.Convergence(10**6, "samples", "t", True, evals=0)
+    p = project(cost, system, conv, 1, 100, 0.5)
+    # one chip, nothing but compute: MFU is the efficiency; model FLOP/s = FLOPs a sample x samples/s
+    assert p.mfu == pytest.approx(0.5) and p.model_flops_per_s == pytest.approx(0.5 * 312e12)
