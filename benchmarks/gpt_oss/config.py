@@ -31,6 +31,12 @@ class ModelConfig:
     moe_group_size: int = field(512, min=1, doc="tokens routed together (a group's capacity is shared)")
     capacity_factor: float = field(0.0, min=0.0, doc="0 = dropless (the reference); else each expert takes "
                                    "ceil(cf * group * k / experts) tokens per group and drops the rest")
+    moe_dispatch: str = field("sorted", choices=("sorted", "dense"), doc="sorted: each row's assignments "
+                              "sorted by expert into blocks of moe_block_size rows, one gathered expert weight "
+                              "per block (compiled expert work <= assignments + experts x block); dense: one-hot "
+                              "dispatch/combine einsums into [experts, capacity] slots (dropless: capacity = group)")
+    moe_block_size: int = field(128, min=1, doc="sorted dispatch: rows per expert block (each expert's rows are "
+                                "padded to a multiple of it; fewer blocks = fewer gathered weight copies)")
     load_balancing_coef: float = field(0.0, min=0.0, doc="Switch/GShard load-balancing loss weight (0 = off, "
                                        "the reference)")
     router_z_loss_coef: float = field(0.0, min=0.0, doc="ST-MoE router z-loss weight (0 = off, the reference)")

@@ -19,15 +19,19 @@ from benchmarks.gpt_oss.config import ModelConfig
 
 @dataclasses.dataclass
 class Routing:
-    """One MoE layer's routing of a batch: dispatch/combine [b, groups, s, experts, capacity] and the
-    sums the auxiliary losses and health metrics need."""
-    dispatch: tf.Tensor
-    combine: tf.Tensor
+    """One MoE layer's routing of a batch: each token's k experts, their gate weights and whether each
+    assignment was kept, the dense dispatch/combine [b, groups, s, experts, capacity] when the dense
+    dispatch asked for them, and the sums the auxiliary losses and health metrics need."""
+    index: tf.Tensor         # [b, groups, s, k] int32: the chosen experts, best first
+    gates: tf.Tensor         # [b, groups, s, k] float32: softmax over the k chosen logits
+    kept: tf.Tensor          # [b, groups, s, k] float32: 1 = the assignment has a slot, 0 = dropped
     balance_sum: tf.Tensor   # sum over groups of E * sum_i f_i P_i (Switch/GShard load-balancing loss)
     z_sum: tf.Tensor         # sum over tokens of logsumexp(router logits)^2 (ST-MoE z-loss)
     dropped: tf.Tensor       # [b]: each row's assignments dropped for capacity
     groups: int
     tokens: int
+    dispatch: tf.Tensor | None = None   # [b, g, s, e, c] one-hot slots (dense dispatch only)
+    combine: tf.Tensor | None = None    # the same weighted by the gates
 
 
 def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
@@ -38,26 +42,33 @@ def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) ->
     return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
 
 
-def route(logits: tf.Tensor, k: int, capacity: int) -> Routing:
+def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routing:
     """Token-choice top-k routing of logits [b, groups, s, experts] (float32).
 
     The k experts are the top-k logits; their weights are a softmax over those k logits (gpt-oss). The
     top-k only picks indices (no gradient through TopKV2, which DTensor cannot partition); weights come
     from a one-hot product with the logits. Slots are assigned in priority order, every token's first
     choice before any second choice, earlier tokens first (causal-safe); assignments past `capacity` are
-    dropped and the token keeps its residual only.
+    dropped and the token keeps its residual only. `dense`: also build the one-hot dispatch/combine
+    tensors (O(s x experts x capacity) per group); without it, positions are only computed when the
+    capacity can drop anything (capacity < s).
     """
     b, ng, s, e = logits.shape
     index = tf.math.top_k(tf.stop_gradient(logits), k).indices                  # [b, g, s, k]
     choice = tf.one_hot(index, e, dtype=tf.float32)                               # [b, g, s, k, e]
     gates = tf.nn.softmax(tf.reduce_sum(choice * tf.expand_dims(logits, 3), -1), -1)  # [b, g, s, k]
-    priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
-    position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
-    position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
-    kept = tf.cast(position < capacity, tf.float32)
-    slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
-    dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
-    combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
+    if dense or capacity < s:
+        priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
+        position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
+        position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
+        kept = tf.cast(position < capacity, tf.float32)
+    else:  # each expert can take the whole group: nothing is dropped
+        kept = tf.ones([b, ng, s, k], tf.float32)
+    dispatch = combine = None
+    if dense:
+        slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
+        dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
+        combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
     fraction = tf.reduce_mean(choice, [2, 3])                                     # f_i: sums to 1
     # Softmax and logsumexp spelled out: the gradients of tf.nn.softmax and tf.reduce_logsumexp sum with
     # keep_dims, which DTensor's reduce expander rejects on these batch-split logits.
@@ -67,19 +78,87 @@ def route(logits: tf.Tensor, k: int, capacity: int) -> Routing:
     total = tf.einsum("bgse,e->bgs", exp, tf.ones([e]))
     prob = tf.einsum("bgse,s->bge", exp / tf.expand_dims(total, -1), tf.fill([s], 1.0 / s))  # P_i
     lse = top + tf.math.log(total)
-    return Routing(dispatch, combine, balance_sum=float(e) * tf.reduce_sum(fraction * prob),
+    return Routing(index, gates, kept, balance_sum=float(e) * tf.reduce_sum(fraction * prob),
                    z_sum=tf.reduce_sum(tf.square(lse)), dropped=tf.reduce_sum(1.0 - kept, [1, 2, 3]),
-                   groups=b * ng, tokens=b * ng * s)
+                   groups=b * ng, tokens=b * ng * s, dispatch=dispatch, combine=combine)
+
+
+@dataclasses.dataclass
+class Blocks:
+    """Where each row's expert assignments go in the sorted dispatch: per row, the assignments sorted by
+    expert (assignment order within an expert), each expert's run padded to a multiple of `block` rows.
+    Shapes are static: `blocks` = floor((a + experts x (block - 1)) / block) covers any split of the a
+    assignments among the experts."""
+    block_expert: tf.Tensor   # [r, blocks] int32: the expert each block of rows belongs to
+    row_source: tf.Tensor     # [r, blocks * block] int32: the assignment a row computes (a: none, padding)
+    destination: tf.Tensor    # [r, a] int32: the row holding each assignment's output (rows: dropped)
+    blocks: int
+    block: int
+
+
+def sort_blocks(expert: tf.Tensor, experts: int, block: int) -> Blocks:
+    """Block layout of assignments `expert` [r, a] (int32 expert ids; `experts` marks a dropped one).
+
+    Sorting is one TopKV2 over a unique key (expert-major, then assignment order); counts come from a
+    one-hot sum and offsets from cumulative sums over the experts, so nothing is O(a^2) or data-shaped.
+    """
+    r, a = expert.shape
+    blocks = (a + experts * (block - 1)) // block
+    rows = blocks * block
+    key = expert * a + tf.range(a, dtype=tf.int32)[None, :]
+    order = tf.math.top_k(-key, a, sorted=True).indices                           # sorted -> assignment
+    inverse = tf.math.top_k(-order, a, sorted=True).indices                       # assignment -> sorted
+    counts = tf.reduce_sum(tf.one_hot(expert, experts, dtype=tf.int32), 1)        # [r, E] (dropped: none)
+    padded = (counts + block - 1) // block * block
+    padded_end = tf.cumsum(padded, 1)
+    padded_start = padded_end - padded
+    sorted_start = tf.cumsum(counts, 1, exclusive=True)
+    # Block j belongs to the first expert whose padded run ends past j * block (trailing blocks past every
+    # run: the last expert, all rows padding).
+    starts = tf.range(blocks, dtype=tf.int32) * block
+    block_expert = tf.minimum(tf.reduce_sum(
+        tf.cast(padded_end[:, None, :] <= starts[None, :, None], tf.int32), -1), experts - 1)
+    row_expert = tf.repeat(block_expert, block, axis=1)                            # [r, rows]
+    within = tf.range(rows, dtype=tf.int32)[None, :] - tf.gather(padded_start, row_expert, batch_dims=1)
+    valid = within < tf.gather(counts, row_expert, batch_dims=1)
+    sorted_at = tf.minimum(tf.gather(sorted_start, row_expert, batch_dims=1) + within, a - 1)
+    row_source = tf.where(valid, tf.gather(order, sorted_at, batch_dims=1), a)
+    own = tf.minimum(expert, experts - 1)
+    destination = (tf.gather(padded_start, own, batch_dims=1) + inverse
+                   - tf.gather(sorted_start, own, batch_dims=1))
+    destination = tf.where(expert < experts, destination, rows)
+    return Blocks(block_expert, row_source, destination, blocks, block)
+
+
+def gather_experts(w: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """w [experts, ...] -> w[index] with a dense gradient (a segment sum over the experts), not the
+    IndexedSlices tf.gather's gradient is, which optimizers and DTensor would densify anyway."""
+    experts = w.shape[0]
+
+    @tf.custom_gradient
+    def gather(w):
+        def grad(dy):
+            return tf.math.unsorted_segment_sum(dy, index, experts)
+        return tf.gather(w, index), grad
+
+    return gather(w)
 
 
 class MoE(Block):
     """Experts [experts, hidden, ff] SwiGLU feed-forwards behind a float32 router.
 
-    Tokens [b, s, m] are cut into groups; each group's tokens go to their experts' slots by a one-hot
-    dispatch einsum, giving [experts, b, groups, capacity, m] with the batch split; `place` then splits
-    the experts instead (on a mesh with experts and batch on one axis: an all-to-all), each device runs its
-    experts (with `ff` split too: tensor parallelism inside an expert), and the reverse trip brings the
-    outputs home to be combined with the gate weights.
+    Two dispatches (`model.moe_dispatch`), the same routing and the same result:
+    - sorted: each batch row's token x top-k assignments are sorted by expert into a static buffer of
+      blocks (`sort_blocks`), each block multiplied by its expert's weights (gathered per block), and the
+      outputs gathered back and combined with the gates. The expert work is at most the assignments plus
+      experts x block rows, whatever the routing. On a mesh the experts' weights are gathered whole over
+      the axis that splits them (FSDP-style, `ff` stays split) and the tokens never leave their device.
+    - dense: tokens are cut into groups; each group's tokens go to their experts' slots by a one-hot
+      dispatch einsum, giving [experts, b, groups, capacity, m] with the batch split; `place` then splits
+      the experts instead (on a mesh with experts and batch on one axis: an all-to-all), each device runs
+      its experts (with `ff` split too), and the reverse trip brings the outputs home to be combined. In
+      dropless mode the capacity is the whole group, so each expert computes every slot (experts / k times
+      the useful work) and the einsums cost as much again.
     """
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg: ModelConfig) -> None:
@@ -93,18 +172,46 @@ class MoE(Block):
         self.w_down = self.var("experts/down/kernel", (e, h, m), ("experts", "ff", None), init("experts/down"))
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor, Routing]:
-        c, dt = self.cfg, self.dtype
+        c = self.cfg
         b, seq, m = x.shape
         s = min(c.moe_group_size, seq)
         xg = tf.reshape(x, [b, seq // s, s, m])
         logits = tf.einsum("bgsm,me->bgse", tf.cast(xg, tf.float32), self.router)
+        dense = c.moe_dispatch == "dense"
         r = route(logits, c.experts_per_token, expert_capacity(s, c.num_experts, c.experts_per_token,
-                                                                c.capacity_factor))
+                                                                c.capacity_factor), dense=dense)
+        y = self._dense(xg, r) if dense else self._sorted(x, r)
+        return tf.reshape(y, [b, seq, m]), r
+
+    def _dense(self, xg: tf.Tensor, r: Routing) -> tf.Tensor:
+        dt = self.dtype
         xe = tf.einsum("bgsec,bgsm->ebgcm", tf.cast(r.dispatch, dt), xg)
         xe = self.runtime.place(xe, ("experts", None, None, None, None))
         gate = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_gate, dt))
         up = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_up, dt))
         ye = tf.einsum("ebgch,ehm->ebgcm", tf.nn.silu(gate) * up, tf.cast(self.w_down, dt))
         ye = self.runtime.place(ye, (None, "batch", None, None, None))
-        y = tf.einsum("bgsec,ebgcm->bgsm", tf.cast(r.combine, dt), ye)
-        return tf.reshape(y, [b, seq, m]), r
+        return tf.einsum("bgsec,ebgcm->bgsm", tf.cast(r.combine, dt), ye)
+
+    def _sorted(self, x: tf.Tensor, r: Routing) -> tf.Tensor:
+        c, dt = self.cfg, self.dtype
+        b, seq, m = x.shape
+        k, e = c.experts_per_token, c.num_experts
+        a = seq * k                                                      # assignments per row: token-major
+        expert = tf.where(tf.reshape(r.kept, [b, a]) > 0, tf.reshape(r.index, [b, a]), e)
+        lay = sort_blocks(expert, e, c.moe_block_size)
+        # A row's token (seq: the zero row appended below, for padding rows).
+        token = tf.where(lay.row_source < a, lay.row_source // k, seq)
+        xs = tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), token, batch_dims=1)
+        xs = tf.reshape(xs, [b, lay.blocks, lay.block, m])
+        # The experts' weights, whole over the axis that splits the experts (on a mesh: an all-gather;
+        # `ff` stays split), then one copy per block.
+        w_gate, w_up, w_down = (self.runtime.place(tf.cast(w, dt), (None,) + dims) for w, dims in (
+            (self.w_gate, (None, "ff")), (self.w_up, (None, "ff")), (self.w_down, ("ff", None))))
+        gate = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_gate, lay.block_expert))
+        up = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_up, lay.block_expert))
+        ys = tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, gather_experts(w_down, lay.block_expert))
+        ys = tf.concat([tf.reshape(ys, [b, lay.blocks * lay.block, m]), tf.zeros([b, 1, m], ys.dtype)], 1)
+        ya = tf.reshape(tf.gather(ys, lay.destination, batch_dims=1), [b, seq, k, m])
+        weights = tf.reshape(r.gates * r.kept, [b, seq, k])
+        return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
