@@ -87,6 +87,10 @@ class RuntimeConfig:
     allow_platform_mismatch: bool = field(False, doc="closed division: run even though the devices used "
                                           "differ from those submission.platform declares (experiments; "
                                           "such a result is filed under the wrong system)")
+    peak_tflops: float = field(0.0, min=0.0, doc="peak dense bf16/fp16 TFLOP/s of one device, for the run's "
+                               "MFU (model FLOP/s over devices x peak); 0 = the peak of the plan system file "
+                               "(harness/plan/systems/*.yaml) whose device_match names the device, none "
+                               "matching: MFU not reported (CPUs)")
 
     def __post_init__(self) -> None:
         if self.gpus == 0:

@@ -43,7 +43,8 @@ def assert_event_order(keys: list[str]) -> None:
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("smoke") / "runs")
-    proc = run_cli("run", SMOKE, "--output_dir", out)
+    # runtime.peak_tflops: a CPU has no system file, so the run's MFU needs a stated peak (0.5 TFLOP/s a device)
+    proc = run_cli("run", SMOKE, "--output_dir", out, *sets(runtime__peak_tflops=0.5))
     return proc, out
 
 
@@ -75,6 +76,23 @@ def test_smoke_run_reaches_target_and_passes_official_checker(smoke_run):
     assert run_summary.time_to_train_min == pytest.approx(summary["time_to_train_min"], abs=0.01)
     # No function was retraced once the timed run started (warm-up compiled everything).
     assert summary["traces"] == {"train": 1, "eval": 1}
+
+
+def test_smoke_run_reports_model_flops_and_mfu(smoke_run):
+    """Model FLOP/s = the cost module's train FLOPs a sample x train samples/s; MFU over the stated peak."""
+    from harness.config import load_config
+    from harness.plan.cost import analytic
+
+    proc, out = smoke_run
+    summary = read_summary(out)
+    per_sample = analytic(load_config(SMOKE)).train_flops_per_sample
+    assert summary["model_flops_per_sample"] == pytest.approx(per_sample)
+    assert summary["model_flops_per_s"] == pytest.approx(per_sample * summary["train_samples_per_s"], rel=1e-3)
+    assert summary["peak_flops_per_s"] == pytest.approx(0.5e12 * summary["mfu_devices"])
+    assert summary["mfu"] == pytest.approx(summary["model_flops_per_s"] / summary["peak_flops_per_s"])
+    last = proc.stdout.strip().splitlines()[-3:]
+    line = next(l for l in last if l.startswith("model FLOP/s: "))
+    assert "synthetic data" in line and "MFU " in line and "runtime.peak_tflops" in line
 
 
 def test_check_command_on_harness_log(smoke_run):

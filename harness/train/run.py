@@ -161,6 +161,71 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     return finish(cfg, workload, runtime, result, run_dir, log_path)
 
 
+SYSTEMS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan", "systems")
+
+
+def device_peak(cfg: config_lib.Config, runtime: Any) -> tuple[float, str]:
+    """(peak FLOP/s of one device, where it comes from): runtime.peak_tflops, else the plan system file whose
+    device_match names this device (a GPU's name, a TPU's submission.platform); (0, why) when none does.
+    Read as data: harness/train does not import harness/plan."""
+    import re
+
+    import yaml
+
+    if cfg.runtime.peak_tflops:
+        return cfg.runtime.peak_tflops * 1e12, "runtime.peak_tflops"
+    kind = runtime.device_type
+    if kind == "GPU":
+        gpus = tf.config.list_physical_devices("GPU")
+        name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "") if gpus else ""
+    elif kind == "TPU":
+        name = cfg.submission.platform
+    else:
+        return 0.0, f"no peak known for {kind} devices (set runtime.peak_tflops)"
+    for f in sorted(os.listdir(SYSTEMS_DIR)) if os.path.isdir(SYSTEMS_DIR) else []:
+        with open(os.path.join(SYSTEMS_DIR, f)) as fh:
+            data = yaml.safe_load(fh) or {}
+        match = data.get("device_match")
+        if f.endswith(".yaml") and match and name and re.search(match, name, re.IGNORECASE):
+            per_chip = float(data["peak_flops"])
+            # TPU v2/v3: TensorFlow sees each core as a device; v4 and later one device a chip (megacore)
+            cores = int(data.get("cores_per_chip", 1)) if re.search(r"v[23]\b|v[23]-", name) else 1
+            return per_chip / cores, f"harness/plan/systems/{f} ({name})"
+    return 0.0, f"no system file's device_match names {name or kind!r} (set runtime.peak_tflops)"
+
+
+def model_flops(cfg: config_lib.Config, runtime: Any, samples_per_s: float) -> dict[str, Any]:
+    """Model FLOP/s (the cost module's useful train FLOPs a sample x train samples/s) and MFU (over the
+    devices' peak, where known): what MaxText and torchtitan print, in the same units as `plan`."""
+    from harness.train.dryrun import useful_train_flops
+
+    per_sample = useful_train_flops(cfg, 1)
+    out: dict[str, Any] = {"model_flops_per_sample": per_sample,
+                           "model_flops_per_s": per_sample * samples_per_s if per_sample else None}
+    peak, source = device_peak(cfg, runtime)
+    devices = platforms.devices_used(runtime)
+    out["peak_flops_per_s"] = peak * devices if peak else None
+    out["peak_source"] = source
+    out["mfu"] = (out["model_flops_per_s"] / out["peak_flops_per_s"]
+                  if out["model_flops_per_s"] and out["peak_flops_per_s"] else None)
+    out["mfu_devices"] = devices
+    return out
+
+
+def mfu_line(summary: dict[str, Any], synthetic: bool) -> str:
+    flops = summary.get("model_flops_per_s")
+    if not flops:
+        return f"model FLOP/s: not known ({summary['workload']} has no cost module)"
+    line = (f"model FLOP/s: {flops / 1e12:.4g} TFLOP/s ({summary['model_flops_per_sample'] / 1e9:.4g} GFLOP per "
+            f"sample x {summary['train_samples_per_s']:g} train samples/s"
+            + (", synthetic data" if synthetic else "") + ")")
+    if summary.get("mfu") is not None:
+        return line + (f"; MFU {100 * summary['mfu']:.2f}% of {summary['mfu_devices']} x "
+                       f"{summary['peak_flops_per_s'] / summary['mfu_devices'] / 1e12:g} TFLOP/s "
+                       f"[{summary['peak_source']}]")
+    return line + f"; MFU not known: {summary['peak_source']}"
+
+
 def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
     verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_schedule().cadence)
@@ -195,6 +260,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
                  "machine": platform.machine()},
         "harness_commit": sysinfo.harness_commit(),
     }
+    summary.update(model_flops(cfg, runtime, result.samples_per_s))
     if result.loss_scale is not None:
         summary["loss_scale"] = {"final": result.loss_scale["scale"],
                                  "skipped_steps": result.loss_scale["skipped_steps"]}
@@ -214,6 +280,7 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
     print(f"integrity checks: {'PASS' if not errors else 'FAIL'}"
           + "".join(f"\n    {f.severity}: {f.message}" for f in findings))
     print(f"log: {log_path}")
+    print(mfu_line(summary, workload.is_synthetic))
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
     if not compliant:
         return EXIT_NONCOMPLIANT
