@@ -389,3 +389,41 @@ def test_pipeline_assertion_guards_records_validate_did_not_read(tmp_path):
     src = make_source(tfrecord_cfg(out, eval_samples=2), MODEL)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"has a box outside \[0, 1\]"):
         take(src.train(ctx()), 1)
+
+
+def smooth_photo(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Smooth colour gradients with hard-edged patches and grain: chroma that upsampling differences would show."""
+    low = rng.uniform(0, 255, size=(height // 20 + 2, width // 20 + 2, 3)).astype(np.float32)
+    image = tf.image.resize(low, [height, width], method="bicubic").numpy()
+    for _ in range(5):
+        y, x = rng.integers(0, height - 8), rng.integers(0, width - 8)
+        image[y:y + rng.integers(4, height // 2), x:x + rng.integers(4, width // 2)] = rng.uniform(0, 255, size=3)
+    return np.clip(image + rng.normal(0, 10, size=image.shape), 0, 255).astype(np.uint8)
+
+
+def test_crop_window_decode_gives_the_pixels_of_the_whole_image():
+    """`decode_window` (data.decode_crop_window) equals decoding the whole JPEG and slicing, bit for bit, for 4:2:0
+    and 4:4:4 JPEGs of odd sizes and windows at odd offsets; the whole training transform on the encoded image
+    equals it on the decoded one."""
+    from benchmarks.ssd.data import decode_window, preprocess_train
+
+    rng = np.random.default_rng(7)
+    for height, width, quality, subsample in ((121, 157, 75, True), (96, 130, 92, False), (77, 61, 85, True)):
+        jpeg = tf.io.encode_jpeg(smooth_photo(rng, height, width), quality=quality, chroma_downsampling=subsample)
+        whole = tf.io.decode_jpeg(jpeg, channels=3).numpy()
+        for _ in range(12):
+            y0, x0 = int(rng.integers(0, height - 1)), int(rng.integers(0, width - 1))
+            y1, x1 = int(rng.integers(y0 + 1, height + 1)), int(rng.integers(x0 + 1, width + 1))
+            np.testing.assert_array_equal(decode_window(jpeg, y0, x0, y1, x1).numpy(), whole[y0:y1, x0:x1],
+                                          err_msg=f"{height}x{width} q{quality} window {(y0, x0, y1, x1)}")
+        boxes = tf.constant([[0.2, 0.3, 0.6, 0.7], [0.5, 0.1, 0.9, 0.4]])
+        labels = tf.constant([1, 2])
+        for s in range(6):
+            seed = tf.constant([s, 1], tf.int64)
+            a = preprocess_train(jpeg, boxes, labels, seed, S, 5, True, 1, jitter_on_device=True)
+            b = preprocess_train(tf.constant(whole), boxes, labels, seed, S, 5, True, 1, jitter_on_device=True)
+            for k in a:
+                np.testing.assert_array_equal(a[k].numpy(), b[k].numpy(), err_msg=k)
+    png = tf.io.encode_png(smooth_photo(rng, 40, 50))  # not a JPEG: decoded whole, then sliced
+    np.testing.assert_array_equal(decode_window(png, 3, 5, 20, 33).numpy(),
+                                  tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])

@@ -34,6 +34,9 @@ class DataConfig(PipelineConfig):
     max_samples: int = field(1, choices=(1, 50), doc="SSD random-crop tries per pick (MLPerf max_samples)")
     augment: bool = field(True, doc="training augmentation (SSD random crop, flip, colour jitter); false "
                           "keeps the horizontal flip only")
+    decode_crop_window: bool = field(True, doc="with augment: the SSD crop window (drawn from the boxes alone) is "
+                                     "drawn before decoding and only the JPEG blocks around it are decoded, the same "
+                                     "pixels as decoding the whole image (false: decode the whole image, then crop)")
     jitter_on_device: bool = field(True, doc="with augment: the host draws each image's colour jitter factors "
                                    "and sends the resized [0, 1] image; the train step applies the jitter and "
                                    "normalization to the batch (the same formulas and draws; the host's costliest "

@@ -119,18 +119,45 @@ def sample_ssd_crop(boxes: tf.Tensor, seed: tf.Tensor, max_samples: int,
     return window, keep
 
 
+JPEG_BLOCK = 16  # the largest JPEG MCU (4:2:0 chroma): windows are decoded from a block boundary
+WINDOW_MARGIN = 8  # pixels decoded beyond each edge of a window, so chroma upsampling sees the same neighbours
+
+
+def decode_window(encoded: tf.Tensor, y0: tf.Tensor, x0: tf.Tensor, y1: tf.Tensor, x1: tf.Tensor) -> tf.Tensor:
+    """Pixels [y0:y1, x0:x1] of an encoded image, bit for bit those of decoding it whole and slicing.
+
+    A JPEG decodes only a window around them (`decode_and_crop_jpeg`), widened by WINDOW_MARGIN and started on a
+    JPEG_BLOCK boundary: decoding exactly the window differs at its edges by a few grey levels, where libjpeg's
+    chroma upsampling would treat the window's edge as the image's; widened, it sees the neighbours the whole
+    image has (tests compare). Other formats (PNG) decode whole.
+    """
+    def jpeg() -> tf.Tensor:
+        shape = tf.io.extract_jpeg_shape(encoded)
+        top = tf.maximum(y0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
+        left = tf.maximum(x0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
+        bottom, right = tf.minimum(y1 + WINDOW_MARGIN, shape[0]), tf.minimum(x1 + WINDOW_MARGIN, shape[1])
+        pixels = tf.image.decode_and_crop_jpeg(encoded, tf.stack([top, left, bottom - top, right - left]), channels=3)
+        return pixels[y0 - top:y1 - top, x0 - left:x1 - left]
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, lambda: _decode(encoded)[y0:y1, x0:x1])
+
+
 def ssd_random_crop(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor,
                     max_samples: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Crop image [H, W, 3] by `sample_ssd_crop`; keep the boxes whose centre is inside, clipped and re-normalized."""
+    """Crop image [H, W, 3] by `sample_ssd_crop`; keep the boxes whose centre is inside, clipped and re-normalized.
+
+    `image` may also be still encoded (a scalar string): the window depends on the boxes alone, so it is drawn
+    first and only its pixels are decoded (`decode_window`, the same pixels as decoding the whole image).
+    """
     window, keep = sample_ssd_crop(boxes, seed, max_samples)
-    shape = tf.shape(image)
+    encoded = image.dtype == tf.string
+    shape = _image_shape(image) if encoded else tf.shape(image)[:2]
     height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
     # Pixel bounds by truncation, as the reference's int(left * width).
     x0 = tf.cast(window[0] * width, tf.int32)
     y0 = tf.cast(window[1] * height, tf.int32)
     x1 = tf.clip_by_value(tf.cast(window[2] * width, tf.int32), x0 + 1, shape[1])
     y1 = tf.clip_by_value(tf.cast(window[3] * height, tf.int32), y0 + 1, shape[0])
-    image = image[y0:y1, x0:x1]
+    image = decode_window(image, y0, x0, y1, x1) if encoded else image[y0:y1, x0:x1]
     boxes = tf.boolean_mask(boxes, keep)
     labels = tf.boolean_mask(labels, keep)
     lt, rb = window[:2], window[2:]
@@ -214,6 +241,7 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
                      max_boxes: int, augment: bool, max_samples: int,
                      jitter_on_device: bool = False, dtype: tf.DType = tf.float32) -> dict[str, tf.Tensor]:
     """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes.
+    `image` is pixels [H, W, 3] or still encoded (then decoded here, with augment only its crop window).
 
     `jitter_on_device` (with augment): the element carries the resized [0, 1] image and its jitter draws
     (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step. The image leaves
@@ -221,8 +249,10 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
     """
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
     boxes = tf.cast(boxes, tf.float32)
-    if augment:
+    if augment:  # an encoded image decodes only its crop window here (`data.decode_crop_window`)
         image, boxes, labels = ssd_random_crop(image, boxes, labels, keys[0], max_samples)
+    elif image.dtype == tf.string:
+        image = _decode(image)
     image, boxes = random_flip(image, boxes, keys[1])
     image = resize(image, size)
     boxes, labels = pad_boxes(boxes, labels, max_boxes)
@@ -335,9 +365,11 @@ class _Source:
         """(encoded image, boxes, labels) elements of the file-based sources -> augmented training elements."""
         augment = self._augment(ctx)
 
+        window_only = self.cfg.decode_crop_window
+
         def fn(index, item):
             encoded, boxes, labels = item
-            return augment(index, _decode(encoded), boxes, labels)
+            return augment(index, encoded if window_only else _decode(encoded), boxes, labels)
         return _indexed(ds, repeat).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train_count(self) -> int | None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
+    """WMT En-De sources and packing; the input-technique keys (parallel_reads, deterministic, threads, cache_eval,
+    prefetch_to_device, service) come from harness.train.input_pipeline.PipelineConfig."""
+
     source: str = field("synthetic", choices=("synthetic", "tfrecord", "tfds"))
     data_dir: str = field("", doc="tfrecord: folder of the reference's encoded shards; tfds: the TFDS data_dir")
     train_pattern: str = field("*encoded-train*", doc="tfrecord: glob of training shards (int64 inputs/targets)")

@@ -218,7 +218,8 @@ class TFRecordSource(Source):
         return {k: tf.cast(tf.RaggedTensor.from_sparse(ex[k]), tf.int32) for k in self.SPEC}
 
     def train_rows(self, ctx: InputContext) -> tf.data.Dataset:
-        ds = sharded_records(self.files(), ctx, self.cfg.shuffle_buffer, cycle_length=8, deterministic=True)
+        ds = sharded_records(self.files(), ctx, self.cfg.shuffle_buffer, cycle_length=self.cfg.parallel_reads,
+                             deterministic=True)
         if not self.cfg.packing:
             return self._rows(ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE))
         # Parsed, length-filtered and packed a block of records at a time (the same rows as pair by pair).
@@ -234,7 +235,8 @@ class TFRecordSource(Source):
         Unpacked (a row per pair, order-free): the shards are split between the workers."""
         c, files = self.cfg, self.files()
         if not c.packing:
-            ds = sharded_records(files, ctx, c.shuffle_buffer, cycle_length=8, deterministic=None, repeat=False)
+            ds = sharded_records(files, ctx, c.shuffle_buffer, cycle_length=c.parallel_reads, deterministic=None,
+                                 repeat=False)
             return self._rows(ds.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE))
         if ctx.num_hosts > 1:
             raise HarnessError("data.service with the Transformer's packed TFRecords on several hosts: the rows "
