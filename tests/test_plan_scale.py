@@ -132,3 +132,29 @@ def test_a_projection_reports_the_mfu_it_implies():
     p = project(cost, system, conv, 1, 100, 0.5)
     # one chip, nothing but compute: MFU is the efficiency; model FLOP/s = FLOPs a sample x samples/s
     assert p.mfu == pytest.approx(0.5) and p.model_flops_per_s == pytest.approx(0.5 * 312e12)
+
+
+def test_fsdp_gathers_the_weights_and_reduce_scatters_the_gradients():
+    # a ring of 4 at 10 GB/s, nothing hidden: a full all-reduce of 8 GB is 2 * 3/4 * 8e9 / 1e10 = 1.2 s
+    system = dataclasses.replace(load_system("tpu-v4"), topology="ring", link_bandwidth=10e9, link_latency=0.0,
+                                 allreduce_overlap=0.0, step_overhead_seconds=0.0)
+    cost = costs.ModelCost("gpt_oss_20b", "hand", 1e12, 3e11, 2 * 10**9, 8e9, 28.0, 1000, 0, "row")
+    plain = step_time(cost, system, 4, 4, 0.5)
+    sharded = step_time(dataclasses.replace(cost, fsdp_gather_bytes=8e9), system, 4, 4, 0.5)
+    assert plain.allreduce == pytest.approx(1.2) and plain.fsdp_gather == 0.0
+    assert sharded.allreduce == pytest.approx(0.6) and sharded.fsdp_gather == pytest.approx(0.6)
+    assert sharded.other == pytest.approx(plain.other / 4)  # each chip updates its quarter of the state
+
+
+def test_gpt_oss_cost_follows_the_mesh_and_splits_its_eval():
+    from harness.config import load_config
+
+    path = os.path.join(REPO, "configs", "gpt_oss_20b", "reference.yaml")
+    plain = costs.analytic(load_config(path))
+    fsdp = costs.analytic(load_config(path, ["runtime.fsdp=true"]))
+    assert plain.fsdp_gather_bytes == 0 and fsdp.fsdp_gather_bytes == pytest.approx(4.0 * plain.params)
+    assert plain.eval_host_seconds_per_sample == 0 and plain.mp_bytes_per_sample > 0
+    system = load_system("dgx-h100")
+    conv = converge.Convergence(1024, "samples", "t", True, evals=1)
+    p = project(fsdp, system, conv, 16, 16, 0.4)
+    assert p.step.fsdp_gather >= 0 and p.eval.host == 0 and p.eval.device > 0 and 0 < p.mfu < 0.4

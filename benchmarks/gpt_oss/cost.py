@@ -8,6 +8,9 @@ the k routed experts count (dropless top-k: the other experts do no work on the 
 tokens counts about 3.8 G multiply-adds per token forward. Training = 3 x forward; eval: the forward pass.
 This is the model's useful work (what MFU counts), a lower bound of what the harness's implementation hands
 XLA (its dense einsum dispatch and whole attention blocks add more): --calibrate absorbs the difference.
+Collectives on the mesh: tensor parallelism over the model axis (activation all-reduces, mp_bytes_per_sample)
+and, with runtime.fsdp, the weights' all-gather over the data axis (fsdp_gather_bytes); the eval is device
+work (the loss summed on the chips), split as harness/plan/project.py describes.
 """
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ import math
 from harness.plan.cost import ModelCost
 
 CONVERGE_UNIT = "samples"  # the 6.x RCP tables count rows (samples) to converge
-EVAL_HOST_SECONDS = 0.1    # the metric is two sums on the host (assumption; --calibrate measures it)
+# Where the eval runs: the eval loss is summed on the devices (the forward pass split over the chips); nothing
+# is scored per sample on the host; a fixed 10 ms per eval gathers the two sums (assumption; --calibrate
+# gives the device part from the logs' eval time)
+EVAL_HOST_SECONDS_PER_SAMPLE = 0.0
+EVAL_FIXED_SECONDS = 0.01
+# FSDP (runtime.fsdp): the float32 variables are all-gathered where the model reads them, once a step (the
+# forward's gathered value serves the backward: an assumption about TensorFlow's gradient of the gather)
+FSDP_WEIGHT_BYTES = 4.0
 # AdamW in float32: read weight, gradient, m, v (16 B), write weight, m, v (12 B)
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 
@@ -47,10 +57,12 @@ def model_cost(cfg) -> ModelCost:
         gradient_bytes=4.0 * params, optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM,
         train_samples=cfg.data.train_samples or cfg.optimizer.max_steps * cfg.schedule.global_batch_size,
         eval_samples=cfg.data.eval_samples, sample_unit=f"row of {s} tokens",
-        # heads / expert hidden / vocab split: 2 all-reduces per layer forward and 2 backward, bf16
+        # tensor parallelism on the mesh's model axis (heads / expert hidden / vocab split): 2 activation
+        # all-reduces per layer forward and 2 backward, bf16
         mp_bytes_per_sample=4 * m.num_layers * s * m.hidden_size * 2.0,
-        eval_host_seconds=EVAL_HOST_SECONDS,
-        notes="expert-parallel all-to-all traffic not modelled")
+        fsdp_gather_bytes=FSDP_WEIGHT_BYTES * params if cfg.runtime.fsdp else 0.0,
+        eval_host_seconds_per_sample=EVAL_HOST_SECONDS_PER_SAMPLE, eval_fixed_seconds=EVAL_FIXED_SECONDS,
+        notes="expert-parallel all-to-all traffic (experts on the data axis) not modelled")
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:

@@ -108,8 +108,10 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"  steps to converge         {p.steps:,}",
         f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
         f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)} "
-        f"+ fixed {_ms(s.fixed)}",
-        f"    all-reduce              {_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
+        f"+ fixed {_ms(s.fixed)}" + (f" + FSDP weight all-gathers {_ms(s.fsdp_gather)}" if plan.cost.fsdp_gather_bytes
+                                     else ""),
+        f"    {'reduce-scatter (FSDP)' if s.fsdp_gather or plan.cost.fsdp_gather_bytes else 'all-reduce':<24}"
+        f"{_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
         f"per chip on {collectives.describe(sysm, p.replicas)}; {_ms(hidden)} ms hidden under the backward pass "
         f"(overlap {sysm.allreduce_overlap:g} of it)",
         f"    other                   optimizer update: {plan.cost.params / p.model_axis / 1e6:.1f} M params x "

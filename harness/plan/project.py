@@ -8,6 +8,10 @@ Per step of one chip (a replica spans `model_axis` chips):
   model-parallel   = activation all-reduces inside the model group (the workload's mp bytes per sample)
   other            = the optimizer update's HBM traffic (params / model_axis x bytes per parameter / HBM
                      bandwidth), which does not shrink with the per-chip batch
+  FSDP             = with cost.fsdp_gather_bytes (runtime.fsdp): the weights' all-gather over the data-parallel
+                     group (half a ring all-reduce of those bytes), hidden under what compute the gradient
+                     reduction leaves (times allreduce_overlap); the gradients are then reduce-scattered (half
+                     an all-reduce) and each chip updates its shard of the optimizer state only
   fixed            = the system's step_overhead_seconds (launches, kernels too small to fill a chip, the host
                      loop): what keeps a step from shrinking to nothing at 1-8 samples per chip
 One eval is three parts, each scaled the way it runs (EvalTime):
@@ -50,10 +54,11 @@ class StepTime:
     model_parallel: float
     other: float
     fixed: float = 0.0        # the system's fixed per-step cost
+    fsdp_gather: float = 0.0  # FSDP's weight all-gathers left exposed
 
     @property
     def total(self) -> float:
-        return self.compute + self.allreduce_exposed + self.model_parallel + self.other + self.fixed
+        return self.compute + self.allreduce_exposed + self.model_parallel + self.other + self.fixed + self.fsdp_gather
 
 
 @dataclasses.dataclass
@@ -157,10 +162,18 @@ def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, 
     per_replica = global_batch / replicas
     compute = cost.train_flops_per_sample * per_replica / model_axis / (system.peak_flops * efficiency)
     allreduce = collectives.allreduce_seconds(system, cost.gradient_bytes / model_axis, replicas, model_axis)
+    fsdp = cost.fsdp_gather_bytes > 0 and replicas > 1
+    gather = 0.0
+    if fsdp:  # reduce-scatter the gradients, all-gather the weights: each half of a ring all-reduce
+        allreduce /= 2
+        gather = collectives.allreduce_seconds(system, cost.fsdp_gather_bytes / model_axis, replicas, model_axis) / 2
     hidden = min(allreduce, system.allreduce_overlap * BACKWARD_SHARE * compute)
+    gather_hidden = min(gather, max(0.0, system.allreduce_overlap * compute - hidden))
     mp = collectives.model_group_allreduce_seconds(system, cost.mp_bytes_per_sample * per_replica, model_axis)
-    other = cost.params / model_axis * cost.optimizer_bytes_per_param / system.hbm_bandwidth
-    return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds)
+    shards = model_axis * (replicas if fsdp else 1)
+    other = cost.params / shards * cost.optimizer_bytes_per_param / system.hbm_bandwidth
+    return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds,
+                    gather - gather_hidden)
 
 
 def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: float, step_seconds: float,
