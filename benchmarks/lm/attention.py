@@ -1,8 +1,8 @@
 """Causal grouped-query self-attention with RoPE, dense or blockwise within a window: the decoder LMs' attention.
 
 Named dimensions: `heads` (key/value heads, their query groups with them) so a mesh runtime can split
-them. The config passed in needs hidden_size, num_heads, num_kv_heads, head_dim, rope_base,
-attention_block and init_stddev. Every shape is static and no op leaves the device.
+them. The config passed in needs hidden_size, num_heads, num_kv_heads, head_dim, rope_base and
+init_stddev, and attention_block unless the caller gives `block`. Every shape is static and no op leaves the device.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, normal, rotary
+from harness.nn.layers import NEG_INF, Block, RopeScaling, normal, rotary
 from harness.runtime.base import Runtime
 
 
@@ -79,13 +79,17 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
 
 class Attention(Block):
     """Grouped-query self-attention with RoPE; query kernel [hidden, kv, g, d], so a key/value head and
-    its query group live on one device when `heads` is split."""
+    its query group live on one device when `heads` is split. `block`: the query block of the blockwise
+    attention (default cfg.attention_block); `rope_scaling`: Llama 3.1's frequency scaling (None: plain RoPE)."""
 
-    def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int) -> None:
+    def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int, block: int | None = None,
+                 rope_scaling: RopeScaling | None = None) -> None:
         super().__init__(runtime, path, seed)
         m, kv, d = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
         g = cfg.num_heads // kv
         self.cfg, self.window, self.groups = cfg, window, g
+        self.block = block or cfg.attention_block
+        self.rope_scaling = rope_scaling
         init = lambda name: normal(cfg.init_stddev, f"{path}/{name}/kernel", seed)  # noqa: E731
         self.wq = self.var("query/kernel", (m, kv, g, d), (None, "heads", None, None), init("query"))
         self.wk = self.var("key/kernel", (m, kv, d), (None, "heads", None), init("key"))
@@ -93,9 +97,9 @@ class Attention(Block):
         self.wo = self.var("output/kernel", (kv, g, d, m), ("heads", None, None, None), init("output"))
 
     def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
-        dt, base = self.dtype, self.cfg.rope_base
-        q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base)
-        k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base)
+        dt, base, scaling = self.dtype, self.cfg.rope_base, self.rope_scaling
+        q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base, scaling)
+        k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
-        ctx = windowed_attention(q, k, v, segments, self.window, self.cfg.attention_block)
+        ctx = windowed_attention(q, k, v, segments, self.window, self.block)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))

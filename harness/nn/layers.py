@@ -10,6 +10,7 @@ skip weight decay and LARS/LAMB adaptation.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from typing import Callable, Sequence
@@ -316,12 +317,38 @@ class RMSNorm(Block):
         return tf.cast(y, x.dtype)
 
 
-def rotary(x: tf.Tensor, base: float) -> tf.Tensor:
-    """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
-    at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim). Static shapes only."""
-    seq, dim = x.shape[1], x.shape[-1]
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (`rope_type: llama3`): wavelengths shorter than
+    original_context / high_freq_factor keep their frequency, those longer than original_context /
+    low_freq_factor are divided by `factor`, and those between are interpolated smoothly."""
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+
+def rope_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) -> tf.Tensor:
+    """The dim / 2 inverse frequencies base^(-2i/dim) of RoPE, scaled as `scaling` says (None: unscaled)."""
     half = dim // 2
     inv = base ** (-tf.range(half, dtype=tf.float32) * 2.0 / dim)
+    if scaling is None:
+        return inv
+    s = scaling
+    wavelength = 2.0 * math.pi / inv
+    smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    between = (1.0 - smooth) * inv / s.factor + smooth * inv
+    low = tf.where(wavelength > s.original_context / s.low_freq_factor, inv / s.factor, between)
+    return tf.where(wavelength < s.original_context / s.high_freq_factor, inv, low)
+
+
+def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | None = None) -> tf.Tensor:
+    """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
+    at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim) (frequencies scaled by
+    `scaling` when given). Static shapes only."""
+    seq, dim = x.shape[1], x.shape[-1]
+    half = dim // 2
+    inv = rope_frequencies(dim, base, scaling)
     angle = tf.range(seq, dtype=tf.float32)[:, None] * inv[None, :]          # [seq, half]
     shape = [1, seq] + [1] * (len(x.shape) - 3) + [half]
     cos, sin = tf.reshape(tf.cos(angle), shape), tf.reshape(tf.sin(angle), shape)

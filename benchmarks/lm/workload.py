@@ -1,0 +1,221 @@
+"""The decoder LM pretraining workloads' common part (MLPerf gpt_oss_20b, llama31_8b): their closed rules are
+one checker file but for the target.
+
+AdamW with a cosine-with-linear-warmup schedule over `max_steps` (decay steps = max_steps - warmup), global
+norm clipping, next-token cross-entropy over every position whose input is not EOD (the reference's
+`eod_mask_loss`). The quality metric is the token-weighted mean cross-entropy in nats over the fixed eval
+rows (Megatron's `lm loss`, numerators and denominators summed over the whole eval set before dividing):
+LOWER is better. Evals fall every ceil(12288 / gbs) * gbs samples in the closed division; positions are
+training samples. `global_batch_size` counts rows of `data.seq_length` tokens. A subclass builds the model
+(`make_model`, whose call returns float32 logits and anything else its loss needs) and adds its own checks,
+loss terms, eval metrics and log keys through the hooks below.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, ClassVar
+
+import tensorflow as tf
+
+from harness.errors import HarnessError
+from harness.nn.optim import AdamW, cosine_warmup_schedule
+from harness.train.reference import ReferenceModel
+from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
+
+from benchmarks.lm import data
+
+CLOSED_SEQ_LENGTH, CLOSED_EVAL_SAMPLES = 8192, 1024
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16"}
+
+
+class DecoderLMWorkload(Workload):
+    """What gpt_oss_20b and llama31_8b share; a subclass sets NAME, MLPERF_KEY, RULESETS, SECTIONS,
+    CLOSED_TARGET and REFERENCE_MODEL and implements `make_model`."""
+
+    METRIC = "log perplexity"
+    HIGHER_IS_BETTER = False
+    CLOSED_TARGET: ClassVar[float]
+    REFERENCE_MODEL: ClassVar[ReferenceModel]
+
+    def __init__(self, cfg, runtime) -> None:
+        super().__init__(cfg, runtime)
+        self.source = data.Source(cfg.data, cfg.model.vocab_size)
+        self.model: Any = None
+
+    def closed_target(self, ruleset: str) -> float:
+        return self.CLOSED_TARGET
+
+    @property
+    def train_samples(self) -> int:
+        return self.source.train_samples
+
+    @property
+    def data_source(self) -> str:
+        return self.cfg.data.source
+
+    # ------------------------------------------------------------------------------------ schedule
+    @property
+    def eval_every_samples(self) -> int:
+        return self.cfg.data.eval_every_samples or data.mlperf_eval_every(self.cfg.schedule.global_batch_size)
+
+    def eval_schedule(self) -> EvalSchedule:
+        """An eval every `eval_every_samples` up to the budget (and at the budget)."""
+        gbs = self.cfg.schedule.global_batch_size
+        budget = max(1, math.ceil(self.cfg.schedule.max_epochs * self.train_samples / gbs - 1e-9)) * gbs
+        every = self.eval_every_samples
+        marks = list(range(every, budget, every)) + [budget]
+        return sample_schedule(marks, self.train_samples, gbs, None)
+
+    def reference_model(self) -> ReferenceModel:
+        return self.REFERENCE_MODEL
+
+    def validate(self) -> None:
+        self.validate_config()
+        self.source.validate()
+        d = self.cfg.data
+        if self.cfg.submission.division == "closed" and d.source == "indexed" and d.train_samples:
+            rows = self.source.indexed_rows(d.train_prefix)
+            if d.train_samples != rows:
+                raise HarnessError(f"closed {self.NAME}: data.train_samples={d.train_samples} but "
+                                   f"{os.path.join(d.data_dir, d.train_prefix)} holds {rows} rows of {d.seq_length + 1} "
+                                   f"tokens; set data.train_samples=0 (counted from the files)")
+
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        self.validate_config()
+        d, notes = self.cfg.data, []
+        if d.source != "synthetic" and not d.train_samples:
+            d.train_samples = self.cfg.optimizer.max_steps * self.cfg.schedule.global_batch_size
+            notes.append(f"data.train_samples stood in as optimizer.max_steps x global batch = {d.train_samples} "
+                         f"rows (the index files are not read)")
+        row = {"tokens": tf.TensorSpec([d.seq_length + 1], tf.int32)}
+        return row, dict(row), notes
+
+    def validate_config(self) -> None:
+        """What `validate` checks of the config alone (no data file is read); then `validate_model`."""
+        c, m, d = self.cfg, self.cfg.model, self.cfg.data
+        fix = "; or set submission.division=open"
+        if c.submission.division == "closed":
+            if d.eval_every_samples:
+                raise HarnessError(f"closed {self.NAME} evaluates every ceil(12288/gbs)*gbs samples: set "
+                                   f"data.eval_every_samples=0{fix}")
+            if d.seq_length != CLOSED_SEQ_LENGTH or d.eval_samples != CLOSED_EVAL_SAMPLES:
+                raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens and scores "
+                                   f"{CLOSED_EVAL_SAMPLES} eval rows (got data.seq_length={d.seq_length}, "
+                                   f"data.eval_samples={d.eval_samples}){fix}")
+        if m.num_heads % m.num_kv_heads:
+            raise HarnessError(f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
+                               f"{m.num_kv_heads}")
+        if m.head_dim % 2:
+            raise HarnessError(f"model.head_dim={m.head_dim} must be even (RoPE turns pairs)")
+        self.validate_model()
+
+    def validate_model(self) -> None:
+        """The model's own config checks (HarnessError)."""
+
+    # ----------------------------------------------------------------------------- model and inputs
+    def make_model(self) -> Any:
+        """The model: called on inputs [b, s], it returns (float32 logits [b, s, vocab], extras)."""
+        raise NotImplementedError
+
+    def build(self) -> None:
+        o = self.cfg.optimizer
+        self.model = self.make_model()
+        schedule = cosine_warmup_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps,
+                                          self.decay_steps)
+        self.optimizer = AdamW(self.runtime, self.runtime.variables(trainable=True), schedule,
+                               weight_decay=o.weight_decay, exclude_from_decay=o.exclude_from_decay,
+                               beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
+        self.optimizer.build()
+
+    @property
+    def decay_steps(self) -> int:
+        return max(1, self.cfg.optimizer.max_steps - self.cfg.optimizer.warmup_steps)
+
+    def train_dataset(self, ctx) -> tf.data.Dataset:
+        return self.source.train(ctx)
+
+    def eval_records(self, ctx) -> tf.data.Dataset:
+        return self.source.eval_records()
+
+    def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
+        return {"tokens": record}
+
+    # ------------------------------------------------------------------------------- computation
+    def token_losses(self, tokens: tf.Tensor):
+        """Cross-entropy per position [b, s], its weights (0 where the input is EOD) and the model's extras."""
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits, extras = self.model(inputs)
+        # A one-hot product, not a gather: the vocabulary may be split over a mesh.
+        picked = tf.reduce_sum(logits * tf.one_hot(targets, self.cfg.model.vocab_size, dtype=logits.dtype), -1)
+        xent = tf.reduce_logsumexp(logits, -1) - picked
+        weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
+        return xent, weights, extras
+
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
+        """Mean cross-entropy over scored tokens, plus the subclass's `extra_losses`."""
+        xent, weights, extras = self.token_losses(batch["tokens"])
+        terms = {"cross_entropy": LossTerm(tf.reduce_sum(xent * weights), tf.reduce_sum(weights))}
+        terms.update(self.extra_losses(extras))
+        return terms
+
+    def extra_losses(self, extras: Any) -> dict[str, LossTerm]:
+        return {}
+
+    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        if self.cfg.optimizer.clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
+        return grads
+
+    def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        xent, weights, extras = self.token_losses(batch["tokens"])
+        w = weights * tf.expand_dims(mask, 1)
+        return {"nll": tf.reduce_sum(xent * w), "tokens": tf.reduce_sum(w), "rows": tf.reduce_sum(mask),
+                **self.extra_eval_sums(extras, mask)}
+
+    def extra_eval_sums(self, extras: Any, mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {}
+
+    def eval_finalize(self, state: dict[str, float]) -> dict[str, float]:
+        return {self.METRIC: state["nll"] / max(state["tokens"], 1e-9), **self.extra_eval_metrics(state)}
+
+    def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    # ------------------------------------------------------------------------------------ logging
+    def mllog_hparams(self) -> dict[str, Any]:
+        """The closed keys (warmup logged before decay steps: the checker reads them in log order), 6.1.0's
+        precision/parallelism disclosure (the older rulesets ignore keys they do not know), then the
+        subclass's `extra_hparams`."""
+        o, rt = self.cfg.optimizer, self.runtime
+        precision = PRECISION_NAMES[rt.precision]
+        keys = {
+            "max_sequence_length": self.cfg.data.seq_length,
+            "opt_name": "adamw",
+            "opt_base_learning_rate": o.base_learning_rate,
+            "opt_end_learning_rate": o.end_learning_rate,
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            "opt_learning_rate_decay_steps": self.decay_steps,
+            "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+            "opt_adamw_beta_1": o.beta_1,
+            "opt_adamw_beta_2": o.beta_2,
+            "opt_adamw_epsilon": o.epsilon,
+            "opt_adamw_weight_decay": o.weight_decay,
+            "opt_gradient_clip_norm": o.clip_norm,
+            "max_steps": o.max_steps,
+            "target_accuracy": self.target,
+            "lowest_numerical_precision_in_linear": precision,
+            "lowest_numerical_precision_in_attn": precision,
+            "lowest_numerical_precision_in_comm": precision,
+            "tensor_parallelism": max(rt.shards(d) for d in ("heads", "ff", "vocab")),
+            "pipeline_parallelism": 1,
+            "context_parallelism": 1,
+            "expert_parallelism": rt.shards("experts"),
+            "micro_batch_size": self.replica_batch,
+            "config_filename": self.cfg.config_file or "unknown",
+        }
+        keys.update(self.extra_hparams())
+        return keys
+
+    def extra_hparams(self) -> dict[str, Any]:
+        return {}
