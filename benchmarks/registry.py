@@ -13,6 +13,7 @@ _WORKLOADS = {
     "transformer": "benchmarks.transformer.workload:TransformerWorkload",
     "ssd": "benchmarks.ssd.workload:SSDWorkload",
     "gpt_oss_20b": "benchmarks.gpt_oss.workload:GptOssWorkload",
+    "llama31_8b": "benchmarks.llama31_8b.workload:LlamaWorkload",
 }
 
 

@@ -1,0 +1,1 @@
+"""Llama 3.1 8B pretraining (MLPerf llama31_8b)."""

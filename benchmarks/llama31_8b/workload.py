@@ -1,0 +1,49 @@
+"""Llama 3.1 8B pretraining (MLPerf llama31_8b, rulesets 5.1.0, 6.0.0 and 6.1.0) as a workload.
+
+The decoder LMs' common workload (benchmarks/lm/workload.py: AdamW with cosine-with-linear-warmup, token
+cross-entropy, eval log perplexity, LOWER is better, closed cadence and keys) with the dense Llama decoder
+(model.py); closed target 3.3. The closed checker file is the same in the three rulesets (and gpt_oss_20b's
+but for the target); 6.1.0's disclosure keys are logged in every ruleset (5.1.0's and 6.0.0's checkers
+ignore them).
+"""
+from __future__ import annotations
+
+from harness.errors import HarnessError
+from harness.train.reference import ReferenceModel
+
+from benchmarks.llama31_8b import config
+from benchmarks.llama31_8b.model import Llama
+from benchmarks.lm.workload import DecoderLMWorkload
+
+# Llama 3.1 8B as the MLPerf reference builds it (NeMo Llama31Config8B; specs/llama31_8b.md 2.1).
+REFERENCE_MODEL = ReferenceModel("Llama 3.1 8B", {
+    "model.vocab_size": 128256, "model.hidden_size": 4096, "model.num_layers": 32, "model.num_heads": 32,
+    "model.num_kv_heads": 8, "model.head_dim": 128, "model.ffn_hidden": 14336, "model.rope_base": 500000,
+    "model.rope_scaling_factor": 8.0, "model.rope_low_freq_factor": 1.0, "model.rope_high_freq_factor": 4.0,
+    "model.rope_original_context": 8192, "model.norm_epsilon": 1e-5, "model.init_stddev": 0.02})
+
+
+class LlamaWorkload(DecoderLMWorkload):
+    NAME = "llama31_8b"
+    MLPERF_KEY = "llama31_8b"
+    RULESETS = ("5.1.0", "6.0.0", "6.1.0")
+    RULESET_NOTE = "llama31_8b is a benchmark from MLPerf Training 5.1 on"
+    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    CLOSED_TARGET = 3.3
+    REFERENCE_MODEL = REFERENCE_MODEL
+    # The dry run of a model too big for the host compiles 1 and 2 layers and vocabularies of 512 and 1024
+    # at full width and extrapolates (harness.train.dryrun.linear_stand_in).
+    DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.vocab_size": (512, 1024)}
+
+    def validate_model(self) -> None:
+        m = self.cfg.model
+        if m.rope_scaling_factor and m.rope_high_freq_factor <= m.rope_low_freq_factor:
+            raise HarnessError(f"model.rope_high_freq_factor={m.rope_high_freq_factor:g} must exceed "
+                               f"model.rope_low_freq_factor={m.rope_low_freq_factor:g} (Llama 3.1 RoPE scaling)")
+        for what, size, dim in (("model.num_kv_heads", m.num_kv_heads, "heads"),
+                                ("model.ffn_hidden", m.ffn_hidden, "ff"),
+                                ("model.vocab_size", m.vocab_size, "vocab")):
+            self.runtime.check_divides(what, size, dim)
+
+    def make_model(self) -> Llama:
+        return Llama(self.runtime, self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)
