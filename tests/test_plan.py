@@ -258,12 +258,13 @@ def test_bad_system_file_and_bad_chip_counts_are_one_error_line(tmp_path):
 # ------------------------------------------------------------------------------------------ whole plans
 
 CONFIGS = ["bert/reference.yaml", "resnet/reference.yaml", "ssd/reference.yaml", "transformer/reference.yaml",
-           "transformer/tpu-v3-32-mp4.yaml", "gpt_oss_20b/reference.yaml"]
+           "transformer/tpu-v3-32-mp4.yaml", "gpt_oss_20b/reference.yaml", "llama31_8b/reference.yaml"]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_plan_for_every_reference_config(config, capsys):
-    system = {"bert": "dgx-a100", "ssd": "dgx-a100", "gpt_oss_20b": "dgx-h100"}.get(config.split("/")[0], "tpu-v3")
+    system = {"bert": "dgx-a100", "ssd": "dgx-a100", "gpt_oss_20b": "dgx-h100",
+              "llama31_8b": "tpu-v5p"}.get(config.split("/")[0], "tpu-v3")
     chips = 8 if config.startswith("gpt_oss") else 32  # gpt_oss_20b's reference batch is 16 rows
     path = os.path.join(REPO, "configs", config)
     assert planner.main(path, [], system, chips, None, [], None, False, False, None, False, None) == 0
@@ -271,6 +272,8 @@ def test_a_plan_for_every_reference_config(config, capsys):
     m = LAST_LINE.match(out[-1])
     assert m and float(m.group(1)) > 0 and m.group(2) == str(chips) and m.group(3) == system, out[-1]
     assert any("NOT calibrated" in line for line in out)
+    assert any(line.strip().startswith("model FLOP/s") and "MFU" in line for line in out)
+    assert any(line.strip().startswith("eval ") and "device" in line and "host scoring" in line for line in out)
     if "mp4" in config:
         assert any("8 data-parallel replica(s) x model axis 4" in line for line in out)
 

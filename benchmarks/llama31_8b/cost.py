@@ -14,7 +14,10 @@ import math
 from harness.plan.cost import ModelCost
 
 CONVERGE_UNIT = "samples"  # the RCP tables count rows (samples) to converge
-EVAL_HOST_SECONDS = 0.1    # the metric is two sums on the host (assumption; --calibrate measures it)
+# Where the eval runs (harness/plan/project.py): the eval loss is summed on the devices (the forward pass split
+# over the chips); nothing per sample on the host; a fixed 10 ms per eval gathers the sums (assumption)
+EVAL_HOST_SECONDS_PER_SAMPLE = 0.0
+EVAL_FIXED_SECONDS = 0.01
 # AdamW in float32: read weight, gradient, m, v (16 B), write weight, m, v (12 B)
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 
@@ -43,8 +46,9 @@ def model_cost(cfg) -> ModelCost:
         eval_samples=cfg.data.eval_samples, sample_unit=f"row of {s} tokens",
         # heads / ff / vocab split: 2 all-reduces per layer forward and 2 backward, bf16
         mp_bytes_per_sample=4 * m.num_layers * s * m.hidden_size * 2.0,
-        eval_host_seconds=EVAL_HOST_SECONDS,
-        notes="FSDP's all-gathers and reduce-scatters over the data axis not modelled")
+        # runtime.fsdp: the float32 variables all-gathered once a step over the data axis
+        fsdp_gather_bytes=4.0 * params if cfg.runtime.fsdp else 0.0,
+        eval_host_seconds_per_sample=EVAL_HOST_SECONDS_PER_SAMPLE, eval_fixed_seconds=EVAL_FIXED_SECONDS)
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:

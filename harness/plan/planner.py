@@ -332,6 +332,7 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
     lines = header(plan) + batch_note + format_projection(plan, p)
     out: dict[str, Any] = {"config": config_path, "system": plan.system.name, "model_cost": plan.cost.to_dict(),
                            "efficiency": plan.efficiency, "efficiency_source": plan.efficiency_note,
+                           "calibration": dataclasses.asdict(plan.calibration) if plan.calibration else None,
                            "projection": p.to_dict()}
     if sweep:
         more, data = run_sweep(plan, chips, batch, out_dir or ".")
