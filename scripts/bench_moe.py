@@ -1,18 +1,21 @@
 """gpt_oss_20b in one process: training tokens/s of the harness loop against a bare tf.function step of the
-same model, and the MoE layer's dispatch overhead against a dense SwiGLU feed-forward of the same active
-FLOPs (hidden units = experts_per_token x expert_hidden), both as ratios measured in this run.
+same model, and the MoE layer under each dispatch (model.moe_dispatch: sorted blocks, dense one-hot) against
+a dense SwiGLU feed-forward of the same active FLOPs (hidden units = experts_per_token x expert_hidden), all
+as ratios measured in this run.
 
-Training reuses bench_loop_overhead (rounds alternate, headline = median of paired ratios). The layer
-comparison times forward + backward of one MoE layer (router, dispatch/combine einsums, experts at their
-capacity) and of the dense layer on the same [batch, seq, hidden] input, alternating rounds; with the
-dropless capacity (the whole group) the experts also compute experts/k times the active FLOPs, and the
-ratio shows that cost too.
+Training reuses bench_loop_overhead (rounds alternate, headline = median of paired ratios; it trains with
+the config's own dispatch). The layer comparison times forward + backward of one MoE layer per dispatch
+(router, dispatch, experts, combine) and of the dense layer on the same [batch, seq, hidden] input,
+alternating rounds. The dense dispatch's dropless capacity (the whole group) makes its experts compute
+experts/k times the active FLOPs; the sorted dispatch computes the assignments plus at most experts x
+block padding rows.
 
     python scripts/bench_moe.py [CONFIG] [--set key=value ...] [--rounds 3] [--steps 4]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -27,15 +30,17 @@ from harness.nn.layers import normal  # noqa: E402
 from scripts.bench_loop_overhead import measure  # noqa: E402
 
 
-def layer_rates(workload, rounds: int) -> tuple[list[float], list[float], int]:
-    """(MoE tokens/s per round, dense tokens/s per round, capacity) for forward + backward of one layer."""
+def layer_rates(workload, rounds: int) -> tuple[dict[str, list[float]], int]:
+    """({"sorted"|"dense-dispatch"|"dense SwiGLU": tokens/s per round}, dense capacity) for forward +
+    backward of one layer."""
     from benchmarks.gpt_oss.moe import MoE, expert_capacity
 
     c, rt = workload.cfg.model, workload.runtime
     b, seq, m = workload.cfg.schedule.global_batch_size, workload.cfg.data.seq_length, c.hidden_size
     h = c.experts_per_token * c.expert_hidden
     with rt.scope():
-        moe = MoE(rt, "bench/moe", 0, c)
+        moes = {name: MoE(rt, f"bench/moe_{name}", 0, dataclasses.replace(c, moe_dispatch=name))
+                for name in ("sorted", "dense")}
         dense = [rt.variable(f"bench/dense/{n}", shape, (None, None), normal(c.init_stddev, f"bench/{n}", 0))
                  for n, shape in (("gate", (m, h)), ("up", (m, h)), ("down", (h, m)))]
     x = tf.random.stateless_normal([b, seq, m], [1, 2])
@@ -47,19 +52,19 @@ def layer_rates(workload, rounds: int) -> tuple[list[float], list[float], int]:
             return tape.gradient(loss, variables)
         return tf.function(step)
 
-    moe_step = grad_of(lambda: moe(x)[0], list(moe.trainable_variables))
-    dense_step = grad_of(lambda: tf.matmul(tf.nn.silu(x @ dense[0]) * (x @ dense[1]), dense[2]), dense)
-    for fn in (moe_step, dense_step):
+    steps = {f"MoE {name} dispatch": grad_of(lambda layer=layer: layer(x)[0], list(layer.trainable_variables))
+             for name, layer in moes.items()}
+    steps["dense SwiGLU"] = grad_of(lambda: tf.matmul(tf.nn.silu(x @ dense[0]) * (x @ dense[1]), dense[2]), dense)
+    for fn in steps.values():
         fn()  # compile
-    rates: dict[str, list[float]] = {"moe": [], "dense": []}
+    rates: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
-        for name, fn in (("moe", moe_step), ("dense", dense_step)):
+        for name, fn in steps.items():
             t = time.perf_counter()
             tf.nest.map_structure(lambda g: g.numpy(), fn())
             rates[name].append(b * seq / (time.perf_counter() - t))
     group = min(c.moe_group_size, seq)
-    return rates["moe"], rates["dense"], expert_capacity(group, c.num_experts, c.experts_per_token,
-                                                         c.capacity_factor)
+    return rates, expert_capacity(group, c.num_experts, c.experts_per_token, c.capacity_factor)
 
 
 def main() -> None:
@@ -79,15 +84,18 @@ def main() -> None:
     print(f"train bare step    : {statistics.median(b) * seq:10.0f} tokens/s")
     print(f"train ratio harness/bare = {paired:.3f} (median of per-round paired ratios)")
 
-    moe, dense, capacity = layer_rates(workload, a.rounds)
+    rates, capacity = layer_rates(workload, a.rounds)
     c = workload.cfg.model
-    ratio = statistics.median(d / m for m, d in zip(moe, dense))
-    print(f"MoE layer ({c.num_experts} experts, top-{c.experts_per_token}, group {min(c.moe_group_size, seq)}, "
-          f"capacity {capacity}): {statistics.median(moe):10.0f} tokens/s fwd+bwd")
+    dense = rates["dense SwiGLU"]
+    print(f"MoE layer: {c.num_experts} experts, top-{c.experts_per_token}, {workload.cfg.schedule.global_batch_size} "
+          f"rows of {seq} tokens; sorted blocks of {c.moe_block_size} rows; dense dispatch: group "
+          f"{min(c.moe_group_size, seq)}, capacity {capacity}")
     print(f"dense SwiGLU of the same active FLOPs (hidden {c.experts_per_token * c.expert_hidden}): "
           f"{statistics.median(dense):10.0f} tokens/s fwd+bwd")
-    print(f"MoE time / dense time = {ratio:.2f} (median of per-round paired ratios; dispatch, combine and "
-          f"routing overhead, plus idle expert slots at this capacity)")
+    for name in ("MoE sorted dispatch", "MoE dense dispatch"):
+        ratio = statistics.median(d / m for m, d in zip(rates[name], dense))
+        print(f"{name:20s}: {statistics.median(rates[name]):10.0f} tokens/s fwd+bwd; time / dense SwiGLU time = "
+              f"{ratio:.2f} (median of per-round paired ratios)")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,43 @@ def gather_experts(w: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
     return gather(w)
 
 
+def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """x [b, n, m] -> [b, len(index), m], rows `index` of each batch row; index n is a zero row."""
+    b, _, m = x.shape
+    return tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), index, batch_dims=1)
+
+
+def dispatch_rows(x: tf.Tensor, lay: Blocks, k: int) -> tf.Tensor:
+    """Tokens x [b, s, m] -> the sorted rows [b, blocks * block, m] (padding rows zero).
+
+    The gradient is a gather too, not a scatter: a token's gradient is the sum of its k assignments'
+    rows (`destination`; a dropped one reads the zero row), exact and local to each batch row."""
+    b, s, m = x.shape
+    a = s * k
+    token = tf.where(lay.row_source < a, lay.row_source // k, s)
+
+    @tf.custom_gradient
+    def dispatch(x):
+        def grad(dy):
+            return tf.reduce_sum(tf.reshape(_rows(dy, lay.destination), [b, s, k, m]), 2)
+        return _rows(x, token), grad
+
+    return dispatch(x)
+
+
+def combine_rows(y: tf.Tensor, lay: Blocks) -> tf.Tensor:
+    """Sorted rows y [b, blocks * block, m] -> each assignment's output [b, a, m] (dropped: zero);
+    the gradient gathers each row's assignment gradient back (`row_source`; padding rows: zero)."""
+
+    @tf.custom_gradient
+    def combine(y):
+        def grad(dy):
+            return _rows(dy, lay.row_source)
+        return _rows(y, lay.destination), grad
+
+    return combine(y)
+
+
 class MoE(Block):
     """Experts [experts, hidden, ff] SwiGLU feed-forwards behind a float32 router.
 
@@ -200,10 +237,7 @@ class MoE(Block):
         a = seq * k                                                      # assignments per row: token-major
         expert = tf.where(tf.reshape(r.kept, [b, a]) > 0, tf.reshape(r.index, [b, a]), e)
         lay = sort_blocks(expert, e, c.moe_block_size)
-        # A row's token (seq: the zero row appended below, for padding rows).
-        token = tf.where(lay.row_source < a, lay.row_source // k, seq)
-        xs = tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), token, batch_dims=1)
-        xs = tf.reshape(xs, [b, lay.blocks, lay.block, m])
+        xs = tf.reshape(dispatch_rows(x, lay, k), [b, lay.blocks, lay.block, m])
         # The experts' weights, whole over the axis that splits the experts (on a mesh: an all-gather;
         # `ff` stays split), then one copy per block.
         w_gate, w_up, w_down = (self.runtime.place(tf.cast(w, dt), (None,) + dims) for w, dims in (
@@ -211,7 +245,6 @@ class MoE(Block):
         gate = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_gate, lay.block_expert))
         up = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_up, lay.block_expert))
         ys = tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, gather_experts(w_down, lay.block_expert))
-        ys = tf.concat([tf.reshape(ys, [b, lay.blocks * lay.block, m]), tf.zeros([b, 1, m], ys.dtype)], 1)
-        ya = tf.reshape(tf.gather(ys, lay.destination, batch_dims=1), [b, seq, k, m])
+        ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.blocks * lay.block, m]), lay), [b, seq, k, m])
         weights = tf.reshape(r.gates * r.kept, [b, seq, k])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
