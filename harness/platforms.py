@@ -29,6 +29,23 @@ def tpu_devices(name: str) -> int | None:
     return n // 2 if generation in ("v4", "v5p") else n
 
 
+# Memory of one device (what TensorFlow sees as one device) by the accelerator a platform name names, for the
+# dry run's refusal. H100: 80 GiB HBM3 (H100 SXM datasheet, as harness/plan/systems/dgx-h100.yaml); TPU v5p:
+# 95 GB HBM2e per chip (cloud.google.com/tpu/docs/v5p; one device per chip). Other accelerators: not known
+# here (no refusal).
+_DEVICE_MEMORY = (("h100", 80 * 2**30, "H100 80 GB"), ("v5p", 95 * 10**9, "TPU v5p chip (95 GB)"))
+
+
+def device_memory(name: str) -> tuple[int, str] | None:
+    """(bytes, what) of one device of the accelerator `submission.platform` names; None where it names none
+    the harness knows."""
+    low = (name or "").lower()
+    for key, size, what in _DEVICE_MEMORY:
+        if key in low and (key == "h100" or tpu_devices(low)):
+            return size, what
+    return None
+
+
 def gpu_count(name: str) -> int | None:
     """GPUs a name states explicitly (`8xgpu`); None where it does not say."""
     m = _GPU_EXPLICIT.search(name or "")

@@ -77,6 +77,21 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
     return tf.reshape(out, [b, seq, kv, g, d])
 
 
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor) -> tf.Tensor:
+    """Full causal attention over the row, one dense block; the same function as `windowed_attention` with a
+    window of the whole row and no segments. The mask is computed from positions in the step, not held as a
+    [seq, seq] constant: at 8192 tokens a constant mask and its tiled bias (1 GiB) are folded and copied by
+    the compiler (the dry run of a full-size model ran out of host memory)."""
+    b, seq, kv, g, d = q.shape
+    pos = tf.cumsum(tf.ones_like(q[0, :, 0, 0, 0], dtype=tf.int32)) - 1          # 0..seq-1, not a constant
+    bias = tf.where(tf.expand_dims(pos, 1) >= tf.expand_dims(pos, 0), 0.0, NEG_INF)  # [seq (q), seq (k)]
+    bias = tf.reshape(tf.tile(tf.expand_dims(bias, 0), [g, 1, 1]), [1, 1, g * seq, seq])
+    scores = tf.reshape(tf.einsum("bqhgd,bkhd->bhgqk", q, k), [b, kv, g * seq, seq])
+    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
+    probs = tf.reshape(tf.cast(probs, v.dtype), [b, kv, g, seq, seq])
+    return tf.einsum("bhgqk,bkhd->bqhgd", probs, v)
+
+
 class Attention(Block):
     """Grouped-query self-attention with RoPE; query kernel [hidden, kv, g, d], so a key/value head and
     its query group live on one device when `heads` is split. `block`: the query block of the blockwise
@@ -101,5 +116,8 @@ class Attention(Block):
         q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base, scaling)
         k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
-        ctx = windowed_attention(q, k, v, segments, self.window, self.block)
+        if segments is None and self.window >= x.shape[1]:
+            ctx = causal_attention(q, k, v)
+        else:
+            ctx = windowed_attention(q, k, v, segments, self.window, self.block)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.errors import HarnessError
-from harness.platforms import GPU_COUNT, tpu_devices
+from harness.platforms import GPU_COUNT, device_memory, tpu_devices
 from harness.runtime.base import check_spatial_partition
 from harness.runtime.distribute import StrategyRuntime
 from harness.train.loop import COUNT, INDEX, MASK, CompiledSteps
@@ -446,13 +446,80 @@ def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
     return 0.0 if module is None else module.model_cost(cfg).train_flops_per_sample * per_replica_batch
 
 
-def compile_report(config_path: str, overrides: list[str], optimize: bool = True) -> CompileReport:
+# A model whose float32 weights and two optimizer slots would take more than this share of the host's memory
+# is compiled at the smaller sizes its workload names (Workload.DRY_RUN_LINEAR) and extrapolated.
+HOST_MEMORY_SHARE = 0.5
+# The report's numbers that grow linearly with a layer count or a vocabulary size.
+_LINEAR_FIELDS = ("params", "train_flops_per_replica_step", "eval_flops_per_replica_step", "weight_bytes_per_device",
+                  "optimizer_bytes_per_device", "gradient_bytes", "gradient_bytes_per_device",
+                  "activation_bytes_per_device", "peak_bytes_per_device", "eval_peak_bytes_per_device",
+                  "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _too_big_for_host(cfg: config_lib.Config) -> bool:
+    from benchmarks import registry
+
+    module = registry.cost_module(cfg.workload)
+    return module is not None and module.model_cost(cfg).params * 12 > HOST_MEMORY_SHARE * host_memory_bytes()
+
+
+def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,
+                    sizes: dict[str, tuple[int, int]]) -> CompileReport:
+    """The report of a model too big to build here, from compiles at small values of the config keys it is
+    linear in (`sizes`: key -> (a, b)): one at every key's `a`, one per key at its `b`; each number is
+    extrapolated as base + sum over keys of (its change from a to b) / (b - a) x (full value - a). Exact for
+    parameters, FLOPs and bytes of weights, gradients and optimizer state; the activation and peak memory
+    estimates assume XLA's plan grows linearly too."""
+    from harness.train.reference import lookup
+
+    base = [f"{k}={a}" for k, (a, _) in sizes.items()]
+    r0 = compile_report(config_path, overrides + base, optimize, stand_in=False)
+    traced = r0.traced
+    slopes: dict[str, list[tuple[float, Any]]] = {}
+    seconds = dict(r0.compile_seconds)
+    for key, (a, b) in sizes.items():
+        r0.traced = {}
+        rk = compile_report(config_path, overrides + [x for x in base if not x.startswith(key + "=")] + [f"{key}={b}"],
+                            optimize, stand_in=False)
+        rk.traced = {}
+        seconds = {w: seconds[w] + rk.compile_seconds[w] for w in seconds}
+        slopes[key] = [((lookup(cfg, key) - a) / (b - a), rk)]
+    values = {}
+    for name in _LINEAR_FIELDS:
+        v0 = getattr(r0, name)
+        if v0 is None:
+            values[name] = None
+            continue
+        total = v0 + sum(f * (getattr(rk, name) - v0) for pts in slopes.values() for f, rk in pts)
+        values[name] = type(v0)(round(total)) if isinstance(v0, int) else float(total)
+    built = ", ".join(f"{k}={a} and {b}" for k, (a, b) in sizes.items())
+    full = ", ".join(f"{k}={lookup(cfg, k)}" for k in sizes)
+    note = (f"model: too big to build on this host ({host_memory_bytes() / 2**30:.0f} GiB), so it was compiled "
+            f"{len(sizes) + 1} times at {built} (everything else full size) and each number extrapolated "
+            f"linearly to {full}; activations and peaks assume XLA's plan grows linearly")
+    return dataclasses.replace(
+        r0, **values, config=config_path, compile_seconds={w: round(v, 2) for w, v in seconds.items()},
+        useful_train_flops_per_replica_step=useful_train_flops(cfg, r0.per_replica_batch),
+        stand_in=[note] + r0.stand_in, traced=traced)
+
+
+def compile_report(config_path: str, overrides: list[str], optimize: bool = True,
+                   stand_in: bool = True) -> CompileReport:
     """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
-    (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks)."""
+    (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks). A model
+    too big for this host is compiled smaller and extrapolated (`linear_stand_in`) where its workload allows."""
+    from benchmarks import registry
     from harness.train import run as run_lib
     from harness.train import weights_init
 
     cfg = config_lib.load_config(config_path, overrides)
+    sizes = getattr(registry.get(cfg.workload), "DRY_RUN_LINEAR", None)
+    if stand_in and sizes and _too_big_for_host(cfg):
+        return linear_stand_in(config_path, overrides, optimize, cfg, sizes)
     workload, runtime, plan = standin_model(cfg)
     train_spec, eval_spec, data_notes = workload.dry_run_inputs()
     workload.eval_schedule()
@@ -576,4 +643,28 @@ def main(config_path: str, overrides: list[str], json_path: str | None = None) -
         with open(json_path, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
         print(f"json: {json_path}")
+    check_device_memory(report, config_lib.load_config(config_path, overrides).submission.platform)
     return 0
+
+
+def check_device_memory(report: CompileReport, platform: str) -> None:
+    """Refuses (HarnessError) a run whose weights, gradients and optimizer state per device (exact, from
+    the layout) exceed the memory of the device `platform` names (harness.platforms.device_memory; unknown
+    devices are not checked); prints a warning where the train peak estimate (activations from XLA:CPU's
+    plan, an upper bound) does."""
+    known = device_memory(platform)
+    if known is None:
+        return
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    state = report.weight_bytes_per_device + report.gradient_bytes_per_device + report.optimizer_bytes_per_device
+    if state > known[0]:
+        raise HarnessError(
+            f"{report.workload} needs {gib(state)} per device for weights ({gib(report.weight_bytes_per_device)}), "
+            f"gradients ({gib(report.gradient_bytes_per_device)}) and optimizer state "
+            f"({gib(report.optimizer_bytes_per_device)}) before any activation, but one {known[1]} holds "
+            f"{gib(known[0])}; split them (runtime.fsdp=true on a mesh, or a model axis)")
+    peak = report.peak_bytes_per_device
+    if peak is not None and peak > known[0]:
+        print(f"warning: the train step's peak estimate is {gib(peak)} per device, above the {gib(known[0])} of "
+              f"one {known[1]}: its activations ({gib(report.activation_bytes_per_device or 0)}, XLA:CPU's plan in "
+              f"float32, an upper bound) need a smaller per-device batch or less kept for the backward pass")
