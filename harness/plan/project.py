@@ -16,10 +16,10 @@ Per step of one chip (a replica spans `model_axis` chips):
                      loop): what keeps a step from shrinking to nothing at 1-8 samples per chip
 One eval is three parts, each scaled the way it runs (EvalTime):
   device           = the forward pass over the eval set split over the chips: eval FLOPs / (chips x peak x
-                     efficiency), or the calibration's measured device part x calibration chips / chips;
-                     plus one fixed step cost per eval step (the eval set in global batches)
+                     efficiency), or the calibration's measured device part x calibration chips / chips
   host             = scoring on one host per eval sample (COCO mAP, BLEU): host seconds per sample x samples
-  fixed            = the workload's fixed cost per eval
+  fixed            = the workload's fixed cost per eval, plus one fixed step cost per eval step (the eval set
+                     in global batches: a count that does not shrink with the chips)
 Synchronous evals add all three each time. Asynchronous ones (scored while training goes on) take the
 chips for their device part each time, but only the last one's host and fixed parts are on the clock (the
 run stops when its result is known).
@@ -211,26 +211,24 @@ def stated_eval_parts(cost: ModelCost, system: System, global_batch: float) -> t
 
 
 def eval_time(cost: ModelCost, system: System, chips: int, global_batch: float, efficiency: float,
-              cal: Calibration | None = None, mode: str | None = None) -> EvalTime:
+              cal: Calibration | None = None) -> EvalTime:
+    """One eval at `chips`, by part (the rule in the module docstring)."""
     host, fixed = stated_eval_parts(cost, system, global_batch)
-    mode = mode or (cal.eval_mode if cal is not None and cal.eval_mode == "async" else "sync")
-    if cal is not None and cal.eval_mode == "untimed":
-        host, fixed = 0.0, 0.0
-    if cal is not None and cal.eval_mode == "async":
-        scale = (cal.eval_host_seconds + cal.eval_fixed_seconds) / max(1e-12, sum(
-            stated_eval_parts(cost, system, cal.global_batch)))
-        device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
-        return EvalTime(device, host * scale, fixed * scale, mode, "host and fixed bounded by the logs' "
-                        "asynchronous evals, device part from FLOPs")
-    if cal is not None and cal.eval_device_seconds is not None:
-        scale = (cal.eval_host_seconds + cal.eval_fixed_seconds) / max(1e-12, sum(
-            stated_eval_parts(cost, system, cal.global_batch)))
-        steps_fixed = eval_steps(cost, global_batch) * system.step_overhead_seconds
-        return EvalTime(cal.eval_device_seconds * cal.chips / chips, host * scale,
-                        (fixed - steps_fixed) * scale + steps_fixed, mode, "calibrated")
-    device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
-    return EvalTime(device, host, fixed, mode, "untimed in the calibration logs: host and fixed parts inside the "
-                    "measured step" if cal is not None and cal.eval_mode == "untimed" else "documented")
+    flops_device = cost.eval_flops_per_sample * cost.eval_samples / (chips * system.peak_flops * efficiency)
+    if cal is None:
+        return EvalTime(flops_device, host, fixed, "sync", "documented")
+    if cal.eval_mode == "untimed":
+        return EvalTime(flops_device, 0.0, 0.0, "sync", "untimed in the calibration logs: host and fixed parts "
+                        "inside the measured step")
+    # the stated host and fixed parts, scaled down as the calibration had to (1 when they fitted)
+    share = (cal.eval_host_seconds + cal.eval_fixed_seconds) / max(1e-12, sum(
+        stated_eval_parts(cost, system, cal.global_batch)))
+    if cal.eval_mode == "async":
+        return EvalTime(flops_device, host * share, fixed * share, "async",
+                        "host and fixed bounded by the logs' asynchronous evals, device part from FLOPs")
+    steps_fixed = eval_steps(cost, global_batch) * system.step_overhead_seconds
+    return EvalTime(cal.eval_device_seconds * cal.chips / chips, host * share,
+                    (fixed - steps_fixed) * share + steps_fixed, "sync", "calibrated")
 
 
 def calibrate(cost: ModelCost, system: System, chips: int, global_batch: int, step_seconds: float,
