@@ -98,7 +98,8 @@ flags.DEFINE_string("system", None, "package: system name (default: the logs' su
 flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
 flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
 flags.DEFINE_integer("chips", None, "plan: number of chips (GPUs, or TPU chips = cores / 2)")
-flags.DEFINE_integer("global_batch", None, "plan: global batch (default: the config's)")
+flags.DEFINE_integer("global_batch", None, "plan: global batch (default: the config's; when that is smaller than "
+                     "the replicas, the calibration logs' per-chip batch up to the convergence table's largest)")
 flags.DEFINE_multi_string("calibrate", [], "plan: MLPerf result logs or directories at one scale of the system, "
                           "to derive the per-chip efficiency from their step times")
 flags.DEFINE_integer("calibrate_chips", None, "plan: chips of the --calibrate logs (default: from their "
