@@ -43,6 +43,12 @@ class Plan:
         return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, m, self.calibration, init)
 
 
+def plural(unit: str) -> str:
+    """'image' -> 'images', 'row of 8192 tokens' -> 'rows of 8192 tokens'."""
+    head, sep, tail = unit.partition(" ")
+    return f"{head}s{sep}{tail}"
+
+
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
           calibrate_chips: int | None, model_cost: str | None, compile_model: bool) -> Plan:
     from harness.config import load_config
@@ -103,7 +109,7 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"replica(s) x model axis {p.model_axis}",
         f"  per-chip batch            {p.global_batch / p.chips:g} (per replica {p.per_replica_batch:g}; global "
         f"batch {p.global_batch})",
-        f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} {plan.cost.sample_unit}s)",
+        f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} {plural(plan.cost.sample_unit)})",
         f"  {unit + ' to converge':<26}{value}  [{c.source}]" + (f"  ** {c.note} **" if c.note else ""),
         f"  steps to converge         {p.steps:,}",
         f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
