@@ -15,10 +15,10 @@ adds to that decode the least a pipeline feeding fixed-size images must do (near
 batched): the ratio pipeline / floor is the overhead the harness could still remove. Runs in bfloat16
 (what the GPU and TPU configs compute in) unless `--set runtime.precision=...`.
 
-ssd: COCO-like JPEGs of 640x480 with 1-6 boxes each and an 80-category instances json; the bare op is
-`decode_jpeg` of the whole image (the reference's crop depends on the boxes' overlaps, not on pixels, but it
-decodes every pixel first); the floor adds a nearest resize to 300x300, uint8. With data.jitter_on_device
-(the default) the colour jitter is the train step's work, not the pipeline's.
+ssd: COCO-like JPEGs of 640x480 with 1-6 boxes each and an 80-category instances json; the bare op is the
+decode of each image's SSD crop window (drawn by the reference's sampler from the boxes alone, so before any
+pixel is decoded; only the JPEG blocks around it, as data.decode_crop_window does); the floor adds a nearest
+resize to 300x300, uint8. With data.jitter_on_device (the default) the colour jitter is the train step's work.
 
 bert: MLPerf BERT records at the reference's sizes (512 tokens, 76 predictions); the bare op is the parse
 itself (tf.io.parse_example over blocks, or parse_single_example with data.parse_block=1).
@@ -96,15 +96,16 @@ def write_imagenet_like(out_dir: str, images: int, shards: int = 8,
 COCO_CATEGORIES = 80
 
 
-def write_coco_like(out_dir: str, images: int, shards: int = 8, seed: int = 0) -> tuple[list[bytes], str]:
+def write_coco_like(out_dir: str, images: int, shards: int = 8,
+                    seed: int = 0) -> tuple[list[bytes], str, list[np.ndarray]]:
     """`train-*`/`val-*` shards of 640x480 (and 480x640) photo-like JPEGs with 1-6 boxes each, in
     tensorflow/tpu's create_coco_tf_record schema, and `instances_val.json` with 80 categories; returns the
-    encoded JPEGs and the json's path."""
+    encoded JPEGs, the json's path and each image's boxes [n, 4] (ltrb, normalized)."""
     from benchmarks.ssd.tfrecord_writer import coco_example
 
     rng = np.random.default_rng(seed)
     names = {c: f"category_{c}" for c in range(1, COCO_CATEGORIES + 1)}
-    records, encoded, gt_images, annotations = [], [], [], []
+    records, encoded, gt_images, annotations, all_boxes = [], [], [], [], []
     for i in range(images):
         h, w = (480, 640) if i % 4 else (640, 480)
         pixels = photo_like(rng, h, w)
@@ -112,6 +113,7 @@ def write_coco_like(out_dir: str, images: int, shards: int = 8, seed: int = 0) -
         lt = rng.uniform(0, 0.6, size=(n, 2))
         boxes = np.concatenate([lt, lt + rng.uniform(0.1, 0.4, size=(n, 2))], axis=1).clip(0, 1)
         cats = rng.integers(1, COCO_CATEGORIES + 1, size=n)
+        all_boxes.append(boxes.astype(np.float32))
         record = coco_example(pixels, i + 1, boxes, cats, names, image_format="jpeg")
         records.append(record)
         encoded.append(tf.train.Example.FromString(record).features.feature["image/encoded"].bytes_list.value[0])
@@ -130,7 +132,7 @@ def write_coco_like(out_dir: str, images: int, shards: int = 8, seed: int = 0) -
     with open(path, "w") as f:
         json.dump({"images": gt_images, "annotations": annotations,
                    "categories": [{"id": c, "name": n, "supercategory": "thing"} for c, n in names.items()]}, f)
-    return encoded, path
+    return encoded, path, all_boxes
 
 
 def write_bert_like(out_dir: str, sequences: int, shards: int = 8, seed: int = 0) -> list[bytes]:
@@ -232,21 +234,38 @@ def floor_resnet(encoded: list[bytes], boxes: np.ndarray, workload: Any, batch: 
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
-def bare_ssd(encoded: list[bytes], batch: int) -> Any:
-    """decode_jpeg of the whole image alone (SSD's crop depends on the boxes' overlaps, so the reference
-    decodes every pixel), AUTOTUNE parallelism, over the encoded images in memory."""
-    ds = tf.data.Dataset.from_tensor_slices(encoded).repeat()
-    ds = ds.map(lambda jpeg: tf.shape(tf.io.decode_jpeg(jpeg, channels=3)), num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=False)
+def ssd_windows(encoded: list[bytes], boxes: list[np.ndarray], workload: Any, whole: bool) -> tf.data.Dataset:
+    """Endless pixels each training image must be decoded to: the SSD crop window the reference's sampler draws
+    from the image's boxes (`decode_window`: only the JPEG blocks around it), or (`whole`) the whole image."""
+    from benchmarks.ssd import data
+
+    max_samples = workload.cfg.data.max_samples
+    ragged = tf.ragged.constant([b.tolist() for b in boxes], ragged_rank=1, dtype=tf.float32)
+    ds = tf.data.Dataset.from_tensor_slices((encoded, ragged)).repeat().enumerate()
+
+    def decode(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        jpeg, box = item
+        if whole:
+            return tf.io.decode_jpeg(jpeg, channels=3)
+        window, _ = data.sample_ssd_crop(box, tf.stack([tf.constant(7, tf.int64), index]), max_samples)
+        y0, x0, y1, x1 = data.crop_bounds(window, tf.io.extract_jpeg_shape(jpeg)[:2])
+        return data.decode_window(jpeg, y0, x0, y1, x1)
+
+    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+
+def bare_ssd(encoded: list[bytes], boxes: list[np.ndarray], workload: Any, batch: int, whole: bool = False) -> Any:
+    """The decode alone (`ssd_windows`), AUTOTUNE parallelism, over the encoded images in memory."""
+    ds = ssd_windows(encoded, boxes, workload, whole).map(tf.shape)
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
-def floor_ssd(encoded: list[bytes], workload: Any, batch: int) -> Any:
+def floor_ssd(encoded: list[bytes], boxes: list[np.ndarray], workload: Any, batch: int, whole: bool = False) -> Any:
     """The same decode, then the least a pipeline feeding fixed-size images must do: nearest resize, uint8."""
     size = workload.cfg.model.image_size
-    ds = tf.data.Dataset.from_tensor_slices(encoded).repeat()
-    ds = ds.map(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), [size, size], method="nearest"),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    ds = ssd_windows(encoded, boxes, workload, whole).map(
+        lambda image: tf.image.resize(image, [size, size], method="nearest"), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
@@ -323,6 +342,7 @@ def eval_pass_rates(workload: Any, runtime: Any, cfg: Any, batch: int) -> tuple[
 
 ABLATIONS = {  # the technique, and the override that switches it off
     "crop before decode": "data.decode_and_crop=false",
+    "SSD crop window decoded alone": "data.decode_crop_window=false",
     "parallel interleaved reads": "data.parallel_reads=1",
     "non-deterministic order": "data.deterministic=true",
     f"autotuned pool (vs private {CORES} threads)": f"data.threads={CORES}",
@@ -360,7 +380,7 @@ def resnet_bench(tmp: str, images: int, batch: int) -> Bench:
 
 
 def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
-    encoded, annotations = write_coco_like(tmp, images)
+    encoded, annotations, boxes = write_coco_like(tmp, images)
     kb = np.mean([len(e) for e in encoded]) / 1024
     # Open division: a closed real-data run needs the backbone checkpoint, which a benchmark does not read.
     return Bench(f"{images} JPEGs ~640x480 with 1-6 boxes ({kb:.0f} KB mean)",
@@ -368,8 +388,14 @@ def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
                   "data.shuffle_buffer=1024", f"data.train_samples={images}", f"data.eval_samples={images}",
                   "submission.division=open", "model.backbone_checkpoint=", f"schedule.global_batch_size={batch}",
                   "model.bn_span=0"],
-                 "decode_jpeg", lambda wl: bare_ssd(encoded, batch), lambda wl: floor_ssd(encoded, wl, batch),
-                 lambda wl, cfg: "float32")
+                 "crop-window decode", lambda wl: bare_ssd(encoded, boxes, wl, batch),
+                 lambda wl: floor_ssd(encoded, boxes, wl, batch), ssd_dtype)
+
+
+def ssd_dtype(workload: Any, cfg: Any) -> str:
+    if getattr(cfg.data, "normalize_on_device", False):
+        return "uint8"
+    return workload.source.image_dtype.name
 
 
 def bert_bench(tmp: str, images: int, batch: int) -> Bench:

@@ -63,3 +63,15 @@ def test_options_and_defaults():
     spec = {"image": tf.TensorSpec([4, 2, 3], tf.float32), "label": tf.TensorSpec([4], tf.int32)}
     assert nbytes(spec) == 4 * 2 * 3 * 4 + 4 * 4
     assert nbytes({"x": tf.TensorSpec([None, 2], tf.float32)}) is None
+
+
+def test_resnet_normalization_as_bias_add_is_the_reference_subtraction_bit_for_bit():
+    """`normalize` adds the negated means (a bias_add, far cheaper on the host than the broadcast subtraction):
+    the same float32 values, for both preprocessings, on one image and on a batch (the uint8 path's device side)."""
+    rng = np.random.default_rng(3)
+    for shape in ((37, 41, 3), (2, 9, 7, 3)):
+        x = tf.constant(rng.uniform(0, 255, size=shape).astype(np.float32))
+        for prep in resnet_data.PREPROCESSING.values():
+            want = ((x - resnet_data.MEAN_RGB) / resnet_data.STDDEV_RGB if prep.divide_by_stddev
+                    else x - resnet_data.REFERENCE_MEAN_RGB)
+            np.testing.assert_array_equal(resnet_data.normalize(x, prep).numpy(), want.numpy())

@@ -141,6 +141,17 @@ def decode_window(encoded: tf.Tensor, y0: tf.Tensor, x0: tf.Tensor, y1: tf.Tenso
     return tf.cond(tf.io.is_jpeg(encoded), jpeg, lambda: _decode(encoded)[y0:y1, x0:x1])
 
 
+def crop_bounds(window: tf.Tensor, shape: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Pixel rows and columns (y0, x0, y1, x1) of a crop window (ltrb, normalized) in an image of `shape` (H, W):
+    by truncation, as the reference's int(left * width), at least one pixel."""
+    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+    x0 = tf.cast(window[0] * width, tf.int32)
+    y0 = tf.cast(window[1] * height, tf.int32)
+    x1 = tf.clip_by_value(tf.cast(window[2] * width, tf.int32), x0 + 1, shape[1])
+    y1 = tf.clip_by_value(tf.cast(window[3] * height, tf.int32), y0 + 1, shape[0])
+    return y0, x0, y1, x1
+
+
 def ssd_random_crop(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor,
                     max_samples: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Crop image [H, W, 3] by `sample_ssd_crop`; keep the boxes whose centre is inside, clipped and re-normalized.
@@ -150,13 +161,7 @@ def ssd_random_crop(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed:
     """
     window, keep = sample_ssd_crop(boxes, seed, max_samples)
     encoded = image.dtype == tf.string
-    shape = _image_shape(image) if encoded else tf.shape(image)[:2]
-    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-    # Pixel bounds by truncation, as the reference's int(left * width).
-    x0 = tf.cast(window[0] * width, tf.int32)
-    y0 = tf.cast(window[1] * height, tf.int32)
-    x1 = tf.clip_by_value(tf.cast(window[2] * width, tf.int32), x0 + 1, shape[1])
-    y1 = tf.clip_by_value(tf.cast(window[3] * height, tf.int32), y0 + 1, shape[0])
+    y0, x0, y1, x1 = crop_bounds(window, _image_shape(image) if encoded else tf.shape(image)[:2])
     image = decode_window(image, y0, x0, y1, x1) if encoded else image[y0:y1, x0:x1]
     boxes = tf.boolean_mask(boxes, keep)
     labels = tf.boolean_mask(labels, keep)
