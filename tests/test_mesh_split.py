@@ -7,8 +7,8 @@ and asserts, with local (per-device) shapes:
 - each model-split contraction (attention output, expert / feed-forward down projection, vocab-split
   output layer and input embedding) contracts 1/2 of its split dimension and is summed by an all-reduce
   over `model`;
-- the exact set of all-gathers (only gpt_oss's replicated router kernel and its two Adam slots make a
-  round trip over `data` in the optimizer);
+- the exact set of all-gathers (only gpt_oss's expert weights, stored split over `data` and gathered whole
+  over it where its sorted dispatch uses them, `ff` still split over `model`; the tokens stay home);
 - the vocab-split input embedding: each device gathers from its own rows, and the table's gradient is a
   shard all-reduced over `data` (no full-size table, no segment sum of vocab rows).
 One subprocess traces the three workloads and then the review's mutant (gpt_oss whose attention output
@@ -40,14 +40,14 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 
 # Contractions that must see 1/2 of a model-split dimension on every device, each summed by an all-reduce
 # over `model`: equation -> (local operand shapes, how many such summed instances the step has).
-# gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data),
-# vocab 64 -> 32. BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
+# gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data, gathered
+# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 64 -> 32. BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
 # Transformer (local rows 2 x 64 tokens): heads 4 -> 2 (encoder, decoder self and cross attention),
 # filter 256 -> 128 (the 4: both layers' down projections and their up projections' input gradients, which
 # have the same local shapes), shared vocab 320 -> 160 (encoder and decoder lookups).
 SUMMED_OVER_MODEL = {
     "gpt_oss_20b": {"bshgd,hgdm->bsm": (["1x128x1x2x8", "1x2x8x32"], 1),
-                    "ebgch,ehm->ebgcm": (["4x2x4x32x16", "4x16x32"], 1),
+                    "bjch,bjhm->bjcm": (["1x9x128x16", "1x9x16x32"], 1),
                     "kbsm,bsk->bsm": (["1x1x128x32", "1x128x1"], 1)},
     "bert": {"bsnd,ndh->bsh": (["2x32x2x32", "2x32x128"], 1),
              "BatchMatMulV2": (["2x32x256", "256x128"], 1),
@@ -60,7 +60,8 @@ SUMMED_OVER_MODEL = {
 OUTPUT_LAYER = {"gpt_oss_20b": ("bsm,mv->bsv", ["1x128x32", "32x32"]),
                 "bert": ("bph,vh->bpv", ["2x5x128", "128x128"]),
                 "transformer": ("bsh,vh->bsv", ["2x64x128", "160x128"])}
-ALL_GATHERS = {"gpt_oss_20b": ["32x4->32x8"] * 3, "bert": [], "transformer": []}
+ALL_GATHERS = {"gpt_oss_20b": ["4x16x32->8x16x32", "4x32x16->8x32x16", "4x32x16->8x32x16"], "bert": [],
+               "transformer": []}
 
 
 def trace(cases: dict, dump: str) -> dict:
