@@ -1,0 +1,193 @@
+"""llama31_8b: Llama 3.1 RoPE scaling against its formula, the smoke and smoke-mesh runs (one each) whose logs
+the official checker passes for 5.1.0, 6.0.0 and 6.1.0, FSDP on 4 logical devices equal to one device, the
+closed division's refusals, and the dry run's per-device memory refusal. The XLA / bfloat16 / oneDNN steps
+are in tests/test_xla_precision.py and tests/test_workload_contract.py (tests/step_cases.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.lm import data, indexed_dataset
+from benchmarks.lm.config import DataConfig
+from harness import config as config_lib
+from harness.errors import HarnessError
+from harness.nn import layers
+from harness.review import logparse
+
+from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
+
+CONFIGS = os.path.join(REPO, "configs", "llama31_8b")
+SMOKE, MESH = os.path.join(CONFIGS, "smoke.yaml"), os.path.join(CONFIGS, "smoke-mesh.yaml")
+RULESETS = {"5.1.0": "PASS", "6.0.0": "PASS", "6.1.0": "PASS"}
+
+
+# ------------------------------------------------------------------------------------------ RoPE
+
+def _llama3_frequencies(dim, base, factor, low, high, original):
+    """The spec's formula (NeMo apply_rope_scaling / HF rope_type llama3), one frequency at a time."""
+    out = []
+    for i in range(dim // 2):
+        freq = base ** (-2.0 * i / dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(freq)
+        elif wavelen > original / low:
+            out.append(freq / factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return np.array(out)
+
+
+def test_llama3_rope_scaling_follows_the_formula_and_is_off_by_default():
+    scaling = layers.RopeScaling(8.0, 1.0, 4.0, 8192)
+    got = layers.rope_frequencies(128, 500000.0, scaling).numpy()
+    want = _llama3_frequencies(128, 500000.0, 8.0, 1.0, 4.0, 8192)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    plain = 500000.0 ** (-np.arange(64) * 2.0 / 128)
+    # All three regimes occur at the reference's dims: kept, divided by 8, and interpolated.
+    assert np.sum(np.isclose(want, plain)) > 0 and np.sum(np.isclose(want, plain / 8)) > 0
+    assert np.sum(~np.isclose(want, plain) & ~np.isclose(want, plain / 8)) > 0
+    np.testing.assert_allclose(layers.rope_frequencies(128, 500000.0).numpy(), plain, rtol=2e-5)
+    # rotary() turns pairs by position x frequency: position 1 of a unit vector on pair 0.
+    x = np.zeros([1, 2, 1, 128], np.float32)
+    x[..., 127] = 1.0
+    y = layers.rotary(tf.constant(x), 500000.0, scaling).numpy()
+    np.testing.assert_allclose([y[0, 1, 0, 63], y[0, 1, 0, 127]], [-math.sin(want[63]), math.cos(want[63])],
+                               atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------- data
+
+def test_smoke_language_needs_learning_to_get_below_the_open_rule():
+    cfg = DataConfig(synthetic_doc_min=32, synthetic_doc_max=128, synthetic_main_prob=0.9)
+    lang = data.Source(cfg, 64).language
+    assert lang.entropy_rate() == pytest.approx(0.435, abs=0.01)  # reachable below the open rule's 1.0
+    rows = lang.rows(0, 8, 257)
+    counts = np.bincount(rows.reshape(-1), minlength=64)[1:]
+    p = counts[counts > 0] / counts.sum()
+    assert -(p * np.log(p)).sum() > 3.0                              # without context: far above 1.0
+
+
+# --------------------------------------------------------------------------------- the smoke runs
+
+@pytest.fixture(scope="module")
+def smokes(tmp_path_factory):
+    out = {}
+    for name, config in (("smoke", SMOKE), ("mesh", MESH)):
+        path = str(tmp_path_factory.mktemp(f"llama_{name}"))
+        proc = run_cli("run", config, "--output_dir", path, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
+        out[name] = (proc, read_summary(path, "llama31_8b") if proc.returncode == 0 else None)
+    return out
+
+
+@pytest.mark.parametrize("name", ["smoke", "mesh"])
+def test_smoke_reaches_the_open_target_with_a_log_all_three_checkers_pass(smokes, name):
+    proc, summary = smokes[name]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 0.99
+    assert summary["evals"][0]["score"] > 2.0                        # it had to learn (log 64 = 4.16 at init)
+    assert all(e["score"] > 0.99 for e in summary["evals"][:-1])
+    assert {r: v["verdict"] for r, v in summary["compliance"].items()} == RULESETS
+    events = logparse.parse_log(summary["log"])
+    keys = {e.key: e.value for e in events}
+    assert keys["submission_division"] == "open" and keys["submission_benchmark"] == "llama31_8b"
+    assert keys["opt_learning_rate_decay_steps"] == 1_200_000 - keys["opt_learning_rate_warmup_steps"]
+    order = [e.key for e in events]
+    assert order.index("opt_learning_rate_warmup_steps") < order.index("opt_learning_rate_decay_steps")
+    assert keys["tensor_parallelism"] == (2 if name == "mesh" else 1) and keys["expert_parallelism"] == 1
+    assert all({"samples_count", "epoch_num"} <= set(e.metadata) for e in events if e.key == "eval_accuracy")
+
+
+def test_smoke_mesh_with_fsdp_scores_as_one_device(smokes):
+    one, mesh = smokes["smoke"][1], smokes["mesh"][1]
+    assert one and mesh
+    np.testing.assert_allclose([e["score"] for e in mesh["evals"]], [e["score"] for e in one["evals"]], rtol=1e-4)
+
+
+# ------------------------------------------------------------------------- FSDP on 4 logical devices
+
+SMALL = ["data.seq_length=64", "data.synthetic_train_rows=8", "data.eval_samples=2",
+         "schedule.global_batch_size=4", "model.num_layers=1"]
+
+
+@pytest.fixture(scope="module")
+def fsdp():
+    cases = {"data4": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true"], 2],
+             "one": [SMOKE, SMALL, 2]}
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "fsdp_case.py"), json.dumps(cases)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_fsdp_on_four_devices_steps_as_one_device_with_every_weight_split(fsdp):
+    np.testing.assert_allclose(fsdp["data4"]["losses"], fsdp["one"]["losses"], rtol=2e-5)
+    layouts, shapes = fsdp["data4"]["layouts"], fsdp["data4"]["shapes"]
+    for path, layout in layouts.items():
+        if any(s % 4 == 0 for s in shapes[path]):
+            assert "data" in layout, (path, shapes[path], layout)
+    down = [p for p in layouts if p.endswith("layer_0/mlp/down/kernel")]
+    assert len(down) == 3 and all("data" in layouts[p] for p in down)  # the weight and its two AdamW slots
+
+
+# ------------------------------------------------------------------------------- closed refusals
+
+CPU = ["runtime.kind=default", "runtime.fsdp=false", "runtime.mesh={data: 1, model: 1}", "runtime.layout={}"]
+
+
+def _closed(tmp_path, *extra):
+    args = ["run", os.path.join(CONFIGS, "reference.yaml"), "--output_dir", str(tmp_path / "runs"),
+            "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set", "data.eval_prefix=c4"]
+    for s in CPU + list(extra):
+        args += ["--set", s]
+    proc = cli_in_process(*args)
+    lines = stderr_error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_closed_run_of_a_toy_model_is_refused(tmp_path):
+    line = _closed(tmp_path, "model.num_layers=2", "model.hidden_size=64")
+    assert "Llama 3.1 8B" in line and "model.num_layers=2 (reference 32)" in line
+
+
+def test_closed_run_on_files_whose_counts_do_not_match_is_refused(tmp_path):
+    indexed_dataset.write(str(tmp_path / "c4"), [np.arange(1, 3000) % 1000 + 1, np.arange(40)])
+    assert "holds 0 rows of 8193 tokens but data.eval_samples=1024" in _closed(tmp_path)
+
+
+# ------------------------------------------------------------------------ dry run memory per device
+
+def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_over_8(capsys):
+    from benchmarks.llama31_8b import cost
+    from harness.platforms import device_memory
+    from harness.train import dryrun
+    from dry_run_shared import reduced_report
+
+    params = cost.model_cost(config_lib.load_config(os.path.join(CONFIGS, "gpu-8x-h100.yaml"), [])).params
+    assert params == 8_030_261_248
+    assert device_memory("8xh100-80gb-gpu") == (80 * 2**30, "H100 80 GB")
+    assert device_memory("tpu-v5p-16")[0] == 95 * 10**9 and device_memory("cpu-smoke") is None
+    report = reduced_report(os.path.join("configs", "llama31_8b", "gpu-8x-h100.yaml"))
+    whole = dataclasses.replace(report, weight_bytes_per_device=4 * params, gradient_bytes_per_device=4 * params,
+                                optimizer_bytes_per_device=8 * params, peak_bytes_per_device=None)
+    with pytest.raises(HarnessError, match=r"needs 119.7 GiB per device .* one H100 80 GB holds 80.0 GiB"):
+        dryrun.check_device_memory(whole, "8xh100-80gb-gpu")
+    sharded = dataclasses.replace(whole, weight_bytes_per_device=params // 2, gradient_bytes_per_device=params // 2,
+                                  optimizer_bytes_per_device=params)
+    dryrun.check_device_memory(sharded, "8xh100-80gb-gpu")            # 15 GiB: passes
+    dryrun.check_device_memory(whole, "cpu-smoke")                    # an unknown device is not checked
+    dryrun.check_device_memory(dataclasses.replace(sharded, peak_bytes_per_device=200 * 2**30,
+                                                   activation_bytes_per_device=185 * 2**30), "tpu-v5p-16")
+    assert "warning: the train step's peak estimate is 200.0 GiB" in capsys.readouterr().out
