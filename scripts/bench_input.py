@@ -6,7 +6,7 @@ sizes in a temp dir. The bare side is the pipeline's most expensive op alone in 
 the same parallelism, over the same encoded images already in memory. Rounds alternate between the two
 (the machine's other load hits both alike) and the ratio of their summed rates is the headline.
 
-    python scripts/bench_input.py {resnet,ssd,bert,transformer} [CONFIG] [--set key=value ...] [--seconds 4]
+    python scripts/bench_input.py {resnet,ssd,bert,transformer,lm} [CONFIG] [--set key=value ...] [--seconds 4]
         [--rounds 4] [--ablate]
 
 resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
@@ -24,6 +24,10 @@ bert: MLPerf BERT records at the reference's sizes (512 tokens, 76 predictions);
 itself (tf.io.parse_example over blocks, or parse_single_example with data.parse_block=1).
 transformer: subword pairs with WMT-like lengths, packed into rows of 256; both sides count pairs (the
 pipeline's are in packed rows); the bare op is tf.io.parse_example over blocks, as the pipeline parses.
+lm: the decoder LMs' indexed reader (benchmarks/lm, `data.source=indexed`; gpt_oss_20b's reference config, or
+CONFIG, e.g. configs/llama31_8b/reference.yaml) over Megatron .bin/.idx files of C4-like documents; the bare op
+reads the same token rows with TensorFlow alone (fixed-length records, decode_raw). For bert, transformer and lm
+the floor is the bare read and parse.
 
 `--ablate` repeats the
 measurement with each `data.*` input technique off (and each optional one on) and prints each ratio.
@@ -183,6 +187,23 @@ def write_wmt_like(out_dir: str, pairs: int, shards: int = 8, seed: int = 0,
         f"data.train_samples={rows}", f"data.max_sequence_length={max_length}", f"data.row_length={row_length}"]
 
 
+def write_c4_like(out_dir: str, rows: int, seq_length: int, vocab: int, eod_id: int, seed: int = 0) -> tuple[str, int]:
+    """`c4-like.{bin,idx}`: Megatron indexed uint32/uint16 token documents (lognormal lengths around 500 tokens,
+    each ending in EOD) holding `rows` rows of seq_length + 1 tokens; returns the prefix and the token bytes."""
+    from benchmarks.lm import indexed_dataset
+
+    rng = np.random.default_rng(seed)
+    dtype = np.uint16 if vocab <= 1 << 16 else np.int32
+    need, docs = rows * seq_length + 1, []
+    while need > 0:
+        n = int(min(need, max(2, rng.lognormal(np.log(500), 0.8))))
+        docs.append(np.append(rng.integers(0, vocab, n - 1), eod_id).astype(dtype))
+        need -= n
+    prefix = os.path.join(out_dir, "c4-like")
+    indexed_dataset.write(prefix, docs, dtype)
+    return prefix, np.dtype(dtype).itemsize
+
+
 # ------------------------------------------------------------------------------------- pipelines
 
 def harness_batches(config: str, overrides: list[str], batch: int) -> tuple[Any, Any]:
@@ -285,6 +306,18 @@ def bare_parse(records: list[bytes], spec: dict[str, Any], batch: int, block: in
     if any(isinstance(f, tf.io.VarLenFeature) for f in spec.values()):
         ds = ds.map(lambda ex: {k: tf.size(v.values) for k, v in ex.items()})  # ragged: their lengths batch
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def bare_indexed(prefix: str, itemsize: int, workload: Any, batch: int) -> Any:
+    """The rows read and parsed by TensorFlow alone: the .bin as fixed-length records of seq_length tokens
+    (decode_raw), each joined to the next record's first token (rows of seq_length + 1, one token shared)."""
+    seq = workload.cfg.data.seq_length
+    dtype = {2: tf.uint16, 4: tf.int32}[itemsize]
+    tail = os.path.getsize(prefix + ".bin") % (seq * itemsize)  # the tokens after the last whole record
+    records = tf.data.FixedLengthRecordDataset(prefix + ".bin", seq * itemsize, footer_bytes=tail).map(
+        lambda r: tf.cast(tf.io.decode_raw(r, dtype), tf.int32), num_parallel_calls=tf.data.AUTOTUNE)
+    rows = tf.data.Dataset.zip((records, records.skip(1))).map(lambda a, b: tf.concat([a, b[:1]], 0))
+    return rows.repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
 def leading(batch: Any) -> int:
@@ -424,7 +457,25 @@ def transformer_bench(tmp: str, images: int, batch: int) -> Bench:
                  lambda wl, cfg: "int32 packed-row", count=packed_pairs)
 
 
-BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench, "bert": bert_bench, "transformer": transformer_bench}
+def lm_bench(tmp: str, rows: int, batch: int) -> Bench:
+    from harness import config as config_lib
+
+    d = config_lib.load_config(LM_CONFIG, []).data
+    vocab = config_lib.load_config(LM_CONFIG, []).model.vocab_size
+    prefix, itemsize = write_c4_like(tmp, rows, d.seq_length, vocab, d.eod_id)
+    return Bench(f"{rows} rows of {d.seq_length} + 1 tokens of Megatron indexed C4-like documents "
+                 f"({itemsize}-byte tokens)",
+                 ["data.source=indexed", f"data.data_dir={tmp}", "data.train_prefix=c4-like",
+                  "data.eval_prefix=c4-like", f"data.eval_samples={min(16, rows)}", "submission.division=open",
+                  "runtime.mesh={data: 1, model: 1}", "runtime.layout={}"],
+                 "TF read of the .bin as fixed-length records", lambda wl: bare_indexed(prefix, itemsize, wl, batch),
+                 None, lambda wl, cfg: "int32 token-row")
+
+
+LM_CONFIG = "configs/gpt_oss_20b/reference.yaml"
+BENCHES = {"resnet": resnet_bench, "ssd": ssd_bench, "bert": bert_bench, "transformer": transformer_bench,
+           "lm": lm_bench}
+DEFAULT_CONFIGS = {"lm": LM_CONFIG}
 
 
 def main() -> None:
@@ -439,7 +490,7 @@ def main() -> None:
     p.add_argument("--ablate", action="store_true", help="also measure with each data.* technique off")
     a = p.parse_args()
 
-    config = a.config or f"configs/{a.workload}/reference.yaml"
+    config = a.config or DEFAULT_CONFIGS.get(a.workload, f"configs/{a.workload}/reference.yaml")
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         bench = BENCHES[a.workload](tmp, a.images, a.batch)
@@ -466,6 +517,8 @@ def main() -> None:
             floor = rates["floor"]
             print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
             ratios += f"; pipeline / floor: {pipe / floor:.3f}; floor / bare: {floor / bare:.3f}"
+        else:  # no fixed-size image to make: the floor is the bare read and parse itself
+            ratios += f"; pipeline / floor (the bare read and parse): {pipe / bare:.3f}"
         print(f"{ratios}  (load average {os.getloadavg()[0]:.1f} at end)", flush=True)
         if a.ablate:
             applies = {k: v for k, v in {**ABLATIONS, **OPTIONS}.items()
