@@ -2,7 +2,8 @@
 of gpt_oss_20b's smoke-mesh config (2x2 {data, model}, one layer) with runtime.fsdp=true and assert:
 - every weight FSDP splits is all-gathered (DTensorAllGather over `data`, from its stored layout to its
   compute layout) straight from its variable read, once per step: the backward reuses the gathered value;
-- nothing else is gathered (no activation, no optimizer slot: AdamW updates its shards);
+- nothing else is gathered (no activation, no optimizer slot: AdamW updates its shards) but the expert
+  weights, which the sorted MoE dispatch gathers the same way;
 - every such weight's gradient is all-reduced over `data` in its compute layout and cut to its shard
   (DTensorAllScatter, a local slice), and DTensor's fusion pass turns each pair that is adjacent into one
   DTensorReduceScatter (those with a reshape in between stay an all-reduce and a slice).
@@ -41,13 +42,21 @@ def signature(shape, stored, compute) -> str:
     return f"{shape} {stored}->{compute}"
 
 
+# gpt_oss's expert weights (the layout splits them over data, so FSDP leaves them): its sorted MoE dispatch
+# gathers them whole over data where it uses them (`ff` stays split over model) and reduces their gradients
+# back into the shards, exactly as FSDP does its own weights (gate, up, then down).
+U = "'unsharded'"
+EXPERTS = [f"[8, 32, 32] ['data', {U}, 'model']->[{U}, {U}, 'model']"] * 2 + \
+          [f"[8, 32, 32] ['data', 'model', {U}]->[{U}, 'model', {U}]"]
+
+
 def test_each_weight_is_gathered_from_its_read_once_and_nothing_else(program):
     weights = sorted(signature(*w) for w in program["weights"])
     # Embedding, output layer, router, q/k/v/o, the three norms: experts are split over data by the layout.
     assert len(weights) == 10
     gathers = program["gathers"]
     assert all(g["source"] == "ReadVariableOp" for g in gathers), gathers
-    assert sorted(signature(g["shape"], g["from"], g["to"]) for g in gathers) == weights
+    assert sorted(signature(g["shape"], g["from"], g["to"]) for g in gathers) == sorted(weights + EXPERTS)
 
 
 def test_each_gradient_is_reduced_over_data_into_its_shard(program):
@@ -55,7 +64,7 @@ def test_each_gradient_is_reduced_over_data_into_its_shard(program):
     scatters = program["scatters"]
     assert all(s["reduced"] == "DTensorAllReduce Add data" and set(s["via"]) <= {"Reshape"} for s in scatters)
     # Scattered from the compute layout to the stored one: the reverse of each weight's gather.
-    assert sorted(signature(s["shape"], s["to"], s["from"]) for s in scatters) == weights
+    assert sorted(signature(s["shape"], s["to"], s["from"]) for s in scatters) == sorted(weights + EXPERTS)
     # The fusion pass makes one reduce-scatter of each adjacent all-reduce + all-scatter, and no other.
     fused = program["fused"]
     assert program["direct"] > 0 and fused["DTensorReduceScatter"] == program["direct"]
