@@ -45,10 +45,10 @@ def test_every_hardware_config_compiles_at_reduced_width(config):
     assert r.per_replica_batch * r.replicas == r.global_batch
     assert r.params > 0 and r.gradient_bytes == 4 * r.params  # float32 gradients
     # Sharded variables take 1/model_axis of their bytes at most (1/devices where a layout also splits a
-    # weight over the data axis, as experts are); weights hold at least the parameters.
+    # weight over the data axis, as experts are, or runtime.fsdp does); weights hold at least the parameters.
     rt = config_lib.load_config(os.path.join(REPO, config), REDUCED[workload_of(config)]).runtime
-    over_data = rt.kind == "mesh" and any(dim != "batch" and axis == rt.layout.get("batch")
-                                          for dim, axis in rt.layout.items())
+    over_data = rt.kind == "mesh" and (rt.fsdp or any(dim != "batch" and axis == rt.layout.get("batch")
+                                                      for dim, axis in rt.layout.items()))
     ways = r.model_axis * (r.replicas if over_data else 1)
     assert 4 * r.params / ways <= r.weight_bytes_per_device <= 4 * r.params * 1.1 + 2**20
     assert r.optimizer_bytes_per_device > 0
