@@ -208,6 +208,16 @@ def make_workload(name: str, overrides: list[str]):
     return registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
 
 
+@pytest.mark.parametrize("name", ["resnet", "bert", "transformer", "ssd"])
+def test_served_epoch_pipelines_call_no_python(name):
+    """What the service's workers run (`train_epoch_dataset`) has no Python callback, which a worker could not
+    call (remote_input.check searches the endless pipeline, built by the same code)."""
+    from harness.train import remote_input
+
+    wl = make_workload(name, [])
+    assert remote_input.python_ops(wl.train_epoch_dataset(InputContext(1, 0, 2, seed=1))) == []
+
+
 def test_bert_tfrecord_epochs_through_the_service_hold_every_record_once(fleet, tmp_path):
     from benchmarks.bert import tfrecord_writer
     from benchmarks.bert.data import SyntheticSource

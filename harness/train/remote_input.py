@@ -33,8 +33,7 @@ def check(workload: Any, runtime: Any, service: bool) -> None:
              if runtime.kind == "tpu" else
              "data.service: the service's workers run the input pipeline")
     ctx = InputContext(num_hosts=1, host_id=0, batch_size=1, seed=workload.cfg.seed)
-    # The service's workers run the one-epoch pipeline (`train_epoch_dataset`), a TPU slice's hosts the endless one.
-    found = python_ops(workload.train_epoch_dataset(ctx) if service else workload.train_dataset(ctx))
+    found = python_ops(workload.train_dataset(ctx))
     if found:
         source = getattr(workload.cfg.data, "source", "?")
         raise HarnessError(f"{where}, which cannot call back into Python, and {workload.NAME}'s "
