@@ -65,6 +65,16 @@ def test_llama3_rope_scaling_follows_the_formula_and_is_off_by_default():
                                atol=1e-6)
 
 
+def test_full_causal_attention_equals_the_masked_dense_attention():
+    from benchmarks.lm import attention
+
+    rng = np.random.default_rng(4)
+    q = tf.constant(rng.normal(size=[2, 24, 2, 3, 8]).astype(np.float32))
+    k, v = (tf.constant(rng.normal(size=[2, 24, 2, 8]).astype(np.float32)) for _ in range(2))
+    np.testing.assert_allclose(attention.causal_attention(q, k, v).numpy(),
+                               attention.windowed_attention(q, k, v, None, 24, 24).numpy(), atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------- data
 
 def test_smoke_language_needs_learning_to_get_below_the_open_rule():
