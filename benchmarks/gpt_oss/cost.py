@@ -7,7 +7,8 @@ the router h*E; the k active SwiGLU experts 3*h*eh each (gate, up, down). Per to
 the k routed experts count (dropless top-k: the other experts do no work on the token). GPT-OSS 20B at 8192
 tokens counts about 3.8 G multiply-adds per token forward. Training = 3 x forward; eval: the forward pass.
 This is the model's useful work (what MFU counts), a lower bound of what the harness's implementation hands
-XLA (its dense einsum dispatch and whole attention blocks add more): --calibrate absorbs the difference.
+XLA (the sorted MoE dispatch's padding blocks and dense full-row attention add about 19% at the reference;
+the one-hot `dense` dispatch computes every slot): --calibrate absorbs the difference.
 Collectives on the mesh: tensor parallelism over the model axis (activation all-reduces, mp_bytes_per_sample)
 and, with runtime.fsdp, the weights' all-gather over the data axis (fsdp_gather_bytes); the eval is device
 work (the loss summed on the chips), split as harness/plan/project.py describes.
