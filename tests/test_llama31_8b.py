@@ -132,6 +132,7 @@ SMALL = ["data.seq_length=64", "data.synthetic_train_rows=8", "data.eval_samples
 @pytest.fixture(scope="module")
 def fsdp():
     cases = {"data4": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true"], 2],
+             "data4_remat": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true", "model.remat=true"], 2],
              "one": [SMOKE, SMALL, 2]}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "fsdp_case.py"), json.dumps(cases)],
                           cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -143,6 +144,7 @@ def fsdp():
 
 def test_fsdp_on_four_devices_steps_as_one_device_with_every_weight_split(fsdp):
     np.testing.assert_allclose(fsdp["data4"]["losses"], fsdp["one"]["losses"], rtol=2e-5)
+    np.testing.assert_allclose(fsdp["data4_remat"]["losses"], fsdp["one"]["losses"], rtol=2e-5)  # recomputed layers
     layouts, shapes = fsdp["data4"]["layouts"], fsdp["data4"]["shapes"]
     for path, layout in layouts.items():
         if any(s % 4 == 0 for s in shapes[path]):
@@ -201,3 +203,14 @@ def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_ove
     dryrun.check_device_memory(dataclasses.replace(sharded, peak_bytes_per_device=200 * 2**30,
                                                    activation_bytes_per_device=185 * 2**30), "tpu-v5p-16")
     assert "warning: the train step's peak estimate is 200.0 GiB" in capsys.readouterr().out
+
+
+def test_dry_run_shows_rematerialization_keeping_less_for_the_backward_pass():
+    from harness.train import dryrun
+    from dry_run_shared import REDUCED
+
+    config = os.path.join(CONFIGS, "gpu-8x-h100.yaml")
+    small = REDUCED["llama31_8b"] + ["model.num_layers=2", "data.seq_length=128"]
+    kept = {remat: dryrun.compile_report(config, small + [f"model.remat={remat}"]).activation_bytes_per_device
+            for remat in ("true", "false")}
+    assert 0 < kept["true"] < 0.7 * kept["false"], kept

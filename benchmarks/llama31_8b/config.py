@@ -25,6 +25,8 @@ class ModelConfig:
     rope_original_context: int = field(8192, min=1, doc="original_max_position_embeddings of the scaling")
     norm_epsilon: float = field(1e-5, min=0.0)
     init_stddev: float = field(0.02, min=0.0, doc="normal init of every weight (init_method_std)")
+    remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): "
+                        "keeps only layer inputs for the backward, not their attention probabilities")
 
     def rope_scaling(self) -> RopeScaling | None:
         if not self.rope_scaling_factor:

@@ -69,7 +69,7 @@ class Llama(Block):
         """Logits [b, s, vocab] (float32) of the next token after each of inputs [b, s]; no extras."""
         x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, inputs), self.dtype)
         for layer in self.layers:
-            x = layer(x)
+            x = tf.recompute_grad(layer)(x) if self.cfg.remat else layer(x)
         x = self.final_norm(x)
         logits = tf.einsum("bsm,mv->bsv", x, tf.cast(self.output, self.dtype))
         return tf.cast(logits, tf.float32), None
