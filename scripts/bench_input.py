@@ -457,17 +457,17 @@ def transformer_bench(tmp: str, images: int, batch: int) -> Bench:
                  lambda wl, cfg: "int32 packed-row", count=packed_pairs)
 
 
-def lm_bench(tmp: str, rows: int, batch: int) -> Bench:
+def lm_bench(tmp: str, rows: int, batch: int, config: str = "") -> Bench:
     from harness import config as config_lib
 
-    d = config_lib.load_config(LM_CONFIG, []).data
-    vocab = config_lib.load_config(LM_CONFIG, []).model.vocab_size
+    cfg = config_lib.load_config(config or LM_CONFIG, [])
+    d, vocab = cfg.data, cfg.model.vocab_size
     prefix, itemsize = write_c4_like(tmp, rows, d.seq_length, vocab, d.eod_id)
     return Bench(f"{rows} rows of {d.seq_length} + 1 tokens of Megatron indexed C4-like documents "
                  f"({itemsize}-byte tokens)",
                  ["data.source=indexed", f"data.data_dir={tmp}", "data.train_prefix=c4-like",
                   "data.eval_prefix=c4-like", f"data.eval_samples={min(16, rows)}", "submission.division=open",
-                  "runtime.mesh={data: 1, model: 1}", "runtime.layout={}"],
+                  "runtime.mesh={data: 1, model: 1}", "runtime.layout={}", "runtime.fsdp=false"],
                  "TF read of the .bin as fixed-length records", lambda wl: bare_indexed(prefix, itemsize, wl, batch),
                  None, lambda wl, cfg: "int32 token-row")
 
@@ -493,7 +493,8 @@ def main() -> None:
     config = a.config or DEFAULT_CONFIGS.get(a.workload, f"configs/{a.workload}/reference.yaml")
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        bench = BENCHES[a.workload](tmp, a.images, a.batch)
+        make = BENCHES[a.workload]
+        bench = make(tmp, a.images, a.batch, config) if make is lm_bench else make(tmp, a.images, a.batch)
         # bfloat16: what every GPU and TPU config computes in.
         base = bench.overrides + ["runtime.kind=default", "runtime.precision=bfloat16"] + a.set
         print(f"{a.workload}: {bench.described}, batch {a.batch}, {CORES} cores, "
