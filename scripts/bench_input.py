@@ -269,8 +269,7 @@ def ssd_windows(encoded: list[bytes], boxes: list[np.ndarray], workload: Any, wh
         if whole:
             return tf.io.decode_jpeg(jpeg, channels=3)
         window, _ = data.sample_ssd_crop(box, tf.stack([tf.constant(7, tf.int64), index]), max_samples)
-        y0, x0, y1, x1 = data.crop_bounds(window, tf.io.extract_jpeg_shape(jpeg)[:2])
-        return data.decode_window(jpeg, y0, x0, y1, x1)
+        return data.decode_crop(jpeg, window)
 
     return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 

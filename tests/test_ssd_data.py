@@ -405,7 +405,7 @@ def test_crop_window_decode_gives_the_pixels_of_the_whole_image():
     """`decode_window` (data.decode_crop_window) equals decoding the whole JPEG and slicing, bit for bit, for 4:2:0
     and 4:4:4 JPEGs of odd sizes and windows at odd offsets; the whole training transform on the encoded image
     equals it on the decoded one."""
-    from benchmarks.ssd.data import decode_window, preprocess_train
+    from benchmarks.ssd.data import decode_crop, decode_window, preprocess_train
 
     rng = np.random.default_rng(7)
     for height, width, quality, subsample in ((121, 157, 75, True), (96, 130, 92, False), (77, 61, 85, True)):
@@ -427,3 +427,5 @@ def test_crop_window_decode_gives_the_pixels_of_the_whole_image():
     png = tf.io.encode_png(smooth_photo(rng, 40, 50))  # not a JPEG: decoded whole, then sliced
     np.testing.assert_array_equal(decode_window(png, 3, 5, 20, 33).numpy(),
                                   tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
+    window = tf.constant([0.1, 0.075, 0.66, 0.5])  # ltrb: columns 5:33, rows 3:20 of 50x40
+    np.testing.assert_array_equal(decode_crop(png, window).numpy(), tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])

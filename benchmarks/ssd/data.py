@@ -131,14 +131,32 @@ def decode_window(encoded: tf.Tensor, y0: tf.Tensor, x0: tf.Tensor, y1: tf.Tenso
     chroma upsampling would treat the window's edge as the image's; widened, it sees the neighbours the whole
     image has (tests compare). Other formats (PNG) decode whole.
     """
+    return tf.cond(tf.io.is_jpeg(encoded),
+                   lambda: _jpeg_window(encoded, tf.io.extract_jpeg_shape(encoded), y0, x0, y1, x1),
+                   lambda: _decode(encoded)[y0:y1, x0:x1])
+
+
+def _jpeg_window(encoded: tf.Tensor, shape: tf.Tensor, y0: tf.Tensor, x0: tf.Tensor, y1: tf.Tensor,
+                 x1: tf.Tensor) -> tf.Tensor:
+    top = tf.maximum(y0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
+    left = tf.maximum(x0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
+    bottom, right = tf.minimum(y1 + WINDOW_MARGIN, shape[0]), tf.minimum(x1 + WINDOW_MARGIN, shape[1])
+    pixels = tf.image.decode_and_crop_jpeg(encoded, tf.stack([top, left, bottom - top, right - left]), channels=3)
+    return pixels[y0 - top:y1 - top, x0 - left:x1 - left]
+
+
+def decode_crop(encoded: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
+    """The pixels of crop `window` (ltrb, normalized; `crop_bounds`) of an encoded image, as `decode_window`
+    gives them, with one format test and one header read (a JPEG's size comes from its header)."""
     def jpeg() -> tf.Tensor:
         shape = tf.io.extract_jpeg_shape(encoded)
-        top = tf.maximum(y0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
-        left = tf.maximum(x0 - WINDOW_MARGIN, 0) // JPEG_BLOCK * JPEG_BLOCK
-        bottom, right = tf.minimum(y1 + WINDOW_MARGIN, shape[0]), tf.minimum(x1 + WINDOW_MARGIN, shape[1])
-        pixels = tf.image.decode_and_crop_jpeg(encoded, tf.stack([top, left, bottom - top, right - left]), channels=3)
-        return pixels[y0 - top:y1 - top, x0 - left:x1 - left]
-    return tf.cond(tf.io.is_jpeg(encoded), jpeg, lambda: _decode(encoded)[y0:y1, x0:x1])
+        return _jpeg_window(encoded, shape, *crop_bounds(window, shape))
+
+    def other() -> tf.Tensor:
+        image = _decode(encoded)
+        y0, x0, y1, x1 = crop_bounds(window, tf.shape(image))
+        return image[y0:y1, x0:x1]
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
 
 
 def crop_bounds(window: tf.Tensor, shape: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -160,9 +178,11 @@ def ssd_random_crop(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed:
     first and only its pixels are decoded (`decode_window`, the same pixels as decoding the whole image).
     """
     window, keep = sample_ssd_crop(boxes, seed, max_samples)
-    encoded = image.dtype == tf.string
-    y0, x0, y1, x1 = crop_bounds(window, _image_shape(image) if encoded else tf.shape(image)[:2])
-    image = decode_window(image, y0, x0, y1, x1) if encoded else image[y0:y1, x0:x1]
+    if image.dtype == tf.string:
+        image = decode_crop(image, window)
+    else:
+        y0, x0, y1, x1 = crop_bounds(window, tf.shape(image))
+        image = image[y0:y1, x0:x1]
     boxes = tf.boolean_mask(boxes, keep)
     labels = tf.boolean_mask(labels, keep)
     lt, rb = window[:2], window[2:]
