@@ -338,8 +338,10 @@ def rate(iterator: Any, count: Callable[[Any], int], seconds: float) -> tuple[in
 
 
 def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: float = 1.5,
-                counts: dict[str, Callable[[Any], int]] | None = None) -> dict[str, float]:
-    """Samples/s of each side (an iterable of batches), rounds alternating between them.
+                counts: dict[str, Callable[[Any], int]] | None = None,
+                per_round: list[dict[str, float]] | None = None) -> dict[str, float]:
+    """Samples/s of each side (an iterable of batches), rounds alternating between them; `per_round`, if
+    given, receives each round's rates (the machine's load moves between rounds, less within one).
 
     Each round opens a fresh iterator, warms it up uncounted and closes it after: only the measured
     side runs, so no idle side's background threads (prefetch, autotuning) compete with it.
@@ -347,6 +349,7 @@ def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: floa
     totals = {k: [0, 0.0] for k in sides}
     counts = counts or {}
     for _ in range(rounds):
+        this = {}
         for k, data in sides.items():
             it = iter(data)
             rate(it, counts.get(k, leading), warmup)
@@ -354,6 +357,9 @@ def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: floa
             del it
             totals[k][0] += n
             totals[k][1] += t
+            this[k] = n / t
+        if per_round is not None:
+            per_round.append(this)
     return {k: n / t for k, (n, t) in totals.items()}
 
 
@@ -499,13 +505,15 @@ def main() -> None:
         print(f"{a.workload}: {bench.described}, batch {a.batch}, {CORES} cores, "
               f"{a.rounds} rounds x {a.seconds:g} s per side; load average {load[0]:.1f} at start", flush=True)
 
+        rounds: list[dict[str, float]] = []
+
         def measure(extra: list[str], floor: bool = False) -> tuple[dict[str, float], Any]:
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
             sides = {"pipeline": pipeline, "bare": bench.bare(workload)}
             if floor and bench.floor is not None:
                 sides["floor"] = bench.floor(workload)
-            return (interleaved(sides, a.seconds, a.rounds, counts={"pipeline": bench.count}),
-                    (workload, runtime, cfg))
+            return (interleaved(sides, a.seconds, a.rounds, counts={"pipeline": bench.count},
+                                per_round=rounds if floor else None), (workload, runtime, cfg))
 
         rates, (workload, runtime, cfg) = measure([], floor=True)
         pipe, bare = rates["pipeline"], rates["bare"]
@@ -520,6 +528,10 @@ def main() -> None:
         else:  # no fixed-size image to make: the floor is the bare read and parse itself
             ratios += f"; pipeline / floor (the bare read and parse): {pipe / bare:.3f}"
         print(f"{ratios}  (load average {os.getloadavg()[0]:.1f} at end)", flush=True)
+        against = "floor" if "floor" in rates else "bare"
+        each = sorted(r["pipeline"] / r[against] for r in rounds)
+        print(f"pipeline / {against} per round: min {each[0]:.3f}, median {float(np.median(each)):.3f}, "
+              f"max {each[-1]:.3f} ({len(each)} rounds)", flush=True)
         if a.ablate:
             applies = {k: v for k, v in {**ABLATIONS, **OPTIONS}.items()
                        if v.split("=")[0].split(".")[-1] in vars(cfg.data)}
