@@ -292,7 +292,8 @@ def test_mesh_first_losses_equal_one_device_and_experts_are_split(subprocess_res
     assert sorted(set(map(tuple, gate))) == [(4, 32, 16)] and len(gate) == 4
     router = next(v for k, v in shapes.items() if k.endswith("layer_0/moe/router/kernel"))
     assert sorted(set(map(tuple, router))) == [(32, 8)]
-    assert r["hp"] == {"expert_parallelism": 2, "tensor_parallelism": 2, "moe_aux_loss_coeff": 0.01,
+    # Expert parallelism 1: the sorted dispatch computes every expert on each device (weights gathered).
+    assert r["hp"] == {"expert_parallelism": 1, "tensor_parallelism": 2, "moe_aux_loss_coeff": 0.01,
                        "moe_z_loss_coeff": 0.001, "moe_expert_capacity_factor": 1.0}
 
 

@@ -91,8 +91,12 @@ class GptOssWorkload(DecoderLMWorkload):
         return {"dropped assignments": state["dropped"] / assignments}
 
     def extra_hparams(self) -> dict[str, Any]:
-        """The router options that are on."""
+        """The router options that are on, and expert parallelism as computed: the sorted dispatch keeps tokens on
+        their device and gathers the (data-split) expert weights where used, so every device computes every
+        expert (1: the split is storage, as FSDP's); the dense dispatch sends tokens to the devices of their
+        experts (the layout's split)."""
         m, keys = self.cfg.model, {}
+        keys["expert_parallelism"] = self.runtime.shards("experts") if m.moe_dispatch == "dense" else 1
         if m.capacity_factor:
             keys["moe_expert_capacity_factor"] = m.capacity_factor
         if m.load_balancing_coef:
