@@ -188,6 +188,12 @@ def test_transformer_smoke_through_the_service_reaches_target(fleet, tmp_path):
     assert summary["status"] == "success", summary["evals"]
 
 
+def test_llama31_8b_smoke_through_the_service_reaches_target(fleet, tmp_path):
+    """The decoder LMs' rows (benchmarks/lm/data.py, shared with gpt_oss_20b) through the workers."""
+    summary = run_through_service("llama31_8b", [], fleet.dispatcher, str(tmp_path / "runs"))
+    assert summary["evals"][-1]["metrics"]["log perplexity"] < 1.0, summary["evals"]
+
+
 def served(fleet, workload, epochs: int = 2) -> list[list[dict]]:
     """`epochs` epochs of `workload`'s training examples through the fleet, one example a batch; the epoch
     check (exactly train_samples examples each) is distribute_epochs' own."""
@@ -208,7 +214,7 @@ def make_workload(name: str, overrides: list[str]):
     return registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
 
 
-@pytest.mark.parametrize("name", ["resnet", "bert", "transformer", "ssd"])
+@pytest.mark.parametrize("name", ["resnet", "bert", "transformer", "ssd", "gpt_oss_20b", "llama31_8b"])
 def test_served_epoch_pipelines_call_no_python(name):
     """What the service's workers run (`train_epoch_dataset`) has no Python callback, which a worker could not
     call (remote_input.check searches the endless pipeline, built by the same code)."""

@@ -19,6 +19,8 @@ from benchmarks.gpt_oss import model, moe
 from benchmarks.lm import attention, data, indexed_dataset
 from benchmarks.lm.config import DataConfig
 from harness.errors import HarnessError
+from harness.runtime.base import InputContext
+from harness.train import remote_input
 from harness.review import logparse, report, scoring
 
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
@@ -137,19 +139,27 @@ def test_synthetic_language_is_learnable_below_the_target_and_needs_context():
     assert not np.array_equal(lang.rows(1, 2, 64), lang.rows(0, 2, 64))
 
 
-def test_indexed_rows_are_consecutive_windows_of_the_documents(tmp_path):
+@pytest.mark.parametrize("dtype, lengths", [(np.uint16, (7, 12, 3, 20)), (np.int32, (7, 12, 3, 15))])
+def test_indexed_rows_are_consecutive_windows_of_the_documents(tmp_path, dtype, lengths):
+    """Every row, read by TensorFlow ops alone (fixed-length records), is the window of the token stream;
+    (7, 12, 3, 15) + EODs is 41 tokens: the last row ends on the stream's last token."""
     prefix = str(tmp_path / "c4")
-    docs = [np.arange(1, 1 + n) % 50 + 1 for n in (7, 12, 3, 20)]
-    docs = [np.append(d, 0) for d in docs]
-    indexed_dataset.write(prefix, docs)
+    docs = [np.append(np.arange(1, 1 + n) % 50 + 1, 0) for n in lengths]
+    indexed_dataset.write(prefix, docs, dtype)
     stream = np.concatenate(docs)
+    count = (len(stream) - 1) // 8
     cfg = DataConfig(source="indexed", data_dir=str(tmp_path), train_prefix="c4", eval_prefix="c4",
-                     seq_length=8, eval_samples=3)
+                     seq_length=8, eval_samples=count)
     src = data.Source(cfg, 64)
     src.validate()
-    assert src.train_samples == (len(stream) - 1) // 8
-    rows = np.stack([r.numpy() for r in src.eval_records()])
-    np.testing.assert_array_equal(rows, [stream[i * 8:i * 8 + 9] for i in range(3)])
+    assert src.train_samples == count == 5
+    want = [stream[i * 8:i * 8 + 9] for i in range(count)]
+    np.testing.assert_array_equal(np.stack([r.numpy() for r in src.eval_records()]), want)
+    # One training epoch (what the tf.data service's workers run): each row once, no Python callback.
+    epoch = src.train(InputContext(num_hosts=1, host_id=0, batch_size=1, seed=3), repeat=False)
+    got = sorted(tuple(r["tokens"].numpy()) for r in epoch)
+    assert got == sorted(tuple(w) for w in want)
+    assert remote_input.python_ops(epoch) == []
 
 
 DAMAGES = {

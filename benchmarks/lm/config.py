@@ -4,10 +4,11 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(PipelineConfig):
     source: str = field("synthetic", choices=("synthetic", "indexed"))
     data_dir: str = field("", doc="indexed: folder holding the Megatron .bin/.idx pairs")
     train_prefix: str = field("c4-train.en_6_text_document", doc="indexed: <prefix>.bin/.idx of the training set")

@@ -8,7 +8,9 @@
   transitions to get below 3.34.
 - `indexed`: the reference's Megatron pre-tokenized C4 (`<prefix>.bin` + `<prefix>.idx`, format
   MMIDIDX version 1); rows are consecutive windows of the concatenated documents (stride seq_length, one
-  token shared, as Megatron's GPT dataset samples them). `indexed_dataset.write` makes such files.
+  token shared, as Megatron's GPT dataset samples them), read by TensorFlow ops alone (fixed-length records of
+  the .bin decoded in place), so the tf.data service's workers and a TPU host can run the pipeline.
+  `indexed_dataset.write` makes such files.
 """
 from __future__ import annotations
 
@@ -120,19 +122,29 @@ class Source:
 
     # ------------------------------------------------------------------------------------ datasets
     def _indexed_dataset(self, prefix: str, count: int) -> tf.data.Dataset:
-        reader = indexed_dataset.Reader(self._path(prefix))
-        seq, row = self.cfg.seq_length, self.row
+        """Rows 0..count-1 of `prefix` in order: row i is tokens [i * seq, i * seq + seq], read as record i of
+        the .bin in records of seq tokens (its first token) joined to record i of the same records shifted by
+        one token (the other seq). TensorFlow ops only: no Python runs per row."""
+        info = indexed_dataset.open_index(self._path(prefix))
+        seq, size = self.cfg.seq_length, info.dtype.itemsize
+        record, total, path = seq * size, info.tokens * size, self._path(prefix) + ".bin"
+        out = tf.as_dtype(info.dtype)  # little-endian, as Megatron writes it and decode_raw reads it
 
-        def read(i):
-            return reader.window(int(i) * seq, row).astype(np.int32)
+        def records(offset: int) -> tf.data.Dataset:
+            return tf.data.FixedLengthRecordDataset(path, record, header_bytes=offset,
+                                                    footer_bytes=total - offset - count * record,
+                                                    buffer_size=1 << 20).take(count)
 
-        def fetch(i: tf.Tensor) -> tf.Tensor:
-            t = tf.numpy_function(read, [i], tf.int32, stateful=False)
-            return tf.ensure_shape(t, [row])
+        def row(first: tf.Tensor, rest: tf.Tensor) -> tf.Tensor:
+            tokens = tf.concat([tf.io.decode_raw(first, out)[:1], tf.io.decode_raw(rest, out)], 0)
+            return tf.ensure_shape(tf.cast(tokens, tf.int32), [self.row])
 
-        return tf.data.Dataset.range(count).map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return tf.data.Dataset.zip((records(0), records(size))).map(
+            row, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
-    def train(self, ctx: InputContext) -> tf.data.Dataset:
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """This host's rows, shuffled and repeated (`repeat=False`: one epoch, each row once, shuffled afresh
+        per tf.data service job)."""
         c = self.cfg
         if c.source == "synthetic":
             if self._train is None:
@@ -141,7 +153,9 @@ class Source:
         else:
             ds = self._indexed_dataset(c.train_prefix, self.train_samples)
         ds = ds.shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(c.shuffle_buffer, seed=ctx.seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(c.shuffle_buffer, seed=ctx.seed if repeat else None, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
         return ds.map(lambda t: {"tokens": t})
 
     def eval_records(self) -> tf.data.Dataset:

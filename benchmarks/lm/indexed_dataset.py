@@ -3,7 +3,8 @@
 `<prefix>.idx`: magic b"MMIDIDX\\x00\\x00", u64 version (1), u8 dtype code, u64 number of sequences,
 u64 number of documents, int32 sequence lengths, int64 byte offsets of each sequence in the .bin,
 int64 document boundaries (sequence indices, 0 first). `<prefix>.bin`: the tokens, back to back.
-Read with numpy memory maps, so an 80 GB file costs no memory; `write` makes small files for tests.
+The index is checked with numpy memory maps, so an 80 GB file costs no memory (benchmarks/lm/data.py reads
+the rows with TensorFlow ops); `write` makes small files for tests.
 """
 from __future__ import annotations
 
@@ -88,15 +89,3 @@ def open_index(prefix: str) -> IndexInfo:
     if tokens and (not np.issubdtype(dtype, np.integer) or int(data.min()) < 0):
         raise HarnessError(f"indexed data: {bin_} holds {dtype.name} values that are not token ids")
     return IndexInfo(dtype, np.asarray(sizes), np.asarray(pointers), tokens, max_token)
-
-
-class Reader:
-    """Windows of the concatenated token stream of one indexed dataset."""
-
-    def __init__(self, prefix: str) -> None:
-        info = open_index(prefix)
-        self.tokens = info.tokens
-        self.data = np.memmap(prefix + ".bin", info.dtype, "r") if info.tokens else np.zeros([0], info.dtype)
-
-    def window(self, start: int, length: int) -> np.ndarray:
-        return np.asarray(self.data[start:start + length])

@@ -135,6 +135,10 @@ class DecoderLMWorkload(Workload):
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
 
+    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
+        """One epoch of rows for the tf.data service: both sources are TensorFlow ops alone."""
+        return self.source.train(ctx, repeat=False)
+
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 
