@@ -181,6 +181,13 @@ def test_closed_run_on_files_whose_counts_do_not_match_is_refused(tmp_path):
     assert "holds 0 rows of 8193 tokens but data.eval_samples=1024" in _closed(tmp_path)
 
 
+def test_closed_run_whose_train_samples_differ_from_the_files_rows_is_refused(tmp_path):
+    # 1024 rows of 8192 tokens (+1): enough eval rows, but data.train_samples claims twice the training rows.
+    indexed_dataset.write(str(tmp_path / "c4"), [np.arange(1024 * 8192 + 1) % 1000 + 1])
+    line = _closed(tmp_path, "data.train_samples=2048")
+    assert "data.train_samples=2048" in line and "1024" in line, line
+
+
 # ------------------------------------------------------------------------ dry run memory per device
 
 def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_over_8(capsys):
