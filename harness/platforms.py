@@ -30,10 +30,10 @@ def tpu_devices(name: str) -> int | None:
 
 
 # Memory of one device (what TensorFlow sees as one device) by the accelerator a platform name names, for the
-# dry run's refusal. H100: 80 GiB HBM3 (H100 SXM datasheet, as harness/plan/systems/dgx-h100.yaml); TPU v5p:
+# dry run's refusal. H100: the 81,559 MiB (79.6 GiB) nvidia-smi reports for the datasheet's 80 GB HBM3; TPU v5p:
 # 95 GB HBM2e per chip (cloud.google.com/tpu/docs/v5p; one device per chip). Other accelerators: not known
 # here (no refusal).
-_DEVICE_MEMORY = (("h100", 80 * 2**30, "H100 80 GB"), ("v5p", 95 * 10**9, "TPU v5p chip (95 GB)"))
+_DEVICE_MEMORY = (("h100", 81559 * 2**20, "H100 80 GB"), ("v5p", 95 * 10**9, "TPU v5p chip (95 GB)"))
 
 
 def device_memory(name: str) -> tuple[int, str] | None:

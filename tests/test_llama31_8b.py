@@ -188,6 +188,30 @@ def test_closed_run_whose_train_samples_differ_from_the_files_rows_is_refused(tm
     assert "data.train_samples=2048" in line and "1024" in line, line
 
 
+
+def test_closed_run_with_an_optimizer_value_the_checker_fixes_is_refused_before_training(tmp_path):
+    line = _closed(tmp_path, "optimizer.beta_2=0.99")
+    assert "optimizer.beta_2=0.95" in line and "0.99" in line, line
+    line = _closed(tmp_path, "optimizer.end_learning_rate=0.0001")
+    assert "0.1 x base_learning_rate" in line, line
+
+
+@pytest.mark.parametrize("name, masked", [("llama31_8b", False), ("gpt_oss_20b", True)])
+def test_eod_inputs_are_scored_as_each_reference_scores_them(name, masked):
+    """llama31_8b's reference takes the loss at every position (eod_mask_loss=False); gpt_oss_20b's masks EOD."""
+    from benchmarks import registry
+    from harness.runtime import make_runtime
+
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", name, "smoke.yaml"))
+    wl = registry.get(name)(cfg, make_runtime(cfg.runtime))
+    eod, vocab = cfg.data.eod_id, cfg.model.vocab_size
+    wl.model = lambda inputs: (tf.zeros(list(inputs.shape) + [vocab]), [])
+    tokens = tf.constant([[5, eod, 7, 9, eod, 3]])
+    _, weights, _ = wl.token_losses(tokens)
+    want = [0.0 if (masked and t == eod) else 1.0 for t in tokens.numpy()[0, :-1]]
+    assert weights.numpy()[0].tolist() == want
+
+
 # ------------------------------------------------------------------------ dry run memory per device
 
 def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_over_8(capsys):
@@ -198,12 +222,12 @@ def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_ove
 
     params = cost.model_cost(config_lib.load_config(os.path.join(CONFIGS, "gpu-8x-h100.yaml"), [])).params
     assert params == 8_030_261_248
-    assert device_memory("8xh100-80gb-gpu") == (80 * 2**30, "H100 80 GB")
+    assert device_memory("8xh100-80gb-gpu") == (81559 * 2**20, "H100 80 GB")
     assert device_memory("tpu-v5p-16")[0] == 95 * 10**9 and device_memory("cpu-smoke") is None
     report = reduced_report(os.path.join("configs", "llama31_8b", "gpu-8x-h100.yaml"))
     whole = dataclasses.replace(report, weight_bytes_per_device=4 * params, gradient_bytes_per_device=4 * params,
                                 optimizer_bytes_per_device=8 * params, peak_bytes_per_device=None)
-    with pytest.raises(HarnessError, match=r"needs 119.7 GiB per device .* one H100 80 GB holds 80.0 GiB"):
+    with pytest.raises(HarnessError, match=r"needs 119.7 GiB per device .* one H100 80 GB holds 79.6 GiB"):
         dryrun.check_device_memory(whole, "8xh100-80gb-gpu")
     sharded = dataclasses.replace(whole, weight_bytes_per_device=params // 2, gradient_bytes_per_device=params // 2,
                                   optimizer_bytes_per_device=params)

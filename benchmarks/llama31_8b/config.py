@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from harness.config import field
 from harness.nn.layers import RopeScaling
@@ -24,7 +25,14 @@ class ModelConfig:
     rope_high_freq_factor: float = field(4.0, min=0.0)
     rope_original_context: int = field(8192, min=1, doc="original_max_position_embeddings of the scaling")
     norm_epsilon: float = field(1e-5, min=0.0)
-    init_stddev: float = field(0.02, min=0.0, doc="normal init of every weight (init_method_std)")
+    init_stddev: float = field(0.02, min=0.0, doc="normal init of every weight (init_method_std) but the two "
+                               "below")
+    output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
+                                      "down projections; 0 = init_stddev / sqrt(2 * num_layers), Megatron's scaled "
+                                      "init (output_layer_init_method), which the reference keeps")
+
+    def output_stddev(self) -> float:
+        return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
     remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): "
                         "keeps only layer inputs for the backward, not their attention probabilities")
 

@@ -3,7 +3,8 @@
 RMSNorm (eps 1e-5) pre-norm blocks, grouped-query attention with RoPE (base 500000, Llama 3.1 frequency
 scaling), full causal attention over the whole row (documents are packed and attention crosses them: the
 reference resets no mask), a dense SwiGLU feed-forward, no biases, no dropout, untied input and output
-embeddings, every weight drawn from a normal of std init_stddev.
+embeddings, every weight drawn from a normal of std init_stddev but the attention output and feed-forward
+down projections (std init_stddev / sqrt(2 * layers), Megatron's scaled output-layer init).
 
 Named dimensions let a mesh runtime split them: `heads` (key/value heads with their query groups), `ff`
 (the feed-forward's hidden units) and `vocab` (the embedding table through `vocab_parallel_lookup`, and the
@@ -30,7 +31,8 @@ class SwiGLU(Block):
         init = lambda name: normal(cfg.init_stddev, f"{path}/{name}/kernel", seed)  # noqa: E731
         self.w_gate = self.var("gate/kernel", (m, f), (None, "ff"), init("gate"))
         self.w_up = self.var("up/kernel", (m, f), (None, "ff"), init("up"))
-        self.w_down = self.var("down/kernel", (f, m), ("ff", None), init("down"))
+        self.w_down = self.var("down/kernel", (f, m), ("ff", None),
+                               normal(cfg.output_stddev(), f"{path}/down/kernel", seed))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         dt = self.dtype
@@ -45,7 +47,7 @@ class DecoderLayer(Block):
         self.attention_norm = RMSNorm(runtime, f"{path}/attention_norm", seed, cfg.hidden_size, cfg.norm_epsilon)
         # Full causal attention: the window is the row, one dense block.
         self.attention = Attention(runtime, f"{path}/attention", seed, cfg, window=seq, block=seq,
-                                   rope_scaling=cfg.rope_scaling())
+                                   rope_scaling=cfg.rope_scaling(), output_stddev=cfg.output_stddev())
         self.mlp_norm = RMSNorm(runtime, f"{path}/mlp_norm", seed, cfg.hidden_size, cfg.norm_epsilon)
         self.mlp = SwiGLU(runtime, f"{path}/mlp", seed, cfg)
 

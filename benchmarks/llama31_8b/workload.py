@@ -20,7 +20,8 @@ REFERENCE_MODEL = ReferenceModel("Llama 3.1 8B", {
     "model.vocab_size": 128256, "model.hidden_size": 4096, "model.num_layers": 32, "model.num_heads": 32,
     "model.num_kv_heads": 8, "model.head_dim": 128, "model.ffn_hidden": 14336, "model.rope_base": 500000,
     "model.rope_scaling_factor": 8.0, "model.rope_low_freq_factor": 1.0, "model.rope_high_freq_factor": 4.0,
-    "model.rope_original_context": 8192, "model.norm_epsilon": 1e-5, "model.init_stddev": 0.02})
+    "model.rope_original_context": 8192, "model.norm_epsilon": 1e-5, "model.init_stddev": 0.02,
+    "model.output_init_stddev": 0.0})
 
 
 class LlamaWorkload(DecoderLMWorkload):
@@ -30,6 +31,7 @@ class LlamaWorkload(DecoderLMWorkload):
     RULESET_NOTE = "llama31_8b is a benchmark from MLPerf Training 5.1 on"
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     CLOSED_TARGET = 3.3
+    EOD_MASK_LOSS = False  # the reference trains and scores every position (eod_mask_loss=False)
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run of a model too big for the host compiles 1 and 2 layers and vocabularies of 512 and 1024
     # at full width and extrapolates (harness.train.dryrun.linear_stand_in).

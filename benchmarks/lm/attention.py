@@ -80,7 +80,8 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
 QUERY_CHUNK = 1024  # full causal attention: queries in chunks of this many, each against its key prefix
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK) -> tf.Tensor:
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
+                     like: tf.Tensor | None = None) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
     whole row and no segments.
 
@@ -88,27 +89,26 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
     the scores a step holds (and the backward keeps) are the causal lower triangle in strips, about
     (n + 1) / 2n of the dense [seq, seq] (0.56 at 8192 tokens in chunks of 1024), and the multiply-adds shrink
     with them. Masked keys give exactly zero weight, so the chunks compute what the dense block computes.
-    The mask is computed from positions in the step, not held as a constant: at 8192 tokens a constant mask
-    and its tiled bias (1 GiB) are folded and copied by the compiler (the dry run of a full-size model ran
-    out of host memory)."""
+    The mask is computed per row from positions made from the data (`like` [b, seq], any float tensor of
+    the row, e.g. one hidden unit of the layer input; default q's first head): x * 0 + 1 summed along the row,
+    which XLA cannot fold (a float multiply by zero keeps NaN), where a constant [seq, seq] mask and its tiled
+    bias (1 GiB at 8192 tokens) would be folded and copied by the compiler. Exact up to 2^24 tokens; a
+    non-finite row unmasks only itself."""
     seq = q.shape[1]
+    like = tf.cast(q[:, :, 0, 0, 0] if like is None else like, tf.float32)
+    pos = tf.cumsum(like * 0.0 + 1.0, axis=1) - 1.0                                  # [b, seq]: 0..seq-1
     if chunk >= seq or seq % chunk:
-        return _causal_strip(q, k, v, 0)
-    return tf.concat([_causal_strip(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk], i)
-                      for i in range(0, seq, chunk)], axis=1)
+        return _causal_strip(q, k, v, pos, pos)
+    return tf.concat([_causal_strip(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk], pos[:, i:i + chunk],
+                                    pos[:, :i + chunk]) for i in range(0, seq, chunk)], axis=1)
 
 
-def _causal_strip(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, start: int) -> tf.Tensor:
-    """Queries at positions start.. (q [b, c, kv, g, d]) against keys 0.. (k/v [b, keys, kv, d])."""
+def _causal_strip(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, qpos: tf.Tensor, kpos: tf.Tensor) -> tf.Tensor:
+    """Queries q [b, c, kv, g, d] at positions qpos [b, c] against keys k/v [b, keys, kv, d] at kpos [b, keys]."""
     b, c, kv, g, d = q.shape
     keys = k.shape[1]
-    # Positions computed from the data (x * 0 + 1: XLA keeps float multiplies by zero, NaN being possible), so
-    # the compiler cannot fold the [c, keys] mask into a constant (seconds per strip at 8192 tokens, and
-    # stderr warnings). Exact in float32 up to 2^24 tokens.
-    qpos = tf.cumsum(tf.cast(q[0, :, 0, 0, 0], tf.float32) * 0.0 + 1.0) - 1.0 + float(start)
-    kpos = tf.cumsum(tf.cast(k[0, :, 0, 0], tf.float32) * 0.0 + 1.0) - 1.0
-    bias = tf.where(tf.expand_dims(qpos, 1) >= tf.expand_dims(kpos, 0), 0.0, NEG_INF)  # [c (q), keys]
-    bias = tf.reshape(tf.tile(tf.expand_dims(bias, 0), [g, 1, 1]), [1, 1, g * c, keys])
+    bias = tf.where(tf.expand_dims(qpos, 2) >= tf.expand_dims(kpos, 1), 0.0, NEG_INF)  # [b, c (q), keys]
+    bias = tf.reshape(tf.tile(tf.expand_dims(bias, 1), [1, g, 1, 1]), [b, 1, g * c, keys])
     scores = tf.reshape(tf.einsum("bqhgd,bkhd->bhgqk", q, k), [b, kv, g * c, keys])
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
     probs = tf.reshape(tf.cast(probs, v.dtype), [b, kv, g, c, keys])
@@ -121,7 +121,7 @@ class Attention(Block):
     attention (default cfg.attention_block); `rope_scaling`: Llama 3.1's frequency scaling (None: plain RoPE)."""
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int, block: int | None = None,
-                 rope_scaling: RopeScaling | None = None) -> None:
+                 rope_scaling: RopeScaling | None = None, output_stddev: float | None = None) -> None:
         super().__init__(runtime, path, seed)
         m, kv, d = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
         g = cfg.num_heads // kv
@@ -132,7 +132,9 @@ class Attention(Block):
         self.wq = self.var("query/kernel", (m, kv, g, d), (None, "heads", None, None), init("query"))
         self.wk = self.var("key/kernel", (m, kv, d), (None, "heads", None), init("key"))
         self.wv = self.var("value/kernel", (m, kv, d), (None, "heads", None), init("value"))
-        self.wo = self.var("output/kernel", (kv, g, d, m), ("heads", None, None, None), init("output"))
+        out_sd = cfg.init_stddev if output_stddev is None else output_stddev
+        self.wo = self.var("output/kernel", (kv, g, d, m), ("heads", None, None, None),
+                           normal(out_sd, f"{path}/output/kernel", seed))
 
     def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
         dt, base, scaling = self.dtype, self.cfg.rope_base, self.rope_scaling
@@ -140,7 +142,7 @@ class Attention(Block):
         k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
         if segments is None and self.window >= x.shape[1]:
-            ctx = causal_attention(q, k, v)
+            ctx = causal_attention(q, k, v, like=x[:, :, 0])  # the hidden stream is whole on every device
         else:
             ctx = windowed_attention(q, k, v, segments, self.window, self.block)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))

@@ -15,8 +15,8 @@ class DataConfig(PipelineConfig):
     eval_prefix: str = field("c4-validation-91205-samples.en_text_document",
                              doc="indexed: <prefix>.bin/.idx of the validation set (first eval_samples rows)")
     seq_length: int = field(8192, min=8, doc="tokens per row (MLPerf max_sequence_length)")
-    eod_id: int = field(0, min=0, doc="end-of-document token; loss is not taken where it is the input "
-                        "(the reference's eod_mask_loss)")
+    eod_id: int = field(0, min=0, doc="end-of-document token; where the workload's reference masks it "
+                        "(gpt_oss_20b's eod_mask_loss), no loss is taken where it is the input")
     train_samples: int = field(0, min=0, doc="rows in one epoch (MLPerf train_samples); 0 = counted from "
                                "the data (indexed) or the synthetic corpus size")
     eval_samples: int = field(1024, min=1, doc="rows of the fixed eval set (closed: 1024)")

@@ -107,8 +107,12 @@ class Source:
         if rows < c.eval_samples:
             raise HarnessError(f"{self._path(c.eval_prefix)} holds {rows} rows of {self.row} tokens but "
                                f"data.eval_samples={c.eval_samples}")
-        if self.indexed_rows(c.train_prefix) < 1:
+        train_rows = self.indexed_rows(c.train_prefix)
+        if train_rows < 1:
             raise HarnessError(f"{self._path(c.train_prefix)} holds fewer than {self.row} tokens")
+        if c.train_samples > train_rows:
+            raise HarnessError(f"data.train_samples={c.train_samples} but {self._path(c.train_prefix)} holds "
+                               f"{train_rows} rows of {self.row} tokens")
 
     def indexed_rows(self, prefix: str) -> int:
         return max(0, (indexed_dataset.open_index(self._path(prefix)).tokens - 1) // self.cfg.seq_length)

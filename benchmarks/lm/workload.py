@@ -2,8 +2,9 @@
 one checker file but for the target.
 
 AdamW with a cosine-with-linear-warmup schedule over `max_steps` (decay steps = max_steps - warmup), global
-norm clipping, next-token cross-entropy over every position whose input is not EOD (the reference's
-`eod_mask_loss`). The quality metric is the token-weighted mean cross-entropy in nats over the fixed eval
+norm clipping, next-token cross-entropy over every position, or over every position whose input is not EOD
+where the workload's reference sets Megatron's `eod_mask_loss` (`EOD_MASK_LOSS`: gpt_oss_20b yes, llama31_8b
+no). The quality metric is the token-weighted mean cross-entropy in nats over the fixed eval
 rows (Megatron's `lm loss`, numerators and denominators summed over the whole eval set before dividing):
 LOWER is better. Evals fall every ceil(12288 / gbs) * gbs samples in the closed division; positions are
 training samples. `global_batch_size` counts rows of `data.seq_length` tokens. A subclass builds the model
@@ -26,7 +27,10 @@ from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_sche
 from benchmarks.lm import data
 
 CLOSED_SEQ_LENGTH, CLOSED_EVAL_SAMPLES = 8192, 1024
-PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16"}
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
+# What the closed checker (and, for the end learning rate, the rules) fix: (config key, value).
+CLOSED_OPTIMIZER = (("max_steps", 1_200_000), ("beta_1", 0.9), ("beta_2", 0.95), ("epsilon", 1e-5),
+                    ("weight_decay", 0.1), ("clip_norm", 1.0))
 
 
 class DecoderLMWorkload(Workload):
@@ -36,6 +40,7 @@ class DecoderLMWorkload(Workload):
     METRIC = "log perplexity"
     HIGHER_IS_BETTER = False
     CLOSED_TARGET: ClassVar[float]
+    EOD_MASK_LOSS: ClassVar[bool] = True   # no loss where the input is EOD (Megatron's eod_mask_loss)
     REFERENCE_MODEL: ClassVar[ReferenceModel]
 
     def __init__(self, cfg, runtime) -> None:
@@ -103,6 +108,15 @@ class DecoderLMWorkload(Workload):
                 raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens and scores "
                                    f"{CLOSED_EVAL_SAMPLES} eval rows (got data.seq_length={d.seq_length}, "
                                    f"data.eval_samples={d.eval_samples}){fix}")
+            o = c.optimizer
+            for key, want in CLOSED_OPTIMIZER:
+                if not math.isclose(getattr(o, key), want, rel_tol=1e-9):
+                    raise HarnessError(f"closed {self.NAME}: the checker fixes optimizer.{key}={want:g} (got "
+                                       f"{getattr(o, key):g}){fix}")
+            if not math.isclose(o.end_learning_rate, 0.1 * o.base_learning_rate, rel_tol=1e-6):
+                raise HarnessError(f"closed {self.NAME}: the rules fix optimizer.end_learning_rate at 0.1 x "
+                                   f"base_learning_rate = {0.1 * o.base_learning_rate:g} (got "
+                                   f"{o.end_learning_rate:g}){fix}")
         if m.num_heads % m.num_kv_heads:
             raise HarnessError(f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
                                f"{m.num_kv_heads}")
@@ -147,13 +161,17 @@ class DecoderLMWorkload(Workload):
 
     # ------------------------------------------------------------------------------- computation
     def token_losses(self, tokens: tf.Tensor):
-        """Cross-entropy per position [b, s], its weights (0 where the input is EOD) and the model's extras."""
+        """Cross-entropy per position [b, s], its weights (0 where the input is EOD under EOD_MASK_LOSS, else 1)
+        and the model's extras."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         logits, extras = self.model(inputs)
         # A one-hot product, not a gather: the vocabulary may be split over a mesh.
         picked = tf.reduce_sum(logits * tf.one_hot(targets, self.cfg.model.vocab_size, dtype=logits.dtype), -1)
         xent = tf.reduce_logsumexp(logits, -1) - picked
-        weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
+        if self.EOD_MASK_LOSS:
+            weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
+        else:
+            weights = tf.ones_like(xent)
         return xent, weights, extras
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
