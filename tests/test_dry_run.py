@@ -267,3 +267,33 @@ def test_spatial_replica_memory_splits_activations_not_weights():
     assert one.source.startswith("XLA:CPU buffer assignment")
     none = dryrun.memory_per_device(None, None, 4, (300, 300), (100, 100), (100, 100))
     assert none.peak is None and none.activations is None
+
+
+def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_multiply(monkeypatch):
+    """gpt_oss_20b's full-size dry run compiles small models and extrapolates: parameters = layers x expert
+    hidden units x per-unit + layers x per-layer + vocabulary x per-token is bilinear in (layers, expert
+    hidden), so the pair's extra compile must make the extrapolation exact (additive slopes miss 23 layers'
+    expert weights)."""
+    def params(c):
+        return c["model.num_layers"] * (c["model.expert_hidden"] * 1000 + 77) + c["model.vocab_size"] * 3 + 5
+
+    def fake_compile(path, overrides, optimize=True, stand_in=True):
+        c = dict(o.split("=") for o in overrides)
+        c = {k: int(v) for k, v in c.items()}
+        n = params(c)
+        return dryrun.CompileReport(
+            workload="gpt_oss_20b", config=path, replicas=1, model_axis=1, per_replica_batch=2, global_batch=2,
+            eval_per_replica_batch=2, params=n, train_flops_per_replica_step=6.0 * n, eval_flops_per_replica_step=2.0 * n,
+            flops_source="fake", weight_bytes_per_device=4 * n, optimizer_bytes_per_device=8 * n, gradient_bytes=4 * n,
+            peak_bytes_per_device=16 * n, compile_seconds={"train": 1.0, "eval": 1.0})
+
+    monkeypatch.setattr(dryrun, "compile_report", fake_compile)
+    path = os.path.join(REPO, "configs", "gpt_oss_20b", "reference.yaml")
+    cfg = config_lib.load_config(path)
+    wl = registry.get("gpt_oss_20b")
+    full = {"model.num_layers": 24, "model.expert_hidden": 2880, "model.vocab_size": 128256}
+    report = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR, wl.DRY_RUN_PAIRS)
+    assert report.params == params(full) and report.train_flops_per_replica_step == 6.0 * params(full)
+    assert "together" in report.stand_in[0] and report.compile_seconds["train"] == 5.0
+    additive = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR)
+    assert additive.params < params(full)  # what the stand-in printed before the pair's compile

@@ -55,6 +55,12 @@ MATRIX = {
                     sets(model__hidden_size=8, model__head_dim=2, model__expert_hidden=8,
                          data__synthetic_train_rows=2, data__eval_samples=1, schedule__eval_batch_size=2,
                          schedule__max_epochs=1, data__eval_every_samples=2)),
+    # llama31_8b in the open division (its open checker's one rule, eval_accuracy < 1.0, is the quality
+    # target): one step of 8 rows at width 8 and one eval (the target is missed).
+    "llama31_8b": ("configs/llama31_8b/smoke.yaml",
+                   sets(model__hidden_size=8, model__head_dim=2, model__ffn_hidden=8, data__synthetic_train_rows=8,
+                        data__eval_samples=2, schedule__eval_batch_size=2, schedule__max_epochs=1,
+                        data__eval_every_samples=8)),
 }
 
 

@@ -63,8 +63,8 @@ def _tpu_configs() -> list[str]:
 
 
 def test_tpu_configs_do_not_pad_their_batches():
-    """A TPU core tiles a batch by 8 rows: a per-core training batch that is not a multiple of 8 pads every
-    step (ResNet's 3264 on 32 cores gave 102); an eval batch much larger than needed pads every eval (the
+    """A TPU core tiles a batch by 8 rows: a per-core training batch (tokens, for the language models) that is
+    not a multiple of 8 pads every step (ResNet's 3264 on 32 cores gave 102); an eval batch much larger than needed pads every eval (the
     Transformer's 4096 for 3,003 sentences padded 36%)."""
     configs = _tpu_configs()
     assert len(configs) >= 4, configs
@@ -72,7 +72,10 @@ def test_tpu_configs_do_not_pad_their_batches():
         cfg = config_lib.load_config(path, [])
         plan = device_plan(cfg)
         s = cfg.schedule
-        assert s.global_batch_size % (8 * plan.replicas) == 0, (path, s.global_batch_size, plan.replicas)
+        # The rows a core's matmuls tile: examples, or for the language models (rows of data.seq_length
+        # tokens) the tokens.
+        tokens = getattr(cfg.data, "seq_length", 1) if cfg.workload in ("gpt_oss_20b", "llama31_8b") else 1
+        assert s.global_batch_size * tokens % (8 * plan.replicas) == 0, (path, s.global_batch_size, plan.replicas)
         ebs = s.eval_batch_size or s.global_batch_size
         padded = math.ceil(cfg.data.eval_samples / ebs) * ebs
         assert padded / cfg.data.eval_samples - 1 <= 0.05, (path, ebs, cfg.data.eval_samples)

@@ -36,6 +36,13 @@ class GptOssWorkload(DecoderLMWorkload):
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     CLOSED_TARGET = 3.34
     REFERENCE_MODEL = REFERENCE_MODEL
+    # The dry run of a model too big for the host compiles 1 and 2 layers, expert hidden sizes of 8 and 16 and
+    # vocabularies of 512 and 1024 at full width otherwise (all 32 experts), and extrapolates
+    # (harness.train.dryrun.linear_stand_in). Every shape is static, so the compiled work and bytes are linear
+    # in each: the routed rows and the sorted dispatch's padding blocks depend on the experts, which stay full.
+    # The expert weights are per layer: their effects multiply, so one more compile has both at the larger size.
+    DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.expert_hidden": (8, 16), "model.vocab_size": (512, 1024)}
+    DRY_RUN_PAIRS = (("model.num_layers", "model.expert_hidden"),)
 
     def validate_model(self) -> None:
         m, d = self.cfg.model, self.cfg.data

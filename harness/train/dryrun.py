@@ -468,12 +468,15 @@ def _too_big_for_host(cfg: config_lib.Config) -> bool:
 
 
 def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,
-                    sizes: dict[str, tuple[int, int]]) -> CompileReport:
+                    sizes: dict[str, tuple[int, int]],
+                    pairs: tuple[tuple[str, str], ...] = ()) -> CompileReport:
     """The report of a model too big to build here, from compiles at small values of the config keys it is
-    linear in (`sizes`: key -> (a, b)): one at every key's `a`, one per key at its `b`; each number is
-    extrapolated as base + sum over keys of (its change from a to b) / (b - a) x (full value - a). Exact for
+    linear in (`sizes`: key -> (a, b)): one at every key's `a`, one per key at its `b`, and one per `pairs`
+    entry with both keys at `b` (keys whose effects multiply, e.g. layers x experts per layer). Each number is
+    extrapolated as base + sum over keys of f_k x (its change from a to b) + sum over pairs of f_i x f_j x
+    (the pair's change beyond the two single changes), f_k = (full value - a) / (b - a). Exact for
     parameters, FLOPs and bytes of weights, gradients and optimizer state; the activation and peak memory
-    estimates assume XLA's plan grows linearly too."""
+    estimates assume XLA's plan grows so too."""
     from harness.train.reference import lookup
 
     base = [f"{k}={a}" for k, (a, _) in sizes.items()]
@@ -488,6 +491,13 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
         rk.traced = {}
         seconds = {w: seconds[w] + rk.compile_seconds[w] for w in seconds}
         slopes[key] = [((lookup(cfg, key) - a) / (b - a), rk)]
+    cross = []
+    for ki, kj in pairs:
+        rij = compile_report(config_path, overrides + [x for x in base if not x.startswith((ki + "=", kj + "="))]
+                             + [f"{ki}={sizes[ki][1]}", f"{kj}={sizes[kj][1]}"], optimize, stand_in=False)
+        rij.traced = {}
+        seconds = {w: seconds[w] + rij.compile_seconds[w] for w in seconds}
+        cross.append((slopes[ki][0][0] * slopes[kj][0][0], slopes[ki][0][1], slopes[kj][0][1], rij))
     values = {}
     for name in _LINEAR_FIELDS:
         v0 = getattr(r0, name)
@@ -495,12 +505,16 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
             values[name] = None
             continue
         total = v0 + sum(f * (getattr(rk, name) - v0) for pts in slopes.values() for f, rk in pts)
+        total += sum(f * (getattr(rij, name) - getattr(ri, name) - getattr(rj, name) + v0)
+                     for f, ri, rj, rij in cross)
         values[name] = type(v0)(round(total)) if isinstance(v0, int) else float(total)
     built = ", ".join(f"{k}={a} and {b}" for k, (a, b) in sizes.items())
     full = ", ".join(f"{k}={lookup(cfg, k)}" for k in sizes)
+    both = "".join(f", {i} and {j} together at {sizes[i][1]} and {sizes[j][1]}" for i, j in pairs)
     note = (f"model: too big to build on this host ({host_memory_bytes() / 2**30:.0f} GiB), so it was compiled "
-            f"{len(sizes) + 1} times at {built} (everything else full size) and each number extrapolated "
-            f"linearly to {full}; activations and peaks assume XLA's plan grows linearly")
+            f"{len(sizes) + 1 + len(pairs)} times at {built}{both} (everything else full size) and each number "
+            f"extrapolated to {full} ({'bi' if pairs else ''}linearly); activations and peaks assume XLA's plan "
+            f"grows so too")
     return dataclasses.replace(
         r0, **values, config=config_path, compile_seconds={w: round(v, 2) for w, v in seconds.items()},
         useful_train_flops_per_replica_step=useful_train_flops(cfg, r0.per_replica_batch),
@@ -517,9 +531,11 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     from harness.train import weights_init
 
     cfg = config_lib.load_config(config_path, overrides)
-    sizes = getattr(registry.get(cfg.workload), "DRY_RUN_LINEAR", None)
+    workload_class = registry.get(cfg.workload)
+    sizes = getattr(workload_class, "DRY_RUN_LINEAR", None)
     if stand_in and sizes and _too_big_for_host(cfg):
-        return linear_stand_in(config_path, overrides, optimize, cfg, sizes)
+        return linear_stand_in(config_path, overrides, optimize, cfg, sizes,
+                               getattr(workload_class, "DRY_RUN_PAIRS", ()))
     workload, runtime, plan = standin_model(cfg)
     train_spec, eval_spec, data_notes = workload.dry_run_inputs()
     workload.eval_schedule()
