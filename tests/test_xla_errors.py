@@ -65,3 +65,25 @@ def test_compile_failures_keep_their_label():
     assert "does not compile under XLA: Input 1 to node" in str(xla_compile_error(ir, "t", "train"))
     unimplemented = tf.errors.UnimplementedError(None, None, "XLA compilation requires a fixed tensor list size")
     assert "does not compile under XLA" in str(xla_compile_error(unimplemented, "t", "train"))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_first_call_out_of_memory_is_one_line_with_or_without_xla(jit_compile):
+    """The warm-up's first call translates out of memory on every runtime, not only under XLA; other
+    errors pass through untouched."""
+    import types
+
+    from harness.errors import HarnessError
+    from harness.train.loop import first_call_errors_as_one_line
+
+    runtime = types.SimpleNamespace(jit_compile=jit_compile)
+    workload = types.SimpleNamespace(NAME="resnet")
+    with pytest.raises(HarnessError) as caught:
+        with first_call_errors_as_one_line(runtime, workload, "train"):
+            raise tf.errors.ResourceExhaustedError(None, None, TENSOR_OOM)
+    assert str(caught.value).startswith("resnet train step ran out of device memory: tried to allocate a float "
+                                        "tensor of shape [256,1024,1024]; ")
+    other = tf.errors.InternalError(None, None, "NCCL failure")
+    with pytest.raises(tf.errors.InternalError):
+        with first_call_errors_as_one_line(runtime, workload, "eval"):
+            raise other

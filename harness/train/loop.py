@@ -31,7 +31,7 @@ from harness.train.progress import Progress
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import SAMPLE, EvalPoint, LossTerm, Workload, tidy
-from harness.train.xla_errors import xla_compile_error
+from harness.train.xla_errors import out_of_memory_error, xla_compile_error
 
 # Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
 MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
@@ -333,12 +333,14 @@ def by_index(state: dict[str, Any]) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------- the controller
 
 @contextlib.contextmanager
-def compile_errors_as_one_line(runtime: Runtime, workload: Workload, which: str) -> Iterator[None]:
-    """Under XLA, a step that does not compile fails its first call: say which op, in one line."""
+def first_call_errors_as_one_line(runtime: Runtime, workload: Workload, which: str) -> Iterator[None]:
+    """A step's first call is where it fails to compile (under XLA) or runs out of device memory (any
+    runtime): say which op, or what it tried to allocate, in one line."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - translated, or re-raised untouched
-        error = xla_compile_error(e, workload.NAME, which) if runtime.jit_compile else None
+        error = (xla_compile_error(e, workload.NAME, which) if runtime.jit_compile
+                 else out_of_memory_error(e, workload.NAME, which))
         if error is not None:
             raise error from None
         raise
@@ -413,11 +415,11 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     # Compile and warm up on zeros, then put every variable back: the timed run starts from init. The
     # copy waits in host memory: a device copy of every weight and optimizer slot could exhaust the device.
     saved = host_snapshot(runtime)
-    with compile_errors_as_one_line(runtime, workload, "train"):
+    with first_call_errors_as_one_line(runtime, workload, "train"):
         warm = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed, dummy=True)),
                                 tf.constant(1))
         float(warm["loss"])
-    with compile_errors_as_one_line(runtime, workload, "eval"):
+    with first_call_errors_as_one_line(runtime, workload, "eval"):
         steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
     runtime.broadcast_from_chief(np.zeros(2))
     restore_snapshot(runtime, saved)
