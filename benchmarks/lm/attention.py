@@ -80,8 +80,8 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
 QUERY_CHUNK = 1024  # full causal attention: queries in chunks of this many, each against its key prefix
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
-                     like: tf.Tensor | None = None) -> tf.Tensor:
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, like: tf.Tensor,
+                     chunk: int = QUERY_CHUNK) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
     whole row and no segments.
 
@@ -90,12 +90,12 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
     (n + 1) / 2n of the dense [seq, seq] (0.56 at 8192 tokens in chunks of 1024), and the multiply-adds shrink
     with them. Masked keys give exactly zero weight, so the chunks compute what the dense block computes.
     The mask is computed per row from positions made from the data (`like` [b, seq], any float tensor of
-    the row, e.g. one hidden unit of the layer input; default q's first head): x * 0 + 1 summed along the row,
+    the row, e.g. one hidden unit of the layer input): x * 0 + 1 summed along the row,
     which XLA cannot fold (a float multiply by zero keeps NaN), where a constant [seq, seq] mask and its tiled
     bias (1 GiB at 8192 tokens) would be folded and copied by the compiler. Exact up to 2^24 tokens; a
     non-finite row unmasks only itself."""
     seq = q.shape[1]
-    like = tf.cast(q[:, :, 0, 0, 0] if like is None else like, tf.float32)
+    like = tf.cast(like, tf.float32)
     pos = tf.cumsum(like * 0.0 + 1.0, axis=1) - 1.0                                  # [b, seq]: 0..seq-1
     if chunk >= seq or seq % chunk:
         return _causal_strip(q, k, v, pos, pos)
