@@ -14,6 +14,16 @@ Fixed choices, stated once: the model cost is the analytic count of the workload
 1.0's 0.720) and, for the Transformer, from the documented table in benchmarks/transformer/cost.py, built
 from public results outside these families. NVIDIA's Transformer batch is in tokens: rows = tokens / 256.
 
+v0.7 BERT is the exception on both counts, for reasons stated in its own logs (the run_pretraining.py command
+line and the hyperparameters each result_*.txt of mlcommons/training_results_v0.7 starts with):
+- its target (0.712) is not the RCPs' (0.720), so the samples to converge are the calibration runs' logged
+  samples scaled by the learning-rate schedule each run sets itself (`opt_learning_rate_training_steps` x
+  global batch; harness.plan.converge.by_schedule);
+- NVIDIA's runs all-reduce after the backward pass (`--allreduce_post_accumulation`: no overlap) and only
+  its 1- and 2-node runs drop the padding tokens (`--unpad`); the step of a padded run is the unpadded
+  step's compute x the padding factor derived, like the fixed costs, from held-out rows: NVIDIA's DGX-2H
+  BERT at 1 node (unpadded) and 32 nodes (padded), the same code and data on another system.
+
     python scripts/validate_plan.py [--data DIR] [--csv OUT] [--derive_overheads]
 """
 from __future__ import annotations
@@ -60,6 +70,23 @@ HELD_OUT = [("v1.0", "NVIDIA", "resnet", "dgx-a100", [(8, 3264, "dgxa100_ngc21.0
             ("v0.7", "Google", "resnet", "tpu-v3", [(16, 4096, "tpu-v3-32-TF2.0"), (4096, 65536, "tpu-v3-8192-TF")])]
 
 
+# What the v0.7 BERT submissions ran, from their logs: the learning-rate schedule's length in steps
+# (`opt_learning_rate_training_steps`, the same in every result_*.txt of a system) and, for NVIDIA's
+# run_pretraining.py, whether `--unpad` was on. (round, submitter, benchmark, system) -> value
+SCHEDULE_STEPS = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): 13700, ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): 8103,
+                  ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): 990, ("v0.7", "Google", "bert", "tpu-v4-16-TF"): 13700,
+                  ("v0.7", "Google", "bert", "tpu-v4-128-TF"): 1141, ("v0.7", "Google", "bert", "tpu-v4-512-TF"): 1141}
+UNPAD = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): True, ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): True,
+         ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): False, ("v0.7", "NVIDIA", "bert", "dgx2h_ngc20.06_pytorch"): True,
+         ("v0.7", "NVIDIA", "bert", "dgx2h_n32_ngc20.06_pytorch"): False}
+# all-reduce after the backward pass, not under it (--allreduce_post_accumulation in every one of these runs)
+POST_BACKWARD_ALLREDUCE = {("v0.7", "NVIDIA", "bert")}
+# The padding factor's held-out pair: one system, one code, one round, unpadded then padded (not a family
+# scored here: two scales). (round, submitter, benchmark, system file, [(chips, global batch, system name)] x 2)
+HELD_OUT_PADDING = ("v0.7", "NVIDIA", "bert", "dgx-2h", [(16, 432, "dgx2h_ngc20.06_pytorch"),
+                                                         (512, 9216, "dgx2h_n32_ngc20.06_pytorch")])
+
+
 def derive_overhead(cost, system, a: tuple[int, int, float], b: tuple[int, int, float]) -> tuple[float, float]:
     """(fixed seconds per step, efficiency) with which the step model gives both (chips, batch, step
     seconds) points: bisection on the fixed cost, the efficiency solved from the first point each time."""
@@ -80,6 +107,51 @@ def derive_overhead(cost, system, a: tuple[int, int, float], b: tuple[int, int, 
             continue
         lo, hi = (mid, hi) if m < 0 else (lo, mid)
     return lo, miss(lo)[1]
+
+
+def derive_padding(cost, system, a: tuple[int, int, float], b: tuple[int, int, float]) -> tuple[float, float]:
+    """(padding factor, efficiency): the efficiency solved from the unpadded point `a`, then the factor on
+    the train FLOPs per sample with which the step model gives the padded point `b` (bisection)."""
+    eff = solve_efficiency(cost, system, a[0], a[1], a[2])
+
+    def step(factor: float) -> float:
+        padded = dataclasses.replace(cost, train_flops_per_sample=cost.train_flops_per_sample * factor)
+        return step_time(padded, system, b[0], b[1], eff).total
+
+    lo, hi = 0.25, 8.0
+    if not step(lo) <= b[2] <= step(hi):
+        raise HarnessError(f"padding factor: the padded step {b[2] * 1e3:.1f} ms is out of reach")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < b[2] else (lo, mid)
+    return lo, eff
+
+
+def bert_cost(rnd: str):
+    cfg = load_config(os.path.join(REPO, "configs", "bert", "reference.yaml"), [f"ruleset={ROUND_RULESETS[rnd]}"])
+    cost = costs.analytic(cfg)
+    return dataclasses.replace(cost, gradient_bytes=GRADIENT_BYTES_PER_PARAM * cost.params)
+
+
+def held_out_padding(data_dir: str) -> tuple[float, str]:
+    """The padding factor from HELD_OUT_PADDING and how it was found."""
+    rnd, submitter, bench, system_name, pts = HELD_OUT_PADDING
+    rows = scale_rows(data_dir)
+    found = []
+    for n, batch, sysname in pts:
+        r = [r for r in rows if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
+             and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
+        if not r:
+            raise HarnessError(f"padding factor: no {rnd} {submitter} {bench} row for {sysname}")
+        found.append((n, batch, float(r[0]["mean_step_ms"]) / 1e3))
+    system = load_system(system_name)
+    if (rnd, submitter, bench) in POST_BACKWARD_ALLREDUCE:
+        system = dataclasses.replace(system, allreduce_overlap=0.0)
+    factor, eff = derive_padding(bert_cost(rnd), system, found[0], found[1])
+    how = (f"{system_name:<9} padded/unpadded compute {factor:.3f} (efficiency {eff:.2f}) from {rnd} {submitter} {bench}: "
+           + ", ".join(f"{n} chips x {b / n:g}/chip {t * 1e3:.1f} ms {'unpadded' if UNPAD[(rnd, submitter, bench, s)] else 'padded'}"
+                       for (n, b, t), (_, _, s) in zip(found, pts)))
+    return factor, how
 
 
 def held_out_overheads(data_dir: str) -> list[str]:
@@ -133,6 +205,7 @@ class Point:
     eval_s: float | None
     eval_mode: str        # "sync" | "async" | "untimed"
     evals: float
+    system: str = ""      # the row's system name (the submission's)
 
 
 def points_of(family: dict, rows: list[dict]) -> list[Point]:
@@ -149,13 +222,15 @@ def points_of(family: dict, rows: list[dict]) -> list[Point]:
         rows_batch = b // TOKENS_PER_ROW if family["benchmark"] == "transformer" and b > 65536 // 8 else b
         out.append(Point(n, rows_batch, b, float(r["olympic_score_minutes"]), float(r["epochs_or_samples_to_converge"]),
                          num(r["mean_step_ms"]), num(r["mean_time_per_epoch_seconds"]), num(r["mean_eval_seconds"]),
-                         EVAL_MODES.get(r["eval_mode"].split(" ")[0], "untimed"), num(r["eval_count"]) or 0.0))
+                         EVAL_MODES.get(r["eval_mode"].split(" ")[0], "untimed"), num(r["eval_count"]) or 0.0,
+                         r["system"]))
     return out
 
 
 def validate(data_dir: str) -> tuple[list[dict], list[str]]:
     rows = scale_rows(data_dir)
     results, skipped = [], []
+    padding, _ = held_out_padding(data_dir)
     configs = {(w, rnd): load_config(os.path.join(REPO, "configs", w, "reference.yaml"), [f"ruleset={rs}"])
                for w in ("resnet", "bert", "ssd", "transformer") for rnd, rs in ROUND_RULESETS.items()
                if w != "transformer" or rnd == "v0.7"}
@@ -166,6 +241,8 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
             skipped.append(f"{name}: no system file for {fam['hardware']}")
             continue
         system = load_system(system_name)
+        if (fam["round"], fam["submitter"], fam["benchmark"]) in POST_BACKWARD_ALLREDUCE:
+            system = dataclasses.replace(system, allreduce_overlap=0.0)
         cfg = configs[(fam["benchmark"], fam["round"])]
         module = costs.workload_cost_module(cfg.workload)
         cost = costs.analytic(cfg)
@@ -192,18 +269,35 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
             continue
         eff = cal.efficiency
         ruleset = RCP_RULESET if converge.has_rcps(cfg.workload, RCP_RULESET) else cfg.ruleset
+        def schedule(pt: Point) -> float | None:
+            steps_ = SCHEDULE_STEPS.get((fam["round"], fam["submitter"], fam["benchmark"], pt.system))
+            return steps_ * pt.batch if steps_ else None
+
+        def unpadded(pt: Point) -> bool | None:
+            return UNPAD.get((fam["round"], fam["submitter"], fam["benchmark"], pt.system))
+
         for p in pts[1:]:
-            conv = converge.to_converge(cfg.workload, ruleset, p.batch, module.CONVERGE_UNIT,
-                                        getattr(module, "CONVERGENCE", None))
+            if schedule(base) and schedule(p):
+                conv = converge.by_schedule(base.converge, schedule(base), schedule(p), module.CONVERGE_UNIT)
+            else:
+                conv = converge.to_converge(cfg.workload, ruleset, p.batch, module.CONVERGE_UNIT,
+                                            getattr(module, "CONVERGENCE", None))
             conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, p.batch))
-            proj = project(cost, system, conv, p.chips, p.batch, eff, 1, cal)
+            factor = 1.0
+            if unpadded(base) is not None and unpadded(p) is not None and unpadded(base) != unpadded(p):
+                factor = padding if unpadded(base) else 1 / padding
+            p_cost = dataclasses.replace(cost, train_flops_per_sample=cost.train_flops_per_sample * factor)
+            proj = project(p_cost, system, conv, p.chips, p.batch, eff, 1, cal)
             pred = proj.total_seconds / 60
-            pred_step = step_time(cost, system, p.chips, p.batch, eff).total * 1e3
+            pred_step = step_time(p_cost, system, p.chips, p.batch, eff).total * 1e3
             results.append(dict(family=name, system=system_name, calib_chips=base.chips, efficiency=eff,
                                 scale_ratio=p.chips / base.chips, eval_share=proj.eval_total_seconds / proj.total_seconds,
                                 chips=p.chips, batch=p.logged_batch, per_chip=p.batch / p.chips, predicted_min=pred, actual_min=p.minutes,
                                 ratio=pred / p.minutes, predicted_converge=conv.stop, actual_converge=p.converge,
-                                converge_in_range=conv.in_range, predicted_step_ms=pred_step, actual_step_ms=p.step_ms))
+                                converge_in_range=conv.in_range, predicted_step_ms=pred_step, actual_step_ms=p.step_ms,
+                                step_ratio=pred_step / p.step_ms if p.step_ms else None,
+                                converge_ratio=(conv.stop or conv.value) / p.converge,
+                                by_schedule=bool(schedule(base) and schedule(p)), padding_factor=factor))
     return results, skipped
 
 
@@ -220,6 +314,8 @@ def main() -> int:
     if args.derive_overheads:
         print("fixed per-step cost from public results outside the validated families:")
         print("\n".join(held_out_overheads(args.data)))
+        print("padding factor (a padded run's compute over an unpadded one's, same code) from held-out rows:")
+        print(f"  {held_out_padding(args.data)[1]}")
         return 0
     results, skipped = validate(args.data)
     print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'ratio':>5} {'chips':>6} {'batch':>7} {'/chip':>6} {'pred min':>9} {'actual':>8} "
@@ -255,6 +351,19 @@ def main() -> int:
         if sub:
             print(f"  {fam_kind:<12} {len(sub)} points, median |error| {100 * statistics.median(sub):.1f}%, "
                   f"worst {100 * max(sub):.1f}%")
+    print("the total's two factors, apart (the step as the tables log it: BERT's includes its untimed evals):")
+    for label, key in (("step time", "step_ratio"), ("to converge", "converge_ratio")):
+        sub = [r for r in results if r[key]]
+        far = max(sub, key=lambda r: max(r[key], 1 / r[key]))
+        print(f"  {label:<12} {len(sub)} points, median |error| {100 * statistics.median(abs(r[key] - 1) for r in sub):.1f}%, "
+              f"worst {far['family']} at {far['chips']} chips (projected/logged {far[key]:.2f})")
+    for r in results:
+        if r["by_schedule"] or r["padding_factor"] != 1.0:
+            print(f"  {r['family']} at {r['chips']} chips: " + "; ".join(
+                x for x in (("samples to converge by the learning-rate schedule (harness.plan.converge.by_schedule)"
+                             if r["by_schedule"] else ""),
+                            (f"compute x {r['padding_factor']:.3f} (padded run, unpadded calibration)"
+                             if r["padding_factor"] != 1.0 else "")) if x))
     print("error by scale ratio (projected chips / calibration chips): how far one calibration carries")
     edges = [(1, 4), (4, 16), (16, 64), (64, 1 << 30)]
     for lo, hi in edges:

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from harness.errors import HarnessError
 from harness.plan import converge, cost as costs
 from harness.plan.calibrate import measure
 from harness.plan.project import EvalTime, calibrate, eval_time, project, solve_efficiency, step_time
@@ -117,12 +118,35 @@ def test_fixed_step_cost_bounds_small_per_chip_batches_and_is_derived_from_two_p
     # two steps the model gives at 8 ms and efficiency 0.4 give back 8 ms and 0.4
     a = (8, 912, step_time(cost, system, 8, 912, 0.4).total)
     b = (512, 2048, step_time(cost, system, 512, 2048, 0.4).total)
+    fixed, eff = _validate_plan().derive_overhead(cost, dataclasses.replace(system, step_overhead_seconds=0.0), a, b)
+    assert fixed == pytest.approx(0.008, rel=1e-4) and eff == pytest.approx(0.4, rel=1e-4)
+
+
+def _validate_plan():
     spec = importlib.util.spec_from_file_location("validate_plan", os.path.join(REPO, "scripts", "validate_plan.py"))
     vp = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = vp
     spec.loader.exec_module(vp)
-    fixed, eff = vp.derive_overhead(cost, dataclasses.replace(system, step_overhead_seconds=0.0), a, b)
-    assert fixed == pytest.approx(0.008, rel=1e-4) and eff == pytest.approx(0.4, rel=1e-4)
+    return vp
+
+
+def test_convergence_by_schedule_keeps_the_calibrations_share_of_its_learning_rate_schedule():
+    # calibration runs needed 3.0M samples of a 3.5M-sample schedule (6/7); a run whose schedule is 5.25M
+    # samples needs 6/7 of it, 4.5M, whatever an RCP table of another target says
+    conv = converge.by_schedule(3.0e6, 3.5e6, 5.25e6, "samples")
+    assert conv.value == pytest.approx(4.5e6) and conv.in_range and "0.857" in conv.source
+    with pytest.raises(HarnessError):
+        converge.by_schedule(3.0e6, 0.0, 5.25e6, "samples")
+
+
+def test_padding_factor_is_derived_from_an_unpadded_and_a_padded_step():
+    system = dataclasses.replace(load_system("dgx-2h"), allreduce_overlap=0.0)
+    cost = costs.ModelCost("bert", "hand", 1e12, 3e11, 3 * 10**8, 6e8, 36.0, 10**6, 0, "sequence")
+    a = (16, 432, step_time(cost, system, 16, 432, 0.5).total)
+    padded = dataclasses.replace(cost, train_flops_per_sample=1.3e12)
+    b = (512, 9216, step_time(padded, system, 512, 9216, 0.5).total)
+    factor, eff = _validate_plan().derive_padding(cost, system, a, b)
+    assert factor == pytest.approx(1.3, rel=1e-4) and eff == pytest.approx(0.5, rel=1e-4)
 
 
 def test_a_projection_reports_the_mfu_it_implies():

@@ -1,5 +1,7 @@
 """Epochs (samples for BERT) to converge at a global batch: the checker's RCP tables where they exist,
-otherwise the workload's documented table (`CONVERGENCE` in benchmarks/<name>/cost.py).
+otherwise the workload's documented table (`CONVERGENCE` in benchmarks/<name>/cost.py). For runs whose
+target no RCP table measures (MLPerf v0.7 BERT: 0.712, the RCPs' 0.720) `by_schedule` scales what the
+calibration runs needed by the learning-rate schedule each run sets itself (see there).
 
 Between two table batches the value is interpolated linearly in the batch, as the RCP checker
 interpolates RCPs. Below the smallest batch the smallest batch's value applies; above the largest the
@@ -82,3 +84,17 @@ def to_converge(workload: str, ruleset: str, global_batch: float, unit: str, tab
     else:
         raise HarnessError(f"no RCP table for {workload} under ruleset {ruleset} and no documented table")
     return Convergence(value, unit, source, inside, "" if inside else "outside the table's range")
+
+
+def by_schedule(calibrated: float, calibrated_horizon: float, horizon: float, unit: str) -> Convergence:
+    """Samples (or epochs) to converge for a run whose learning rate decays to its end at `horizon`, when
+    runs of the same code and target decaying at `calibrated_horizon` needed `calibrated`: the same share
+    of its schedule. A submitter sizes the schedule (MLPerf's `opt_learning_rate_training_steps` x global
+    batch) to end just past convergence at its batch, so the share carries across batches where an RCP
+    table of another target does not. Both horizons in the unit of `calibrated`."""
+    if calibrated <= 0 or calibrated_horizon <= 0 or horizon <= 0:
+        raise HarnessError("convergence by schedule: calibrated samples and both schedule lengths must be > 0")
+    share = calibrated / calibrated_horizon
+    return Convergence(share * horizon, unit, f"the calibration runs' {calibrated:,.4g} {unit} = {share:.3f} of "
+                       f"their learning-rate schedule ({calibrated_horizon:,.4g}), scaled to this run's "
+                       f"({horizon:,.4g})", True)
