@@ -166,8 +166,29 @@ def test_fsdp_gathers_the_weights_and_reduce_scatters_the_gradients():
     plain = step_time(cost, system, 4, 4, 0.5)
     sharded = step_time(dataclasses.replace(cost, fsdp_gather_bytes=8e9), system, 4, 4, 0.5)
     assert plain.allreduce == pytest.approx(1.2) and plain.fsdp_gather == 0.0
-    assert sharded.allreduce == pytest.approx(0.6) and sharded.fsdp_gather == pytest.approx(0.6)
+    # a reduce-scatter of the gradients (half the all-reduce) and two gathers of the weights (forward,
+    # backward), each half an all-reduce of 8 GB
+    assert sharded.allreduce == pytest.approx(0.6) and sharded.fsdp_gather == pytest.approx(1.2)
+    assert sharded.fsdp_gather_total == pytest.approx(1.2)
     assert sharded.other == pytest.approx(plain.other / 4)  # each chip updates its quarter of the state
+    once = step_time(dataclasses.replace(cost, fsdp_gather_bytes=8e9, fsdp_gathers_per_step=1), system, 4, 4, 0.5)
+    assert once.fsdp_gather == pytest.approx(0.6)
+
+
+def test_fsdp_gathers_hide_under_their_own_pass():
+    # compute 1e12 x 1 / (1e12 x 0.5) = 2 s: forward 2/3 s, backward 4/3 s, everything overlappable
+    system = dataclasses.replace(load_system("tpu-v4"), topology="ring", link_bandwidth=10e9, link_latency=0.0,
+                                 allreduce_overlap=1.0, step_overhead_seconds=0.0, peak_flops=1e12)
+    cost = costs.ModelCost("gpt_oss_20b", "hand", 1e12, 3e11, 2 * 10**9, 8e9, 0.0, 1000, 0, "row",
+                           fsdp_gather_bytes=8e9)
+    s = step_time(cost, system, 4, 4, 0.5)
+    # reduce-scatter 0.6 s hides in the backward pass; the forward gather 0.6 s in the forward pass; the
+    # backward gather 0.6 s in what the backward pass leaves (4/3 - 0.6): nothing exposed
+    assert s.compute == pytest.approx(2.0) and s.allreduce_exposed == 0 and s.fsdp_gather == pytest.approx(0.0)
+    # 16 GB of weights: each gather 1.2 s; the forward one exposes 1.2 - 2/3, the backward one what the
+    # backward pass leaves after the reduce-scatter (4/3 - 0.6) short of 1.2
+    big = step_time(dataclasses.replace(cost, fsdp_gather_bytes=16e9), system, 4, 4, 0.5)
+    assert big.fsdp_gather == pytest.approx((1.2 - 2 / 3) + (1.2 - (4 / 3 - 0.6)))
 
 
 def test_gpt_oss_cost_follows_the_mesh_and_splits_its_eval():
@@ -177,9 +198,28 @@ def test_gpt_oss_cost_follows_the_mesh_and_splits_its_eval():
     plain = costs.analytic(load_config(path))
     fsdp = costs.analytic(load_config(path, ["runtime.fsdp=true"]))
     assert plain.fsdp_gather_bytes == 0 and fsdp.fsdp_gather_bytes == pytest.approx(4.0 * plain.params)
+    assert fsdp.fsdp_gathers_per_step == 2
     assert plain.eval_host_seconds_per_sample == 0 and plain.mp_bytes_per_sample > 0
     system = load_system("dgx-h100")
     conv = converge.Convergence(1024, "samples", "t", True, evals=1)
     p = project(fsdp, system, conv, 16, 16, 0.4)
     assert p.step.fsdp_gather > 0 and p.eval.host == 0 and p.eval.device > 0 and 0 < p.mfu < 0.4
     assert project(plain, system, conv, 16, 16, 0.4).step.fsdp_gather == 0
+
+
+def test_the_decoder_lms_share_one_cost_and_the_rules_eval_cadence():
+    from harness.config import load_config
+    from benchmarks.gpt_oss import cost as gpt_oss_cost
+    from benchmarks.lm import cost as lm_cost
+    from benchmarks.llama31_8b import cost as llama_cost
+
+    for module, name in ((llama_cost, "llama31_8b"), (gpt_oss_cost, "gpt_oss_20b")):
+        cfg = load_config(os.path.join(REPO, "configs", name, "reference.yaml"),
+                          ["runtime.fsdp=true", "data.eval_every_samples=0"])
+        c = module.model_cost(cfg)
+        assert module.eval_positions is lm_cost.eval_positions and module.CONVERGE_UNIT == "samples"
+        assert c.gradient_bytes == 4.0 * c.params and c.fsdp_gather_bytes == lm_cost.FSDP_WEIGHT_BYTES * c.params
+        assert c.fsdp_gathers_per_step == 2 and c.train_flops_per_sample == pytest.approx(3 * c.eval_flops_per_sample)
+        # the rules' cadence: ceil(12288 / gbs) * gbs samples, through the first eval at or past the value
+        assert module.eval_positions(cfg, 40000, 5000) == [15000, 30000, 45000]
+        assert module.eval_positions(cfg, 24576, 16) == [12288, 24576]

@@ -73,6 +73,17 @@ def allreduce_seconds(system: System, nbytes: float, n: int, stride: int = 1) ->
     return torus_allreduce(nbytes, torus_dims(n, rank), system.link_bandwidth, system.link_latency)
 
 
+def reduce_scatter_seconds(system: System, nbytes: float, n: int, stride: int = 1) -> float:
+    """Reduce-scatter of `nbytes` per member (each keeps 1/n of the sum): the first half of the all-reduce
+    above, (n-1)/n of the bytes through every link in half its steps."""
+    return allreduce_seconds(system, nbytes, n, stride) / 2
+
+
+def allgather_seconds(system: System, nbytes: float, n: int, stride: int = 1) -> float:
+    """All-gather of `nbytes` in all (each member holds 1/n of them): the second half of the all-reduce."""
+    return allreduce_seconds(system, nbytes, n, stride) / 2
+
+
 def model_group_allreduce_seconds(system: System, nbytes: float, m: int) -> float:
     """An activation all-reduce inside one model-parallel group of m neighbouring chips."""
     if m <= 1:

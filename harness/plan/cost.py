@@ -30,8 +30,9 @@ class ModelCost:
     eval_samples: int
     sample_unit: str               # "image", "sequence", "row of 256 tokens", ...
     mp_bytes_per_sample: float = 0.0  # activation bytes all-reduced per sample in a model-parallel group
-    fsdp_gather_bytes: float = 0.0    # FSDP (runtime.fsdp): weight bytes all-gathered per step over the data
-                                      # axis (0: no FSDP); the gradients are then reduce-scattered into shards
+    fsdp_gather_bytes: float = 0.0    # FSDP (runtime.fsdp): the weight bytes one all-gather of the weights moves
+                                      # over the data axis (0: no FSDP); the gradients are reduce-scattered
+    fsdp_gathers_per_step: int = 2    # FSDP gathers the weights for the forward pass and again for the backward
     # Where an eval's work runs (benchmarks/<name>/cost.py states it): the forward pass over eval_samples on
     # the devices, split over the chips (eval_flops_per_sample); scoring on one host per eval sample (COCO
     # mAP, BLEU: does not shrink with the chips); a fixed cost per eval (gathering the metric, the loop).

@@ -8,10 +8,12 @@ Per step of one chip (a replica spans `model_axis` chips):
   model-parallel   = activation all-reduces inside the model group (the workload's mp bytes per sample)
   other            = the optimizer update's HBM traffic (params / model_axis x bytes per parameter / HBM
                      bandwidth), which does not shrink with the per-chip batch
-  FSDP             = with cost.fsdp_gather_bytes (runtime.fsdp): the weights' all-gather over the data-parallel
-                     group (half a ring all-reduce of those bytes), hidden under what compute the gradient
-                     reduction leaves (times allreduce_overlap); the gradients are then reduce-scattered (half
-                     an all-reduce) and each chip updates its shard of the optimizer state only
+  FSDP             = with cost.fsdp_gather_bytes (runtime.fsdp): the weights all-gathered over the data-parallel
+                     group for the forward pass, again for the backward pass (cost.fsdp_gathers_per_step), and
+                     the gradients reduce-scattered instead of all-reduced (collectives.py: each half a ring
+                     all-reduce); the forward gather hides under the forward pass (1/3 of compute), the
+                     backward gathers and the reduce-scatter under the backward pass (the reduce-scatter
+                     first), each times allreduce_overlap; each chip updates its shard of the optimizer state
   fixed            = the system's step_overhead_seconds (launches, kernels too small to fill a chip, the host
                      loop): what keeps a step from shrinking to nothing at 1-8 samples per chip
 One eval is three parts, each scaled the way it runs (EvalTime):
@@ -49,12 +51,13 @@ BACKWARD_SHARE = 2.0 / 3.0  # backward = 2 x forward of the 3 x forward a traini
 @dataclasses.dataclass
 class StepTime:
     compute: float
-    allreduce: float          # the whole gradient all-reduce
+    allreduce: float          # the whole gradient reduction (FSDP: its reduce-scatter)
     allreduce_exposed: float  # what is left after the overlap with the backward pass
     model_parallel: float
     other: float
     fixed: float = 0.0        # the system's fixed per-step cost
     fsdp_gather: float = 0.0  # FSDP's weight all-gathers left exposed
+    fsdp_gather_total: float = 0.0  # all of them (forward and backward), hidden or not
 
     @property
     def total(self) -> float:
@@ -161,19 +164,25 @@ def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, 
     replicas = chips // model_axis
     per_replica = global_batch / replicas
     compute = cost.train_flops_per_sample * per_replica / model_axis / (system.peak_flops * efficiency)
-    allreduce = collectives.allreduce_seconds(system, cost.gradient_bytes / model_axis, replicas, model_axis)
     fsdp = cost.fsdp_gather_bytes > 0 and replicas > 1
-    gather = 0.0
-    if fsdp:  # reduce-scatter the gradients, all-gather the weights: each half of a ring all-reduce
-        allreduce /= 2
-        gather = collectives.allreduce_seconds(system, cost.fsdp_gather_bytes / model_axis, replicas, model_axis) / 2
-    hidden = min(allreduce, system.allreduce_overlap * BACKWARD_SHARE * compute)
-    gather_hidden = min(gather, max(0.0, system.allreduce_overlap * compute - hidden))
+    backward = system.allreduce_overlap * BACKWARD_SHARE * compute          # what the backward pass can hide
+    forward = system.allreduce_overlap * (1 - BACKWARD_SHARE) * compute     # and the forward pass
+    gather = gather_total = gather_hidden = 0.0
+    if fsdp:
+        allreduce = collectives.reduce_scatter_seconds(system, cost.gradient_bytes / model_axis, replicas, model_axis)
+        gather = collectives.allgather_seconds(system, cost.fsdp_gather_bytes / model_axis, replicas, model_axis)
+        gathers = max(1, cost.fsdp_gathers_per_step)
+        gather_total = gathers * gather
+        hidden = min(allreduce, backward)
+        gather_hidden = min(gather, forward) + min((gathers - 1) * gather, backward - hidden)
+    else:
+        allreduce = collectives.allreduce_seconds(system, cost.gradient_bytes / model_axis, replicas, model_axis)
+        hidden = min(allreduce, backward)
     mp = collectives.model_group_allreduce_seconds(system, cost.mp_bytes_per_sample * per_replica, model_axis)
     shards = model_axis * (replicas if fsdp else 1)
     other = cost.params / shards * cost.optimizer_bytes_per_param / system.hbm_bandwidth
     return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds,
-                    gather - gather_hidden)
+                    gather_total - gather_hidden, gather_total)
 
 
 def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: float, step_seconds: float,

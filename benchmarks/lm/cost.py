@@ -1,0 +1,61 @@
+"""What the decoder LMs (llama31_8b, gpt_oss_20b) share in their `mlperf-harness plan` cost: everything but the
+forward count. Each workload's cost.py counts its multiply-adds per row and parameters and calls
+`decoder_model_cost`; both evaluate on the rules' cadence (`eval_positions`, on `data.mlperf_eval_every`).
+
+Bytes, stated once: gradients are all-reduced (reduce-scattered under FSDP) in float32, the variables' dtype;
+tensor parallelism all-reduces bfloat16 activations; FSDP all-gathers the float32 variables (the mesh runtime
+reads the variable before the model casts it, docs/accelerators.md), and FSDP gathers the weights twice a
+step, for the forward pass and again for the backward pass, then reduce-scatters the gradients
+(harness/plan/project.py models the three). The harness's own DTensor FSDP keeps the forward's gathered
+weights for the backward (one gather a step, at the memory cost of whole weights): a plan of it overstates its
+traffic by one gather; set `fsdp_gathers_per_step: 1` in a --model_cost file to model that.
+"""
+from __future__ import annotations
+
+import math
+
+from harness.plan.cost import ModelCost
+
+CONVERGE_UNIT = "samples"  # the RCP tables count rows (samples) to converge
+# Where the eval runs (harness/plan/project.py): the eval loss is summed on the devices (the forward pass split
+# over the chips); nothing is scored per sample on the host; a fixed 10 ms per eval gathers the sums
+# (assumption; --calibrate gives the device part from the logs' eval time)
+EVAL_HOST_SECONDS_PER_SAMPLE = 0.0
+EVAL_FIXED_SECONDS = 0.01
+# AdamW in float32: read weight, gradient, m, v (16 B), write weight, m, v (12 B)
+OPTIMIZER_BYTES_PER_PARAM = 28.0
+GRADIENT_BYTES = 4.0     # per parameter: float32 gradients
+ACTIVATION_BYTES = 2.0   # per activation element: bfloat16
+FSDP_WEIGHT_BYTES = 4.0  # per parameter: the float32 variable is what FSDP gathers
+FSDP_GATHERS_PER_STEP = 2  # forward, then backward (the forward's copy is freed: what makes FSDP save memory)
+
+
+def decoder_model_cost(cfg, workload: str, macs_per_row: float, params: int, source: str,
+                       notes: str = "") -> ModelCost:
+    """The ModelCost of a decoder LM from its forward multiply-adds per row of `data.seq_length` tokens and its
+    parameter count. Training = 3 x forward; eval: the forward pass."""
+    m, s = cfg.model, cfg.data.seq_length
+    return ModelCost(
+        workload=workload, source=source,
+        train_flops_per_sample=3 * 2.0 * macs_per_row, eval_flops_per_sample=2.0 * macs_per_row, params=params,
+        gradient_bytes=GRADIENT_BYTES * params, optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM,
+        # no training file: the samples the schedule trains
+        train_samples=cfg.data.train_samples or cfg.optimizer.max_steps * cfg.schedule.global_batch_size,
+        eval_samples=cfg.data.eval_samples, sample_unit=f"row of {s} tokens",
+        # tensor parallelism on the mesh's model axis (heads / ff or expert hidden / vocab split): 2 activation
+        # all-reduces per layer forward and 2 backward
+        mp_bytes_per_sample=4 * m.num_layers * s * m.hidden_size * ACTIVATION_BYTES,
+        fsdp_gather_bytes=FSDP_WEIGHT_BYTES * params if cfg.runtime.fsdp else 0.0,
+        fsdp_gathers_per_step=FSDP_GATHERS_PER_STEP,
+        eval_host_seconds_per_sample=EVAL_HOST_SECONDS_PER_SAMPLE, eval_fixed_seconds=EVAL_FIXED_SECONDS,
+        notes=notes)
+
+
+def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
+    """Eval points in samples (every `data.eval_every_samples`, else the rules' cadence) through the first at
+    or past `upto`."""
+    from benchmarks.lm.data import mlperf_eval_every  # imports TensorFlow: only when a plan asks
+
+    every = cfg.data.eval_every_samples or mlperf_eval_every(global_batch)
+    n = max(1, int(math.ceil(upto / every - 1e-9)))
+    return [every * (i + 1) for i in range(n)]
