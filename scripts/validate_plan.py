@@ -73,11 +73,16 @@ HELD_OUT = [("v1.0", "NVIDIA", "resnet", "dgx-a100", [(8, 3264, "dgxa100_ngc21.0
 # What the v0.7 BERT submissions ran, from their logs: the learning-rate schedule's length in steps
 # (`opt_learning_rate_training_steps`, the same in every result_*.txt of a system) and, for NVIDIA's
 # run_pretraining.py, whether `--unpad` was on. (round, submitter, benchmark, system) -> value
-SCHEDULE_STEPS = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): 13700, ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): 8103,
-                  ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): 990, ("v0.7", "Google", "bert", "tpu-v4-16-TF"): 13700,
-                  ("v0.7", "Google", "bert", "tpu-v4-128-TF"): 1141, ("v0.7", "Google", "bert", "tpu-v4-512-TF"): 1141}
-UNPAD = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): True, ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): True,
-         ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): False, ("v0.7", "NVIDIA", "bert", "dgx2h_ngc20.06_pytorch"): True,
+SCHEDULE_STEPS = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): 13700,
+                  ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): 8103,
+                  ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): 990,
+                  ("v0.7", "Google", "bert", "tpu-v4-16-TF"): 13700,
+                  ("v0.7", "Google", "bert", "tpu-v4-128-TF"): 1141,
+                  ("v0.7", "Google", "bert", "tpu-v4-512-TF"): 1141}
+UNPAD = {("v0.7", "NVIDIA", "bert", "dgxa100_ngc20.06_pytorch"): True,
+         ("v0.7", "NVIDIA", "bert", "dgxa100_n2_ngc20.06_pytorch"): True,
+         ("v0.7", "NVIDIA", "bert", "dgxa100_n32_ngc20.06_pytorch"): False,
+         ("v0.7", "NVIDIA", "bert", "dgx2h_ngc20.06_pytorch"): True,
          ("v0.7", "NVIDIA", "bert", "dgx2h_n32_ngc20.06_pytorch"): False}
 # all-reduce after the backward pass, not under it (--allreduce_post_accumulation in every one of these runs)
 POST_BACKWARD_ALLREDUCE = {("v0.7", "NVIDIA", "bert")}
@@ -148,9 +153,10 @@ def held_out_padding(data_dir: str) -> tuple[float, str]:
     if (rnd, submitter, bench) in POST_BACKWARD_ALLREDUCE:
         system = dataclasses.replace(system, allreduce_overlap=0.0)
     factor, eff = derive_padding(bert_cost(rnd), system, found[0], found[1])
-    how = (f"{system_name:<9} padded/unpadded compute {factor:.3f} (efficiency {eff:.2f}) from {rnd} {submitter} {bench}: "
-           + ", ".join(f"{n} chips x {b / n:g}/chip {t * 1e3:.1f} ms {'unpadded' if UNPAD[(rnd, submitter, bench, s)] else 'padded'}"
-                       for (n, b, t), (_, _, s) in zip(found, pts)))
+    kinds = ["unpadded" if UNPAD[(rnd, submitter, bench, s)] else "padded" for _, _, s in pts]
+    how = (f"{system_name:<9} padded/unpadded compute {factor:.3f} (efficiency {eff:.2f}) from {rnd} {submitter} "
+           f"{bench}: " + ", ".join(f"{n} chips x {b / n:g}/chip {t * 1e3:.1f} ms {kind}"
+                                    for (n, b, t), kind in zip(found, kinds)))
     return factor, how
 
 
@@ -311,13 +317,17 @@ def main() -> int:
     if not os.path.isdir(args.data):
         print(f"error: no public tables at {args.data} (give --data DIR)", file=sys.stderr)
         return 2
-    if args.derive_overheads:
-        print("fixed per-step cost from public results outside the validated families:")
-        print("\n".join(held_out_overheads(args.data)))
-        print("padding factor (a padded run's compute over an unpadded one's, same code) from held-out rows:")
-        print(f"  {held_out_padding(args.data)[1]}")
-        return 0
-    results, skipped = validate(args.data)
+    try:
+        if args.derive_overheads:
+            print("fixed per-step cost from public results outside the validated families:")
+            print("\n".join(held_out_overheads(args.data)))
+            print("padding factor (a padded run's compute over an unpadded one's, same code) from held-out rows:")
+            print(f"  {held_out_padding(args.data)[1]}")
+            return 0
+        results, skipped = validate(args.data)
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'ratio':>5} {'chips':>6} {'batch':>7} {'/chip':>6} {'pred min':>9} {'actual':>8} "
           f"{'pred/act':>8} {'conv pred':>10} {'conv act':>10} {'step pred':>9} {'step act':>8} {'eval%':>5}")
     for r in results:

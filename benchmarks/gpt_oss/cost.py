@@ -14,10 +14,13 @@ shared cost, benchmarks/lm/cost.py; expert-parallel all-to-all traffic is not mo
 """
 from __future__ import annotations
 
-# the cost-module interface plan reads (CONVERGE_UNIT, eval_positions, the eval split) is the LMs' shared one
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,  # noqa: F401
-                                decoder_model_cost, eval_positions)
+from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE, decoder_model_cost,
+                                eval_positions)
 from harness.plan.cost import ModelCost
+
+# the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
+__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
+           "forward_macs_and_params", "model_cost"]
 
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:

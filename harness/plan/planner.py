@@ -116,8 +116,9 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)} "
         f"+ fixed {_ms(s.fixed)}" + (f" + FSDP weight all-gathers {_ms(s.fsdp_gather)}" if plan.cost.fsdp_gather_bytes
                                      else ""),
-        *([f"    {'all-gather (FSDP)':<24}{_ms(s.fsdp_gather_total)} ms: the weights ({plan.cost.fsdp_gather_bytes / p.model_axis / 1e6:.1f} "
-           f"MB per chip) gathered {plan.cost.fsdp_gathers_per_step}x a step (forward, backward), "
+        *([f"    {'all-gather (FSDP)':<24}{_ms(s.fsdp_gather_total)} ms: the weights "
+           f"({plan.cost.fsdp_gather_bytes / p.model_axis / 1e6:.1f} MB per chip) gathered "
+           f"{plan.cost.fsdp_gathers_per_step}x a step (forward, backward), "
            f"{_ms(s.fsdp_gather_total - s.fsdp_gather)} ms hidden under compute"] if s.fsdp_gather_total else []),
         f"    {'reduce-scatter (FSDP)' if s.fsdp_gather or plan.cost.fsdp_gather_bytes else 'all-reduce':<24}"
         f"{_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
