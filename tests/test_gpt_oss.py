@@ -119,6 +119,48 @@ def test_even_layers_use_the_window_and_odd_layers_full_attention():
     assert [model.layer_window(cfg, i, 8192) for i in range(4)] == [128, 8192, 128, 8192]
 
 
+def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
+    """model.remat recomputes each decoder layer in the backward pass: the same loss, dropped counts and
+    gradients of every weight (the router's included, through the load-balancing and z-loss sums), with
+    capacity dropping and the sorted dispatch in chunks (a graph, as the train step runs it)."""
+    import dataclasses
+
+    from benchmarks.gpt_oss.config import ModelConfig
+    from harness.config import RuntimeConfig
+    from harness.runtime import make_runtime
+
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
+                      sliding_window=8, attention_block=8, num_experts=4, experts_per_token=2, expert_hidden=8,
+                      moe_group_size=16, capacity_factor=1.0, moe_block_size=4, moe_chunk_blocks=3, init_stddev=0.2)
+    tokens = tf.random.stateless_uniform([2, 32], [5, 6], maxval=32, dtype=tf.int32)
+
+    def run(remat):
+        runtime = make_runtime(RuntimeConfig())
+        with runtime.scope():
+            net = model.GptOss(runtime, 3, dataclasses.replace(cfg, remat=remat), 32, eod_id=0)
+
+        def step(t):
+            with tf.GradientTape() as tape:
+                logits, routings = net(t)
+                loss = (tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(t[:, 1:], logits[:, :-1]))
+                        + 0.1 * tf.add_n([r.balance_sum + 0.01 * r.z_sum for r in routings]))
+            variables = runtime.variables(trainable=True)
+            grads = tape.gradient(loss, [p.variable for p in variables])
+            return loss, [r.dropped for r in routings], dict(zip([p.path for p in variables], grads))
+
+        out = tf.function(step)(tokens)
+        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t).numpy(), out)
+
+    (loss, dropped, grads), (loss_r, dropped_r, grads_r) = run(False), run(True)
+    np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
+    np.testing.assert_array_equal(np.array(dropped_r), np.array(dropped))
+    assert np.array(dropped).sum() > 0                                          # capacity really drops
+    assert sorted(grads_r) == sorted(grads) and any("router" in k for k in grads)
+    for path, g in grads.items():
+        assert np.abs(g).max() > 0, path
+        np.testing.assert_allclose(grads_r[path], g, rtol=1e-4, atol=1e-6, err_msg=path)
+
+
 # -------------------------------------------------------------------------------------------- data
 
 def test_synthetic_language_is_learnable_below_the_target_and_needs_context():

@@ -102,7 +102,7 @@ def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacit
     def run(dispatch):
         cfg, rt, wl = build(os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml"), [
             "model.num_layers=1", "data.seq_length=256", "data.synthetic_train_rows=8", "data.eval_samples=2",
-            f"model.capacity_factor={capacity_factor}", f"model.moe_dispatch={dispatch}"])
+            f"model.capacity_factor={capacity_factor}", f"model.moe_dispatch={dispatch}", "model.moe_chunk_blocks=4"])
         steps = loop.CompiledSteps(rt, wl)
         it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
         losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(3)]
@@ -113,3 +113,54 @@ def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacit
     (sorted_losses, sorted_dropped), (dense_losses, dense_dropped) = run("sorted"), run("dense")
     np.testing.assert_allclose(sorted_losses, dense_losses, rtol=1e-5)
     assert sorted_dropped == dense_dropped and (sorted_dropped > 0) == (capacity_factor != "0.0")
+
+
+def _expert_blocks_case(b=2, blocks=12, block=4, m=8, h=64, experts=5):
+    xs = tf.random.stateless_normal([b, blocks, block, m], seed=[5, 6])
+    index = tf.random.stateless_uniform([b, blocks], [7, 8], maxval=experts, dtype=tf.int32)
+    ws = [tf.random.stateless_normal(shape, seed=[9, n]) for n, shape in
+          enumerate(([experts, m, h], [experts, m, h], [experts, h, m]))]
+    return xs, index, ws
+
+
+def _expert_blocks_grads(xs, index, ws, chunk):
+    with tf.GradientTape() as tape:
+        tape.watch([xs] + ws)
+        ys = moe.expert_blocks(xs, index, *ws, chunk=chunk)
+        loss = tf.reduce_sum(ys * tf.sin(tf.range(ys.shape[-1], dtype=tf.float32)))
+    return [ys] + tape.gradient(loss, [xs] + ws)
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_expert_blocks_in_chunks_equal_all_blocks_at_once(chunk):
+    """moe_chunk_blocks: chunks of blocks (the last one shorter) give the outputs and gradients of one chunk,
+    which the autodiff of a plain gather-and-einsum gives too."""
+    xs, index, ws = _expert_blocks_case()
+    whole = _expert_blocks_grads(xs, index, ws, 0)
+    for got, want in zip(_expert_blocks_grads(xs, index, ws, chunk), whole):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    with tf.GradientTape() as tape:
+        tape.watch([xs] + ws)
+        copies = [tf.gather(w, index) for w in ws]
+        ys = tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(tf.einsum("bjcm,bjmh->bjch", xs, copies[0]))
+                       * tf.einsum("bjcm,bjmh->bjch", xs, copies[1]), copies[2])
+        loss = tf.reduce_sum(ys * tf.sin(tf.range(ys.shape[-1], dtype=tf.float32)))
+    for got, want in zip(whole, [ys] + tape.gradient(loss, [xs] + ws)):
+        np.testing.assert_allclose(got.numpy(), tf.convert_to_tensor(want).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_expert_blocks_in_chunks_keep_one_chunks_weight_copies_under_xla():
+    """XLA's memory plan of forward + backward: in chunks of 2 blocks, only a chunk's gathered weight copies
+    (and their gradients) are live at once; all 16 blocks at once hold all of them. (Without the backward
+    gathers' dependency on the chunk's gradient, `after`, XLA merges them with the forward's and keeps every
+    copy: more bytes than all blocks at once.)"""
+    xs, index, ws = _expert_blocks_case(blocks=8)
+
+    def planned_bytes(chunk):
+        fn = tf.function(lambda *a: _expert_blocks_grads(a[0], a[1], list(a[2:]), chunk), jit_compile=True)
+        ir = fn.experimental_get_compiler_ir(xs, index, *ws)
+        return dryrun.buffer_bytes(dryrun._hlo_pb2().HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")))
+
+    copies = 2 * 8 * 3 * 8 * 64 * 4                      # every block's copy of its expert's 3 matrices, float32
+    whole, chunked = planned_bytes(0), planned_bytes(2)
+    assert whole > copies and chunked < whole - copies, (whole, chunked, copies)

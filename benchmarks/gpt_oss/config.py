@@ -5,7 +5,7 @@ import dataclasses
 
 from harness.config import field
 
-from benchmarks.lm.config import DataConfig, OptimizerConfig  # noqa: F401  (gpt_oss's sections)
+from benchmarks.lm.config import DataConfig, OptimizerConfig, remat_field  # noqa: F401  (gpt_oss's sections)
 
 
 @dataclasses.dataclass
@@ -37,8 +37,12 @@ class ModelConfig:
                               "dispatch/combine einsums into [experts, capacity] slots (dropless: capacity = group)")
     moe_block_size: int = field(128, min=1, doc="sorted dispatch: rows per expert block (each expert's rows are "
                                 "padded to a multiple of it; fewer blocks = fewer gathered weight copies)")
+    moe_chunk_blocks: int = field(16, min=0, doc="sorted dispatch: blocks computed at a time, so only their "
+                                  "gathered expert weight copies are live (the backward pass gathers them again); "
+                                  "0 = all of a layer's blocks at once")
     load_balancing_coef: float = field(0.0, min=0.0, doc="Switch/GShard load-balancing loss weight (0 = off, "
                                        "the reference)")
     router_z_loss_coef: float = field(0.0, min=0.0, doc="ST-MoE router z-loss weight (0 = off, the reference)")
+    remat: bool = remat_field()
     norm_epsilon: float = field(1e-6, min=0.0)
     init_stddev: float = field(0.008, min=0.0)

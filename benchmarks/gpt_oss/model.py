@@ -68,8 +68,23 @@ class GptOss(Block):
         x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, inputs), self.dtype)
         routings = []
         for layer in self.layers:
-            x, r = layer(x, segments)
+            x, r = self._remat(layer, x, segments) if self.cfg.remat else layer(x, segments)
             routings.append(r)
         x = self.final_norm(x)
         logits = tf.einsum("bsm,mv->bsv", x, tf.cast(self.output, self.dtype))
         return tf.cast(logits, tf.float32), routings
+
+    @staticmethod
+    def _remat(layer: DecoderLayer, x: tf.Tensor, segments: tf.Tensor | None) -> tuple[tf.Tensor, Routing]:
+        """`layer` recomputed in the backward pass (tf.recompute_grad): only its input is kept. Its outputs are
+        the tensors the losses and metrics read (the router losses' sums, with their gradients, and the
+        dropped counts); the routing's per-token tensors (index, gates, kept) are not returned (None)."""
+        shape = {}
+
+        def run(h):
+            y, r = layer(h, segments)
+            shape.update(groups=r.groups, tokens=r.tokens)
+            return y, r.balance_sum, r.z_sum, r.dropped
+
+        y, balance_sum, z_sum, dropped = tf.recompute_grad(run)(x)
+        return y, Routing(None, None, None, balance_sum, z_sum, dropped, **shape)

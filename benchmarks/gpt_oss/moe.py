@@ -21,10 +21,11 @@ from benchmarks.gpt_oss.config import ModelConfig
 class Routing:
     """One MoE layer's routing of a batch: each token's k experts, their gate weights and whether each
     assignment was kept, the dense dispatch/combine [b, groups, s, experts, capacity] when the dense
-    dispatch asked for them, and the sums the auxiliary losses and health metrics need."""
-    index: tf.Tensor         # [b, groups, s, k] int32: the chosen experts, best first
-    gates: tf.Tensor         # [b, groups, s, k] float32: softmax over the k chosen logits
-    kept: tf.Tensor          # [b, groups, s, k] float32: 1 = the assignment has a slot, 0 = dropped
+    dispatch asked for them, and the sums the auxiliary losses and health metrics need (a layer recomputed in
+    the backward pass, `model.remat`, returns only those: index, gates and kept are None)."""
+    index: tf.Tensor | None  # [b, groups, s, k] int32: the chosen experts, best first
+    gates: tf.Tensor | None  # [b, groups, s, k] float32: softmax over the k chosen logits
+    kept: tf.Tensor | None   # [b, groups, s, k] float32: 1 = the assignment has a slot, 0 = dropped
     balance_sum: tf.Tensor   # sum over groups of E * sum_i f_i P_i (Switch/GShard load-balancing loss)
     z_sum: tf.Tensor         # sum over tokens of logsumexp(router logits)^2 (ST-MoE z-loss)
     dropped: tf.Tensor       # [b]: each row's assignments dropped for capacity
@@ -130,18 +131,67 @@ def sort_blocks(expert: tf.Tensor, experts: int, block: int) -> Blocks:
     return Blocks(block_expert, row_source, destination, blocks, block)
 
 
-def gather_experts(w: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-    """w [experts, ...] -> w[index] with a dense gradient (a segment sum over the experts), not the
-    IndexedSlices tf.gather's gradient is, which optimizers and DTensor would densify anyway."""
-    experts = w.shape[0]
+def after(index: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+    """index [b, ...] (int, >= 0), unchanged, but computed from t [b, ...] too (max(index, -isnan(max t))).
+
+    A gather of expert weights by `index` in the backward pass is otherwise the same op as the forward
+    pass's, and XLA's common-subexpression elimination merges them, keeping every copy alive from the
+    forward to the backward pass. The reduction keeps each batch row on its own device (no collective)."""
+    row = tf.reduce_max(t, axis=list(range(1, t.shape.rank)))
+    floor = -tf.cast(tf.math.is_nan(row), index.dtype)                 # 0 (or -1 on NaN): never above index
+    return tf.maximum(index, tf.reshape(floor, [-1] + [1] * (index.shape.rank - 1)))
+
+
+def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_up: tf.Tensor,
+                  w_down: tf.Tensor, chunk: int = 0) -> tf.Tensor:
+    """SwiGLU of each block of rows xs [b, blocks, block, m] with its own expert's weights (w_gate, w_up
+    [experts, m, h], w_down [experts, h, m]; block_expert [b, blocks]) -> [b, blocks, block, m].
+
+    Without a grouped matmul each block multiplies its own gathered copy of its expert's weights, 3 x m x h
+    values per block. `chunk` > 0 computes `chunk` blocks at a time, each chunk's gathers after the previous
+    chunk's output (`after`), so one chunk's copies are live at once; the backward pass gathers them again
+    per chunk (the gate and up activations are kept, so no expert matmul is recomputed) and sums each
+    expert's weight gradient over the chunks in float32 (a segment sum over the blocks). 0: one chunk."""
+    b, nb, block, m = xs.shape
+    experts = w_gate.shape[0]
+    chunk = chunk or nb
+    sizes = [min(chunk, nb - j) for j in range(0, nb, chunk)]
+    index = tf.split(block_expert, sizes, 1)
 
     @tf.custom_gradient
-    def gather(w):
-        def grad(dy):
-            return tf.math.unsorted_segment_sum(dy, index, experts)
-        return tf.gather(w, index), grad
+    def run(xs, w_gate, w_up, w_down):
+        gates, ups, outs = [], [], []
+        for x, i in zip(tf.split(xs, sizes, 1), index):
+            if outs:
+                i = after(i, outs[-1])
+            gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_gate, i))
+            up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_up, i))
+            outs.append(tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, tf.gather(w_down, i)))
+            gates.append(gate)
+            ups.append(up)
 
-    return gather(w)
+        def grad(dys):
+            dxs, dw, last = [], [None, None, None], dys
+            for x, i, gate, up, dy in zip(tf.split(xs, sizes, 1), index, gates, ups, tf.split(dys, sizes, 1)):
+                i = after(i, last)
+                with tf.GradientTape() as tape:
+                    tape.watch([gate, up])
+                    hidden = tf.nn.silu(gate) * up
+                dhidden = tf.einsum("bjcm,bjhm->bjch", dy, tf.gather(w_down, i))
+                dgate, dup = tape.gradient(hidden, [gate, up], output_gradients=dhidden)
+                dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(w_gate, i))
+                           + tf.einsum("bjch,bjmh->bjcm", dup, tf.gather(w_up, i)))
+                last = dxs[-1]
+                for n, block_grad in enumerate((tf.einsum("bjcm,bjch->bjmh", x, dgate),
+                                                tf.einsum("bjcm,bjch->bjmh", x, dup),
+                                                tf.einsum("bjch,bjcm->bjhm", hidden, dy))):
+                    part = tf.cast(tf.math.unsorted_segment_sum(block_grad, i, experts), tf.float32)
+                    dw[n] = part if dw[n] is None else dw[n] + part
+            return (tf.concat(dxs, 1),) + tuple(tf.cast(g, w.dtype) for g, w in zip(dw, (w_gate, w_up, w_down)))
+
+        return tf.concat(outs, 1), grad
+
+    return run(xs, w_gate, w_up, w_down)
 
 
 def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
@@ -239,12 +289,10 @@ class MoE(Block):
         lay = sort_blocks(expert, e, c.moe_block_size)
         xs = tf.reshape(dispatch_rows(x, lay, k), [b, lay.blocks, lay.block, m])
         # The experts' weights, whole over the axis that splits the experts (on a mesh: an all-gather;
-        # `ff` stays split), then one copy per block.
+        # `ff` stays split), then one copy per block, `moe_chunk_blocks` blocks at a time.
         w_gate, w_up, w_down = (self.runtime.place(tf.cast(w, dt), (None,) + dims) for w, dims in (
             (self.w_gate, (None, "ff")), (self.w_up, (None, "ff")), (self.w_down, ("ff", None))))
-        gate = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_gate, lay.block_expert))
-        up = tf.einsum("bjcm,bjmh->bjch", xs, gather_experts(w_up, lay.block_expert))
-        ys = tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, gather_experts(w_down, lay.block_expert))
+        ys = expert_blocks(xs, lay.block_expert, w_gate, w_up, w_down, c.moe_chunk_blocks)
         ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.blocks * lay.block, m]), lay), [b, seq, k, m])
         weights = tf.reshape(r.gates * r.kept, [b, seq, k])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))

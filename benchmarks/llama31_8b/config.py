@@ -7,7 +7,7 @@ import math
 from harness.config import field
 from harness.nn.layers import RopeScaling
 
-from benchmarks.lm.config import DataConfig, OptimizerConfig  # noqa: F401  (llama31_8b's sections)
+from benchmarks.lm.config import DataConfig, OptimizerConfig, remat_field  # noqa: F401  (llama31_8b's sections)
 
 
 @dataclasses.dataclass
@@ -33,8 +33,7 @@ class ModelConfig:
 
     def output_stddev(self) -> float:
         return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
-    remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): "
-                        "keeps only layer inputs for the backward, not their attention probabilities")
+    remat: bool = remat_field()
 
     def rope_scaling(self) -> RopeScaling | None:
         if not self.rope_scaling_factor:

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from harness.config import field
 from harness.train.input_pipeline import PipelineConfig
+
+
+def remat_field() -> Any:
+    """`model.remat` of the decoder LMs (each model applies it per decoder layer)."""
+    return field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): only "
+                 "each layer's input is kept for the backward pass, at the cost of a second forward pass")
 
 
 @dataclasses.dataclass
