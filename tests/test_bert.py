@@ -19,7 +19,7 @@ from benchmarks.bert import checkpoint, tfrecord_writer
 from benchmarks.bert.data import SyntheticSource, TFRecordSource
 from benchmarks.bert.workload import BertWorkload, mlperf_eval_every
 
-from conftest import REPO, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -166,7 +166,7 @@ def test_lamb_step_matches_a_numpy_reference():
 
 
 def test_mesh_size_mismatch_is_one_line_exit_2(tmp_path):
-    proc = run_cli("run", SMOKE_MESH, "--output_dir", str(tmp_path), "--set", "runtime.cpu_devices=3")
+    proc = cli_in_process("run", SMOKE_MESH, "--output_dir", str(tmp_path), "--set", "runtime.cpu_devices=3")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert stderr_error_lines(proc) == ["error: runtime.mesh data=2 x model=2 needs 4 devices but 3 CPU "
                                         "device(s) are available; set runtime.cpu_devices=4"]

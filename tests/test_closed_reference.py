@@ -24,7 +24,7 @@ from harness.submission import package
 from harness.train import datafiles, reference
 from harness.train.run import execute
 
-from conftest import REPO, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, stderr_error_lines
 
 CONFIGS = os.path.join(REPO, "configs")
 GOOGLE_SSD = os.path.join(REPO, "tests", "data", "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd",
@@ -108,7 +108,7 @@ def test_closed_run_on_real_data_refuses_a_model_that_is_not_the_reference(workl
 def test_transformer_refusal_is_one_cli_line_and_open_or_synthetic_is_not_refused(files, tmp_path):
     out = str(tmp_path / "runs")
     flags = [a for s in ["submission.division=closed"] + data_sets(files["transformer"]) for a in ("--set", s)]
-    proc = run_cli("run", config("transformer"), "--output_dir", out, *flags)
+    proc = cli_in_process("run", config("transformer"), "--output_dir", out, *flags)
     assert proc.returncode == 2 and stderr_error_lines(proc) == [
         "error: closed division on real data needs the reference Transformer-big: model.num_layers=2 (reference 6), "
         "model.hidden_size=128 (reference 1024), model.num_heads=4 (reference 16), model.filter_size=256 (reference "
@@ -236,7 +236,7 @@ def test_data_count_command_prints_the_counts_and_caches_the_packed_rows(files, 
 
 def test_the_cli_data_count_line(files):
     flags = [a for s in data_sets(files["bert"]) for a in ("--set", s)]
-    proc = run_cli("data", "count", config("bert"), *flags)
+    proc = cli_in_process("data", "count", config("bert"), *flags)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["data.train_samples=10", "data.eval_samples=4",
                                         "use: --set data.train_samples=10 --set data.eval_samples=4"]

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 
-from conftest import REPO, read_summary, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -88,12 +88,13 @@ def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
     assert summary["compliant"] and summary["evals"][0]["counted"] == 101
 
 
-def test_a_mesh_over_several_cpu_hosts_is_one_clear_line(tmp_out):
+def test_a_mesh_over_several_cpu_hosts_is_one_clear_line(tmp_out, monkeypatch):
     """Several DTensor clients (a pod slice) are read from DTENSOR_NUM_CLIENTS; over CPUs DTensor's
     multi-client collectives fail in TF 2.21, so the harness says so before touching a device."""
-    proc = run_cli("run", os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml"), "--output_dir", tmp_out,
-                   env={"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "0", "DTENSOR_JOB_NAME": "worker",
-                        "DTENSOR_JOBS": "127.0.0.1:1,127.0.0.1:2"})
+    for key, value in {"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "0", "DTENSOR_JOB_NAME": "worker",
+                       "DTENSOR_JOBS": "127.0.0.1:1,127.0.0.1:2"}.items():
+        monkeypatch.setenv(key, value)
+    proc = cli_in_process("run", os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml"), "--output_dir", tmp_out)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     errors = stderr_error_lines(proc)
     assert len(errors) == 1 and "DTENSOR_NUM_CLIENTS=2" in errors[0] and "TPUs or GPUs" in errors[0], proc.stderr
