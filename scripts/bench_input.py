@@ -3,11 +3,14 @@
 The pipeline side is the harness's own training input (`harness.train.loop.train_input`: records ->
 parsed -> the reference preprocessing -> batched -> device-ready) over files this script writes at real
 sizes in a temp dir. The bare side is the pipeline's most expensive op alone in a tight tf.data map with
-the same parallelism, over the same encoded images already in memory. Rounds alternate between the two
-(the machine's other load hits both alike) and the ratio of their summed rates is the headline.
+the same parallelism and the pipeline's tf.data options, over the same encoded images already in memory. Rounds
+alternate between the sides (A B C, then C B A; every side's iterator warmed up once and kept), the pipeline
+and its floor always back to back: the headline `pipeline / floor` is the median of the rounds' ratios (the
+machine's other load moves between rounds far more than within one), printed with their spread and the load
+average over the rounds.
 
-    python scripts/bench_input.py {resnet,ssd,bert,transformer,lm} [CONFIG] [--set key=value ...] [--seconds 4]
-        [--rounds 4] [--ablate]
+    python scripts/bench_input.py {resnet,ssd,bert,transformer,lm} [CONFIG] [--set key=value ...] [--seconds 2]
+        [--rounds 8] [--ablate]
 
 resnet: ImageNet-like JPEGs of 500x375 with one object box each; the bare op is
 `decode_and_crop_jpeg` of the same crop windows the reference's sampler draws. A third side, the floor,
@@ -52,6 +55,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import registry  # noqa: E402
 from harness import config as config_lib  # noqa: E402
 from harness.runtime import make_runtime  # noqa: E402
+from harness.train.input_pipeline import pipeline_config, train_options  # noqa: E402
 from harness.train.loop import eval_input, eval_steps_for, train_input  # noqa: E402
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -329,38 +333,55 @@ def packed_pairs(batch: Any) -> int:
     return int(tf.reduce_sum(tf.reduce_max(batch["inputs_segmentation"], axis=1)))
 
 
-def rate(iterator: Any, count: Callable[[Any], int], seconds: float) -> tuple[int, float]:
-    """Samples (as `count` counts a batch) and seconds of pulling batches for about `seconds`."""
-    n, t0 = 0, time.perf_counter()
+def rate(iterator: Any, count: Callable[[Any], int], seconds: float) -> tuple[int, float, float]:
+    """Samples (as `count` counts a batch), wall seconds and this process's CPU seconds (every thread's) of
+    pulling batches for about `seconds`."""
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         n += count(next(iterator))
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, time.process_time() - c0
 
 
-def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: float = 1.5,
+def interleaved(sides: dict[str, Any], seconds: float, rounds: int, warmup: float = 1.0, warmup_batches: int = 4,
                 counts: dict[str, Callable[[Any], int]] | None = None,
                 per_round: list[dict[str, float]] | None = None) -> dict[str, float]:
     """Samples/s of each side (an iterable of batches), rounds alternating between them; `per_round`, if
-    given, receives each round's rates (the machine's load moves between rounds, less within one).
+    given, receives each round's rates (wall clock, and per CPU second of this process) and load average.
 
-    Each round opens a fresh iterator, warms it up uncounted and closes it after: only the measured
-    side runs, so no idle side's background threads (prefetch, autotuning) compete with it.
+    Only the measured side exists: each slice opens a fresh iterator, pulls `warmup_batches` and `warmup`
+    s uncounted (thread pools, autotuning, shuffle buffers), counts `seconds`, and closes it, so no idle
+    side's threads fill buffers on another side's clock or CPU time. Rounds alternate the order (A B C,
+    then C B A), so a load drifting within a round favours no side, and the first two sides are always
+    measured back to back (the machine's other load moves between rounds far more than within one).
     """
-    totals = {k: [0, 0.0] for k in sides}
     counts = counts or {}
-    for _ in range(rounds):
-        this = {}
-        for k, data in sides.items():
-            it = iter(data)
-            rate(it, counts.get(k, leading), warmup)
-            n, t = rate(it, counts.get(k, leading), seconds)
+    totals = {k: [0, 0.0] for k in sides}
+    order = list(sides)
+    for r in range(rounds):
+        this: dict[str, float] = {}
+        for k in (order if r % 2 == 0 else order[::-1]):
+            count = counts.get(k, leading)
+            it = iter(sides[k])
+            for _ in range(warmup_batches):
+                next(it)
+            rate(it, count, warmup)
+            n, t, cpu = rate(it, count, seconds)
             del it
             totals[k][0] += n
             totals[k][1] += t
             this[k] = n / t
+            this[k + " per cpu"] = n / max(cpu, 1e-9)
+        this["load"] = os.getloadavg()[0]
         if per_round is not None:
             per_round.append(this)
     return {k: n / t for k, (n, t) in totals.items()}
+
+
+def spread(ratios: list[float]) -> str:
+    """The median of per-round ratios, and their range and interquartile range."""
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return (f"median {med:.3f}, interquartile {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-{max(ratios):.3f} "
+            f"({len(ratios)} rounds)")
 
 
 def eval_pass_rates(workload: Any, runtime: Any, cfg: Any, batch: int) -> tuple[float, float]:
@@ -490,8 +511,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="config override key=value")
     p.add_argument("--images", type=int, default=256, help="distinct JPEGs written (the pipeline repeats them)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=4.0, help="per side per round")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=2.0, help="per side per round (counted)")
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--ablate", action="store_true", help="also measure with each data.* technique off")
     a = p.parse_args()
 
@@ -507,39 +528,60 @@ def main() -> None:
 
         rounds: list[dict[str, float]] = []
 
-        def measure(extra: list[str], floor: bool = False) -> tuple[dict[str, float], Any]:
+        def measure(extra: list[str], bare: bool = True) -> tuple[dict[str, float], list[dict[str, float]], Any]:
+            """Rates of the pipeline, its floor (if any) and (`bare`) the bare op, and each round's; the floor
+            and bare sides run with the pipeline's own tf.data options (threads, determinism, autotuning)."""
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
-            sides = {"pipeline": pipeline, "bare": bench.bare(workload)}
-            if floor and bench.floor is not None:
-                sides["floor"] = bench.floor(workload)
-            return (interleaved(sides, a.seconds, a.rounds, counts={"pipeline": bench.count},
-                                per_round=rounds if floor else None), (workload, runtime, cfg))
+            options = train_options(pipeline_config(cfg.data))
+            sides = {"pipeline": pipeline}
+            if bench.floor is not None:
+                sides["floor"] = bench.floor(workload).with_options(options)
+            if bare or bench.floor is None:
+                sides["bare"] = bench.bare(workload).with_options(options)
+            each: list[dict[str, float]] = []
+            rates = interleaved(sides, a.seconds, a.rounds, counts={"pipeline": bench.count}, per_round=each)
+            return rates, each, (workload, runtime, cfg)
 
-        rates, (workload, runtime, cfg) = measure([], floor=True)
+        rates, rounds, (workload, runtime, cfg) = measure([])
         pipe, bare = rates["pipeline"], rates["bare"]
-        print(f"pipeline (records -> device-ready {bench.dtype(workload, cfg)} batches): {pipe:8.1f} samples/s "
-              f"({pipe / CORES:.1f} per core)")
-        print(f"bare {bench.bare_name}, same parallelism: {bare:8.1f} samples/s ({bare / CORES:.1f} per core)")
-        ratios = f"ratio pipeline / bare {bench.bare_name}: {pipe / bare:.3f}"
-        if "floor" in rates:
-            floor = rates["floor"]
-            print(f"floor: that decode + nearest resize, uint8: {floor:8.1f} samples/s ({floor / CORES:.1f} per core)")
-            ratios += f"; pipeline / floor: {pipe / floor:.3f}; floor / bare: {floor / bare:.3f}"
-        else:  # no fixed-size image to make: the floor is the bare read and parse itself
-            ratios += f"; pipeline / floor (the bare read and parse): {pipe / bare:.3f}"
-        print(f"{ratios}  (load average {os.getloadavg()[0]:.1f} at end)", flush=True)
         against = "floor" if "floor" in rates else "bare"
-        each = sorted(r["pipeline"] / r[against] for r in rounds)
-        print(f"pipeline / {against} per round: min {each[0]:.3f}, median {float(np.median(each)):.3f}, "
-              f"max {each[-1]:.3f} ({len(each)} rounds)", flush=True)
+        loads = [r["load"] for r in rounds]
+
+        def cores(side: str) -> str:  # the cores a side kept busy (its CPU seconds per wall second)
+            return f"{np.median([r[side] / r[side + ' per cpu'] for r in rounds]):.2f} cores busy"
+
+        def per_cpu(side: str) -> float:
+            return float(np.median([r[side + " per cpu"] for r in rounds]))
+
+        print(f"pipeline (records -> device-ready {bench.dtype(workload, cfg)} batches): {pipe:8.1f} samples/s, "
+              f"{per_cpu('pipeline'):.1f} per CPU second ({cores('pipeline')})")
+        if "floor" in rates:
+            print(f"floor: that decode + nearest resize, uint8: {rates['floor']:8.1f} samples/s, "
+                  f"{per_cpu('floor'):.1f} per CPU second ({cores('floor')})")
+        print(f"bare {bench.bare_name}, same parallelism: {bare:8.1f} samples/s, {per_cpu('bare'):.1f} per CPU "
+              f"second ({cores('bare')})")
+        print("per round, samples per CPU second of this process (what other processes' load leaves alone; sides "
+              "measured back to back):")
+        print(f"  pipeline / {against} {spread([r['pipeline per cpu'] / r[against + ' per cpu'] for r in rounds])}")
+        if "floor" in rates:
+            print(f"  floor / bare {spread([r['floor per cpu'] / r['bare per cpu'] for r in rounds])}")
+            print(f"  pipeline / bare {spread([r['pipeline per cpu'] / r['bare per cpu'] for r in rounds])}")
+        print(f"per round, wall clock (moves with the machine's load): pipeline / {against} "
+              f"{spread([r['pipeline'] / r[against] for r in rounds])}")
+        headline = float(np.median([r["pipeline per cpu"] / r[against + " per cpu"] for r in rounds]))
+        name = "pipeline / floor" if "floor" in rates else "pipeline / floor (the bare read and parse)"
+        print(f"{name}: {headline:.3f} (samples per CPU second, median of {len(rounds)} rounds; wall clock "
+              f"{float(np.median([r['pipeline'] / r[against] for r in rounds])):.3f}); load average "
+              f"{min(loads):.1f}-{max(loads):.1f} over the rounds, {os.getloadavg()[0]:.1f} at end", flush=True)
         if a.ablate:
             applies = {k: v for k, v in {**ABLATIONS, **OPTIONS}.items()
                        if v.split("=")[0].split(".")[-1] in vars(cfg.data)}
             for name, override in applies.items():
-                r, _ = measure([override])
+                r, each, _ = measure([override], bare=False)
                 how = "on: " if name in OPTIONS else "off:"
-                print(f"  {how} {name:<40} ({override}): ratio {r['pipeline'] / r['bare']:.3f}  "
-                      f"({r['pipeline']:.1f} samples/s)", flush=True)
+                ratio = float(np.median([x["pipeline per cpu"] / x[against + " per cpu"] for x in each]))
+                print(f"  {how} {name:<40} ({override}): pipeline / {against} {ratio:.3f} (per CPU second, median "
+                      f"of rounds)  ({r['pipeline']:.1f} samples/s)", flush=True)
             first, cached = eval_pass_rates(workload, runtime, cfg, a.batch)
             print(f"  eval set decoded once and cached (data.cache_eval): first pass {first:.1f} samples/s, "
                   f"cached pass {cached:.1f} samples/s ({cached / first:.1f}x)")

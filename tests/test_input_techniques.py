@@ -75,3 +75,57 @@ def test_resnet_normalization_as_bias_add_is_the_reference_subtraction_bit_for_b
             want = ((x - resnet_data.MEAN_RGB) / resnet_data.STDDEV_RGB if prep.divide_by_stddev
                     else x - resnet_data.REFERENCE_MEAN_RGB)
             np.testing.assert_array_equal(resnet_data.normalize(x, prep).numpy(), want.numpy())
+
+
+def test_ssd_normalize_on_device_sends_uint8_within_half_a_grey_level():
+    """SSD's data.normalize_on_device: the host sends the resized pixels rounded to uint8 (with jitter draws
+    under augment); the train step's scaled, jittered and normalized batch is the float pipeline's to the
+    rounding (half a grey level before the jitter, which scales differences by its factors)."""
+    from benchmarks.ssd import data as ssd_data
+    from benchmarks.ssd.config import DataConfig, ModelConfig
+    from harness.runtime.base import InputContext
+
+    model, ctx = ModelConfig(image_size=32), InputContext(num_hosts=1, host_id=0, batch_size=4, seed=3)
+    for augment in (True, False):
+        cfg = dict(source="synthetic", train_samples=16, eval_samples=4, max_boxes=5, augment=augment)
+        on = ssd_data.make_source(DataConfig(normalize_on_device=True, **cfg), model, tf.bfloat16)
+        off = ssd_data.make_source(DataConfig(images_in_compute_dtype=False, **cfg), model)
+        assert on.train_image_dtype == tf.uint8 and off.train_image_dtype == tf.float32
+        a = list(on.train(ctx).take(6).as_numpy_iterator())
+        b = list(off.train(ctx).take(6).as_numpy_iterator())
+        assert {el["image"].dtype for el in a} == {np.dtype(np.uint8)} and ("jitter" in a[0]) == augment
+        for x, y in zip(a, b):
+            for k in ("boxes", "labels") + (("jitter",) if augment else ()):
+                np.testing.assert_array_equal(x[k], y[k])
+            if augment:  # the [0, 1] pixels before the train step's jitter
+                assert np.abs(x["image"] / 255.0 - y["image"]).max() <= 0.5 / 255 + 1e-6
+        batch_a = {k: tf.constant(np.stack([el[k] for el in a])) for k in a[0]}
+        batch_b = {k: tf.constant(np.stack([el[k] for el in b])) for k in b[0]}
+        got, want = ssd_data.device_image(batch_a), ssd_data.device_image(batch_b)
+        assert got.dtype == tf.float32
+        # 0.5/255 over the smallest std is 0.0087; the jitter's contrast and saturation (<= 1.5 each) scale it.
+        tolerance = 0.5 / 255 / min(ssd_data.STD_RGB) * (1.5 * 1.5 * 1.5 if augment else 1.0) + 1e-5
+        assert float(tf.reduce_max(tf.abs(got - want))) <= tolerance
+        if augment:  # crops resized: rounded, not the same pixels (unaugmented synthetic images are at size)
+            assert float(tf.reduce_max(tf.abs(got - want))) > 0
+        evals = on.eval_parse(next(iter(on.eval_records())))["image"]
+        assert evals.dtype == tf.bfloat16  # eval images stay normalized in the compute dtype
+
+
+def test_resnet_fused_normalize_and_cast_is_the_unfused_ops_bit_for_bit():
+    """The host's normalize + cast as one XLA loop (`fused_normalize`): the same bits as the two TF ops, in a
+    tf.data map as the pipeline calls it, for every dtype the host sends."""
+    rng = np.random.default_rng(5)
+    image = tf.constant(rng.uniform(0, 255, size=(24, 24, 3)).astype(np.float32))
+    for prep in resnet_data.PREPROCESSING.values():
+        for dtype in (tf.float32, tf.bfloat16, tf.float16):
+            want = tf.cast(resnet_data.normalize(image, prep), dtype)
+            ds = tf.data.Dataset.from_tensors(image).repeat(2).map(
+                lambda x: resnet_data.host_image(x, False, prep, dtype), num_parallel_calls=2)
+            for got in ds:
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(tf.bitcast(got, tf.uint16 if dtype.size == 2 else tf.uint32).numpy(),
+                                              tf.bitcast(want, tf.uint16 if dtype.size == 2 else tf.uint32).numpy())
+    halves = tf.constant(np.concatenate([np.arange(-2, 258, 0.5), rng.uniform(-5, 260, 500)]).astype(np.float32))
+    np.testing.assert_array_equal(resnet_data.to_uint8(halves).numpy(),  # uint8 images (normalize_on_device)
+                                  tf.cast(tf.clip_by_value(tf.round(halves), 0.0, 255.0), tf.uint8).numpy())

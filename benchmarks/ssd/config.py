@@ -41,6 +41,10 @@ class DataConfig(PipelineConfig):
                                    "and sends the resized [0, 1] image; the train step applies the jitter and "
                                    "normalization to the batch (the same formulas and draws; the host's costliest "
                                    "float work moves to the accelerator)")
+    normalize_on_device: bool = field(
+        False, doc="training: the host sends the resized image rounded to uint8 (at most half a grey level from the "
+        "reference's float pixels, hence off by default) and the train step scales, jitters (with augment, whatever "
+        "jitter_on_device says) and normalizes it: a quarter of float32's bytes, no float pass on the host")
     images_in_compute_dtype: bool = field(
         True, doc="with runtime.precision bfloat16 or float16 the host sends images already cast to it (half the "
         "bytes batched and copied to the device): normalized images are what the model's first conv casts to "

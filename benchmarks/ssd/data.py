@@ -7,6 +7,8 @@ Every source gives the same training elements (unbatched, static shapes, so the 
   labels int32 [max_boxes]  contiguous class labels 1..C (the CategoryMap of the source); 0 pads
   jitter float32 [4]  only with augment and data.jitter_on_device: the colour jitter's draws; the image is then
          the resized [0, 1] pixels, and the train step jitters and normalizes them (`device_image`)
+With data.normalize_on_device the training image is the resized pixels rounded to uint8 [S, S, 3] (0..255); the
+train step scales, jitters (with jitter draws) and normalizes it (`device_image`).
 Images without boxes are dropped from training (as the reference does) and kept for eval. The training stream is
 this host's shard, shuffled with the run seed and repeated forever; all augmentation is stateless and seeded from
 (run seed, host, position in the stream), so a run is reproducible.
@@ -32,6 +34,7 @@ from harness.train.datafiles import cached_count, check_count, counted_records, 
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 
+from benchmarks.resnet.data import to_uint8
 from benchmarks.ssd import synthetic_shapes
 from benchmarks.ssd.boxes import iou
 from benchmarks.ssd.coco_metric import (CategoryMap, coco_category_map, ground_truth_from_arrays,
@@ -65,11 +68,14 @@ def normalize(image01: tf.Tensor) -> tf.Tensor:
     return (image01 - MEAN_RGB) / STD_RGB
 
 
-def resize(image: tf.Tensor, size: int) -> tf.Tensor:
-    """Any-size RGB (uint8 0..255 or float) -> float32 [size, size, 3] in [0, 1], bilinear as Google's TF SSD."""
+def resize(image: tf.Tensor, size: int, as_uint8: bool = False) -> tf.Tensor:
+    """Any-size RGB (uint8 0..255 or float) -> float32 [size, size, 3] in [0, 1], bilinear as Google's TF SSD;
+    `as_uint8` (uint8 input, data.normalize_on_device): the resized 0..255 pixels rounded to uint8 instead."""
+    resized = tf.image.resize(image, [size, size], method="bilinear")
+    if as_uint8:
+        return tf.ensure_shape(to_uint8(resized), [size, size, 3])
     scale = 255.0 if image.dtype == tf.uint8 else 1.0
-    image = tf.image.resize(image, [size, size], method="bilinear") / scale
-    return tf.ensure_shape(image, [size, size, 3])
+    return tf.ensure_shape(resized / scale, [size, size, 3])
 
 
 def sample_ssd_crop(boxes: tf.Tensor, seed: tf.Tensor, max_samples: int,
@@ -248,10 +254,16 @@ def color_jitter(images01: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
 
 def device_image(batch: dict[str, tf.Tensor]) -> tf.Tensor:
     """The model's training input: a batch that carries jitter draws gets its colour jitter and normalization
-    here, in the step, in float32 (the pixels may arrive in the compute dtype); otherwise the host did both."""
+    here, in the step, in float32 (the pixels may arrive in the compute dtype); uint8 pixels
+    (data.normalize_on_device) are scaled to [0, 1] and normalized here too; otherwise the host did both."""
+    image = batch["image"]
+    if image.dtype == tf.uint8:
+        image = tf.cast(image, tf.float32) / 255.0
+        if "jitter" not in batch:
+            return normalize(image)
     if "jitter" not in batch:
-        return batch["image"]
-    return normalize(color_jitter(tf.cast(batch["image"], tf.float32), batch["jitter"]))
+        return image
+    return normalize(color_jitter(tf.cast(image, tf.float32), batch["jitter"]))
 
 
 def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -264,13 +276,15 @@ def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.T
 
 def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor, size: int,
                      max_boxes: int, augment: bool, max_samples: int,
-                     jitter_on_device: bool = False, dtype: tf.DType = tf.float32) -> dict[str, tf.Tensor]:
+                     jitter_on_device: bool = False, dtype: tf.DType = tf.float32,
+                     normalize_on_device: bool = False) -> dict[str, tf.Tensor]:
     """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes.
     `image` is pixels [H, W, 3] or still encoded (then decoded here, with augment only its crop window).
 
     `jitter_on_device` (with augment): the element carries the resized [0, 1] image and its jitter draws
     (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step. The image leaves
-    in `dtype` (`data.images_in_compute_dtype`).
+    in `dtype` (`data.images_in_compute_dtype`). `normalize_on_device`: the image leaves as the resized pixels
+    rounded to uint8 (at most half a grey level from the float pixels) and `device_image` does the rest.
     """
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
     boxes = tf.cast(boxes, tf.float32)
@@ -279,8 +293,11 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
     elif image.dtype == tf.string:
         image = _decode(image)
     image, boxes = random_flip(image, boxes, keys[1])
-    image = resize(image, size)
+    image = resize(image, size, normalize_on_device)  # decoded and generated pixels are uint8
     boxes, labels = pad_boxes(boxes, labels, max_boxes)
+    if normalize_on_device:
+        out = {"image": image, "boxes": boxes, "labels": labels}
+        return {**out, "jitter": jitter_factors(keys[2])} if augment else out
     if not augment:
         return {"image": tf.cast(normalize(image), dtype), "boxes": boxes, "labels": labels}
     factors = jitter_factors(keys[2])
@@ -376,6 +393,7 @@ class _Source:
         self.cfg = data_cfg
         self.size = model_cfg.image_size
         self.image_dtype = image_dtype
+        self.train_image_dtype = tf.uint8 if data_cfg.normalize_on_device else image_dtype
         self._gt = None
 
     def _augment(self, ctx: InputContext) -> Callable[..., dict[str, tf.Tensor]]:
@@ -383,7 +401,7 @@ class _Source:
 
         def fn(index: tf.Tensor, image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
             return preprocess_train(image, boxes, labels, _element_seed(ctx, index), size, c.max_boxes, c.augment,
-                                    c.max_samples, c.jitter_on_device, dtype)
+                                    c.max_samples, c.jitter_on_device, dtype, c.normalize_on_device)
         return fn
 
     def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:

@@ -178,9 +178,9 @@ class SSDWorkload(Workload):
             m.backbone_checkpoint = ""  # the dry run's own config: build() then reads no file
         size, boxes = m.image_size, c.data.max_boxes
         image = tf.TensorSpec([size, size, 3], self.source.image_dtype)
-        train = {"image": image, "boxes": tf.TensorSpec([boxes, 4], tf.float32),
-                 "labels": tf.TensorSpec([boxes], tf.int32)}
-        if c.data.augment and c.data.jitter_on_device:
+        train = {"image": tf.TensorSpec([size, size, 3], self.source.train_image_dtype),
+                 "boxes": tf.TensorSpec([boxes, 4], tf.float32), "labels": tf.TensorSpec([boxes], tf.int32)}
+        if c.data.augment and (c.data.jitter_on_device or c.data.normalize_on_device):
             train["jitter"] = tf.TensorSpec([4], tf.float32)
         return train, {"image": image}, notes
 
