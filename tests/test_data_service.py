@@ -1,7 +1,8 @@
 """tf.data service: a dispatcher and two workers started by `mlperf-harness data-service` on 127.0.0.1
 (subprocesses, always cleaned up, every wait bounded). Each epoch served sees every id exactly once; the
-ResNet TFRecord smoke reaches its target through the service with a compliant log; a worker killed
-mid-run is survived or ends the run with one `error:` line and an incomplete log, never a hang."""
+ResNet TFRecord, SSD, Transformer and llama31_8b smokes reach their targets through the service with
+compliant logs; a worker killed mid-run is survived or ends the run with one `error:` line and an incomplete
+log, never a hang."""
 from __future__ import annotations
 
 import glob
@@ -114,14 +115,16 @@ def imagenet_dir(tmp_path_factory):
     return out
 
 
-def smoke_args(data_dir: str, out: str, dispatcher: str, *extra: str) -> list[str]:
+def resnet_sets(data_dir: str) -> list[str]:
     # 2048 images, batch 64: epoch 4 is 128 steps, as in the 4096-image smoke at batch 128.
-    sets = {"data.data_dir": data_dir, "data.train_samples": 2048, "data.eval_samples": 200,
-            "schedule.global_batch_size": 64, "data.service.dispatcher": dispatcher}
+    return [f"data.data_dir={data_dir}", "data.train_samples=2048", "data.eval_samples=200",
+            "schedule.global_batch_size=64"]
+
+
+def smoke_args(data_dir: str, out: str, dispatcher: str, *extra: str) -> list[str]:
     args = ["run", os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml"), f"--output_dir={out}"]
-    for k, v in sets.items():
-        args += ["--set", f"{k}={v}"]
-    return args + [a for e in extra for a in ("--set", e)]
+    sets = resnet_sets(data_dir) + [f"data.service.dispatcher={dispatcher}", *extra]
+    return args + [a for e in sets for a in ("--set", e)]
 
 
 def test_every_epoch_through_the_service_sees_each_id_once(fleet):
@@ -136,27 +139,17 @@ def test_every_epoch_through_the_service_sees_each_id_once(fleet):
 
 
 def test_resnet_tfrecord_smoke_through_the_service_reaches_target(fleet, imagenet_dir, tmp_path):
-    out = str(tmp_path / "runs")
-    run = Proc(*smoke_args(imagenet_dir, out, fleet.dispatcher))
-    try:
-        run.p.wait(timeout=600)
-    finally:
-        run.stop()
-    time.sleep(0.2)  # the reader threads drain the pipes
-    assert run.p.returncode == 0, (run.stdout[-10:], run.stderr[-10:])
-    (summary_path,) = glob.glob(os.path.join(out, "resnet", "*", "summary.json"))
-    with open(summary_path) as f:
-        summary = json.load(f)
-    assert summary["status"] == "success" and summary["compliant"], summary
-    assert all(v["passed"] for v in summary["compliance"].values()), summary["compliance"]
+    summary, stdout = run_through_service("resnet", resnet_sets(imagenet_dir), fleet.dispatcher,
+                                          str(tmp_path / "runs"), "smoke-tfrecord.yaml")
     assert 0.0 <= summary["input_wait"]["share_of_train_time"] <= 1.0, summary["input_wait"]
-    assert any("of step time waiting for data (data.source=tfrecord" in line for line in run.stdout), run.stdout
+    assert any("of step time waiting for data (data.source=tfrecord" in line for line in stdout), stdout
 
 
-def run_through_service(workload: str, overrides: list[str], dispatcher: str, out: str) -> dict:
-    """Runs `configs/<workload>/smoke.yaml` with `overrides` through the service; its summary, which must say
-    success with every compliance check passed."""
-    args = ["run", os.path.join(REPO, "configs", workload, "smoke.yaml"), f"--output_dir={out}",
+def run_through_service(workload: str, overrides: list[str], dispatcher: str, out: str,
+                        config: str = "smoke.yaml") -> tuple[dict, list[str]]:
+    """Runs `configs/<workload>/<config>` with `overrides` through the service; its summary, which must say
+    success with every compliance check passed, and its stdout lines."""
+    args = ["run", os.path.join(REPO, "configs", workload, config), f"--output_dir={out}",
             "--set", f"data.service.dispatcher={dispatcher}"] + [a for o in overrides for a in ("--set", o)]
     run = Proc(*args)
     try:
@@ -170,27 +163,31 @@ def run_through_service(workload: str, overrides: list[str], dispatcher: str, ou
         summary = json.load(f)
     assert summary["status"] == "success" and summary["compliant"], summary
     assert all(v["passed"] for v in summary["compliance"].values()), summary["compliance"]
-    return summary
+    return summary, run.stdout
 
 
 # The smallest runs that still reach the real targets: SSD in the open division evaluated at epochs 10 and 15
-# (0.23 mAP; the closed smoke's first eval, at epoch 40, measures ~0.47), the Transformer smoke as it is.
+# (0.23 mAP; the closed smoke's first eval, at epoch 40, measures ~0.47); the Transformer smoke on 9,000 pairs
+# a epoch (not 10,000), warmed up over 50 steps (not 100) and scored on 200 sentences (not 400): measured
+# locally, 8,000 pairs gave BLEU 0.24 after epoch 2 and 0.77 after 3, so epoch 2 of 9,000 has margin.
 SSD_SERVICE = ["submission.division=open", "schedule.max_epochs=15", "schedule.eval_epochs=[10,15]"]
+TRANSFORMER_SERVICE = ["data.synthetic_train_pairs=9000", "optimizer.warmup_steps=50", "data.eval_samples=200"]
 
 
 def test_ssd_smoke_through_the_service_reaches_target(fleet, tmp_path):
-    summary = run_through_service("ssd", SSD_SERVICE, fleet.dispatcher, str(tmp_path / "runs"))
+    summary, _ = run_through_service("ssd", SSD_SERVICE, fleet.dispatcher, str(tmp_path / "runs"))
     assert summary["evals"][-1]["metrics"]["mAP"] >= 0.23, summary["evals"]
 
 
 def test_transformer_smoke_through_the_service_reaches_target(fleet, tmp_path):
-    summary = run_through_service("transformer", [], fleet.dispatcher, str(tmp_path / "runs"))
-    assert summary["status"] == "success", summary["evals"]
+    summary, _ = run_through_service("transformer", TRANSFORMER_SERVICE, fleet.dispatcher,
+                                     str(tmp_path / "runs"))
+    assert summary["evals"][-1]["metrics"]["bleu"] >= 0.25, summary["evals"]
 
 
 def test_llama31_8b_smoke_through_the_service_reaches_target(fleet, tmp_path):
     """The decoder LMs' rows (benchmarks/lm/data.py, shared with gpt_oss_20b) through the workers."""
-    summary = run_through_service("llama31_8b", [], fleet.dispatcher, str(tmp_path / "runs"))
+    summary, _ = run_through_service("llama31_8b", [], fleet.dispatcher, str(tmp_path / "runs"))
     assert summary["evals"][-1]["metrics"]["log perplexity"] < 1.0, summary["evals"]
 
 
