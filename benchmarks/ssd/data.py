@@ -555,6 +555,10 @@ SCAN_FEATURES = {
     "image/object/is_crowd": tf.io.VarLenFeature(tf.int64),
 }
 FEATURES = {**SCAN_FEATURES, "image/encoded": tf.io.FixedLenFeature([], tf.string)}
+# What a training record is parsed for (its image, boxes and labels; the id names it in an error): not the size
+# and crowd flags, which only the eval scan reads.
+TRAIN_FEATURES = {k: v for k, v in FEATURES.items()
+                  if k not in ("image/height", "image/width", "image/object/is_crowd")}
 
 
 class TFRecordSource(_Source):
@@ -755,7 +759,7 @@ class TFRecordSource(_Source):
         lookups = self._lookups()
 
         def parse(file: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            ex = tf.io.parse_single_example(record, FEATURES)
+            ex = tf.io.parse_single_example(record, TRAIN_FEATURES)
             boxes, labels = self._parse_objects(ex, lookups, ["COCO record in", file, "image id",
                                                               ex["image/source_id"]])
             return ex["image/encoded"], boxes, labels
