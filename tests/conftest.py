@@ -67,6 +67,26 @@ def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "step_cases(onednn, name=None): the test reads tests/step_cases.py's "
+                            "results in these oneDNN modes, for its `name` parameter or the workload `name`")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tells tests/step_cases.py which workloads the selected tests read, so each oneDNN mode's step cases
+    run in one process (however the tests were selected)."""
+    import step_cases
+
+    for item in items:
+        mark = item.get_closest_marker("step_cases")
+        if mark is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        name = mark.kwargs.get("name") or (callspec.params["name"] if callspec else None)
+        assert name, f"{item.nodeid}: a step_cases mark needs a workload (name= or a `name` parameter)"
+        step_cases.plan(name, tuple(mark.kwargs["onednn"]))
+
+
 @pytest.fixture
 def tmp_out(tmp_path):
     return str(tmp_path / "runs")

@@ -1,9 +1,11 @@
-"""Per workload, one subprocess (tests/helpers/step_case.py) whose results tests/test_workload_contract.py and
+"""The step cases (tests/helpers/step_case.py) that tests/test_workload_contract.py and
 tests/test_xla_precision.py both read: each workload's model is built and stepped once per session, not
-once per test file."""
+once per test file, and the workloads a session's selected tests need run together in one subprocess per
+oneDNN mode (one TensorFlow start, not one per workload). tests/conftest.py tells `plan` which workloads
+the collected tests read (their `step_cases` marks); a workload asked for outside that plan runs in a
+process of its own."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -34,27 +36,54 @@ SMALL = {
 STEPS = 2
 
 
-def _run(name: str, mode: list[str], onednn: str) -> dict:
+_results: dict[str, dict[str, dict]] = {"1": {}, "0": {}}  # oneDNN mode -> workload -> RESULT (or error)
+_planned: dict[str, set[str]] = {"1": set(), "0": set()}
+
+
+def plan(name: str, onednn: tuple[str, ...]) -> None:
+    """A workload the session's tests will read in these oneDNN modes ("1" on, "0" off): the first step case
+    asked for in a mode runs every planned workload of that mode at once."""
+    for mode in onednn:
+        _planned[mode].add(name)
+
+
+def _run(names: list[str], onednn: str) -> None:
     helper = os.path.join(REPO, "tests", "helpers", "step_case.py")
-    config = os.path.join(REPO, "configs", name, "smoke.yaml")
-    proc = subprocess.run([sys.executable, helper, config, json.dumps(SMALL[name]), str(STEPS), *mode],
-                          cwd=REPO, capture_output=True, text=True, timeout=900,
+    cases = {n: [os.path.join(REPO, "configs", n, "smoke.yaml"), SMALL[n],
+                 ["plain"] if onednn == "0" else ["overflow"] if n == "resnet" else []] for n in names}
+    proc = subprocess.run([sys.executable, helper, json.dumps(cases), str(STEPS)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900 * len(names),
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=onednn))
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    got = {}
+    for line in proc.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in ("RESULT", "FAILED"):
+            name, _, payload = rest.partition(" ")
+            got[name] = {"ok": kind == "RESULT", "value": json.loads(payload)}
+    for n in names:
+        _results[onednn][n] = got.get(n) or {
+            "ok": False, "value": f"exit {proc.returncode}, no result for {n}:\n"
+                                  + proc.stdout[-2000:] + proc.stderr[-4000:]}
 
 
-@functools.lru_cache(maxsize=None)
+def _case(name: str, onednn: str) -> dict:
+    done = _results[onednn]
+    if name not in done:
+        batch = sorted(_planned[onednn] - set(done)) if name in _planned[onednn] else [name]
+        _run(batch, onednn)
+    result = done[name]
+    assert result["ok"], f"step case {name} (TF_ENABLE_ONEDNN_OPTS={onednn}) failed:\n{result['value']}"
+    return result["value"]
+
+
 def step_case(name: str) -> dict:
     """The helper's RESULT for workload `name` (asserting it ran cleanly), with oneDNN's kernels forced on:
     TensorFlow turns them on by itself only on some CPUs (AVX-512 ones), and some refuse shapes the default
     kernels take (a rank-6 softmax), so every machine that runs the suite runs them."""
-    return _run(name, ["overflow"] if name == "resnet" else [], "1")
+    return _case(name, "1")
 
 
-@functools.lru_cache(maxsize=None)
 def step_case_onednn_off(name: str) -> dict:
     """One device's plain train steps and eval of `name` with oneDNN forced off (TensorFlow's default kernels,
     what AVX2-only CPUs run)."""
-    return _run(name, ["plain"], "0")
+    return _case(name, "0")

@@ -2,8 +2,8 @@
 on 2 logical CPUs (mirrored) give finite, equal losses (so the loop's gradient reduction is right for
 this workload) and count every eval example exactly once on an eval set that does not divide the batch.
 
-Each workload runs in its own subprocess (logical devices must be configured before TensorFlow starts),
-shared with tests/test_xla_precision.py through tests/step_cases.py.
+The selected workloads run in one subprocess per oneDNN mode (logical devices must be configured before
+TensorFlow starts), shared with tests/test_xla_precision.py through tests/step_cases.py.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def test_every_registered_workload_has_a_contract_case():
     assert sorted(SMALL) == registry.names()
 
 
+@pytest.mark.step_cases(onednn=("1",))
 @pytest.mark.parametrize("name", registry.names())
 def test_one_train_step_and_eval_on_one_and_two_replicas(name):
     out = step_case(name)
@@ -34,6 +35,7 @@ def test_one_train_step_and_eval_on_one_and_two_replicas(name):
     assert two["score"] == pytest.approx(one["score"], abs=1e-6)
 
 
+@pytest.mark.step_cases(onednn=("1", "0"))
 @pytest.mark.parametrize("name", registry.names())
 def test_steps_agree_with_onednn_kernels_on_and_off(name):
     """oneDNN on (step_case forces it) and off (TensorFlow's default kernels): both run every workload's

@@ -1,9 +1,10 @@
 """Every workload's per-replica train and eval steps under XLA on one CPU device, against the same steps
 without XLA, and in bfloat16 and float16 (dynamic loss scaling) against float32.
 
-Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess per workload
-(tests/helpers/step_case.py, shared with the workload contract through tests/step_cases.py). The full
-smoke runs under XLA and in each precision are manual checks (README, "Accelerator path").
+Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess for the
+selected workloads (tests/helpers/step_case.py, shared with the workload contract through
+tests/step_cases.py). The full smoke runs under XLA and in each precision are manual checks (README,
+"Accelerator path").
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def test_every_registered_workload_has_a_case():
     assert sorted(SMALL) == registry.names()
 
 
+@pytest.mark.step_cases(onednn=("1",))
 @pytest.mark.parametrize("name", registry.names())
 def test_xla_train_and_eval_match_the_plain_steps(name):
     r = step_case(name)
@@ -40,6 +42,7 @@ def test_xla_train_and_eval_match_the_plain_steps(name):
         assert r["xla_eval_same_weights"] == r["plain_eval"]
 
 
+@pytest.mark.step_cases(onednn=("1",))
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", registry.names())
 def test_low_precision_steps_track_float32_with_float32_state(name, precision):
@@ -62,6 +65,7 @@ def test_low_precision_steps_track_float32_with_float32_state(name, precision):
         assert p["loss_scale"] is None and p["optimizer_step"] == STEPS
 
 
+@pytest.mark.step_cases(onednn=("1",), name="resnet")
 def test_float16_overflow_skips_the_update_and_lowers_the_scale():
     o = step_case("resnet")["float16_overflow"]
     assert o["loss_scale"]["skipped_steps"] == STEPS

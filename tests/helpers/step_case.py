@@ -1,4 +1,4 @@
-"""One workload, small, in one process with 2 logical CPUs: the steps every per-workload step test reads.
+"""Workloads, small, in one process with 2 logical CPUs: the steps every per-workload step test reads.
 
 - `one` / `two`: two train steps and an eval on one device and on 2 mirrored replicas (the workload
   contract, tests/test_workload_contract.py);
@@ -6,17 +6,20 @@
   then `bfloat16` and `float16` (dynamic loss scaling) runs of the same steps, and for ResNet a float16
   loss scale that overflows (tests/test_xla_precision.py).
 
-With `plain` as the last argument only the one-device plain steps run (the oneDNN-off case: the caller sets
+With mode `plain` only the one-device plain steps run (the oneDNN-off case: the caller sets
 TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads at start-up). Every RESULT says whether oneDNN was on.
 
-Prints one RESULT line of JSON. A subprocess per workload: logical devices must be set before TensorFlow
-starts, and each workload needs its own device setup. Shared through tests/step_cases.py.
+Several workloads run in one process, one after another (one TensorFlow start for all of them): the 2
+logical CPUs are set once, before TensorFlow starts, and every workload's mirrored contract runs on them.
+Prints one `RESULT <name> <json>` line per workload, or `FAILED <name> <json traceback>` for a workload
+that raised (the others still run). Shared through tests/step_cases.py.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -69,12 +72,13 @@ def plain_only(config: str, small: list[str], train_steps: int) -> dict:
     return {"plain_losses": losses, "plain_eval": evaluate(steps, cfg)[0]}
 
 
-def main(config: str, small: list[str], train_steps: int, mode: list[str]) -> None:
+def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> dict:
+    """One workload's results: `plain` (oneDNN-off runs), else the contract, XLA and precision steps, and
+    with `overflow` the float16 overflow too."""
     if mode == ["plain"]:
         out = plain_only(config, small, train_steps)
         out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
-        print("RESULT " + json.dumps(out), flush=True)
-        return
+        return out
     overflow = mode == ["overflow"]
     out: dict = {"onednn": bool(_pywrap_util_port.IsMklEnabled())}
     # The contract: 2 mirrored replicas (first, while the logical devices can still be set), then one device.
@@ -125,8 +129,19 @@ def main(config: str, small: list[str], train_steps: int, mode: list[str]) -> No
             "losses": losses, "loss_scale": steps.loss_scale_state(),
             "optimizer_step": int(wl.optimizer.step.numpy()),
             "weights_unchanged": all(np.array_equal(a, b) for a, b in zip(before, after))}
-    print("RESULT " + json.dumps(out), flush=True)
+    return out
+
+
+def main(cases: dict, train_steps: int) -> None:
+    """`cases`: workload name -> [smoke config, small overrides, mode]."""
+    for name, (config, small, mode) in cases.items():
+        try:
+            out = case(config, small, train_steps, mode)
+        except Exception:  # noqa: BLE001 - reported per workload; the caller's test fails on it
+            print(f"FAILED {name} " + json.dumps(traceback.format_exc()), flush=True)
+            continue
+        print(f"RESULT {name} " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+    main(json.loads(sys.argv[1]), int(sys.argv[2]))
