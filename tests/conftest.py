@@ -72,12 +72,12 @@ def pytest_configure(config):
                             "results in these oneDNN modes, for its `name` parameter or the workload `name`")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tells tests/step_cases.py which workloads the selected tests read, so each oneDNN mode's step cases
-    run in one process (however the tests were selected)."""
+def pytest_collection_finish(session):
+    """Tells tests/step_cases.py which workloads the selected tests read (after -k/-m deselection), so each
+    oneDNN mode's step cases run in one process."""
     import step_cases
 
-    for item in items:
+    for item in session.items:
         mark = item.get_closest_marker("step_cases")
         if mark is None:
             continue
