@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.resnet import data as resnet_data
+from harness.train import input_pipeline
 from harness.train.input_pipeline import PipelineConfig, nbytes, pipeline_config, train_options
 
 
@@ -127,5 +128,5 @@ def test_resnet_fused_normalize_and_cast_is_the_unfused_ops_bit_for_bit():
                 np.testing.assert_array_equal(tf.bitcast(got, tf.uint16 if dtype.size == 2 else tf.uint32).numpy(),
                                               tf.bitcast(want, tf.uint16 if dtype.size == 2 else tf.uint32).numpy())
     halves = tf.constant(np.concatenate([np.arange(-2, 258, 0.5), rng.uniform(-5, 260, 500)]).astype(np.float32))
-    np.testing.assert_array_equal(resnet_data.to_uint8(halves).numpy(),  # uint8 images (normalize_on_device)
+    np.testing.assert_array_equal(input_pipeline.to_uint8(halves).numpy(),  # uint8 images (normalize_on_device)
                                   tf.cast(tf.clip_by_value(tf.round(halves), 0.0, 255.0), tf.uint8).numpy())

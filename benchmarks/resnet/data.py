@@ -16,6 +16,7 @@ import tensorflow as tf
 from harness.train.datafiles import check_count, counted_records, list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
+from harness.train.input_pipeline import to_uint8
 
 from benchmarks.resnet.config import DataConfig
 
@@ -81,13 +82,6 @@ def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing,
     if on_device:
         return to_uint8(image)
     return fused_normalize(prep, dtype)(image)
-
-
-@tf.function(jit_compile=True, autograph=False)
-def to_uint8(image: tf.Tensor) -> tf.Tensor:
-    """0..255 float pixels rounded (half to even), clipped and cast to uint8 in one XLA loop (the same bits as
-    the three TF ops, which a test compares)."""
-    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
 
 
 def device_image(image: tf.Tensor, prep: Preprocessing | None) -> tf.Tensor:

@@ -33,8 +33,8 @@ import tensorflow as tf
 from harness.train.datafiles import cached_count, check_count, counted_records, list_files
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
+from harness.train.input_pipeline import to_uint8
 
-from benchmarks.resnet.data import to_uint8
 from benchmarks.ssd import synthetic_shapes
 from benchmarks.ssd.boxes import iou
 from benchmarks.ssd.coco_metric import (CategoryMap, coco_category_map, ground_truth_from_arrays,

@@ -65,6 +65,13 @@ def train_options(cfg: PipelineConfig, synthetic: bool = False) -> tf.data.Optio
     return options
 
 
+@tf.function(jit_compile=True, autograph=False)
+def to_uint8(image: tf.Tensor) -> tf.Tensor:
+    """0..255 float pixels rounded (half to even), clipped and cast to uint8 in one XLA loop (the same bits as
+    the three TF ops, which a test compares): the images workloads send as uint8 (data.normalize_on_device)."""
+    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+
+
 def nbytes(spec: Any) -> int | None:
     """Bytes of one element of `spec`, or None when a shape is not fully known."""
     total = 0
