@@ -30,10 +30,10 @@ class ModelConfig:
     output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
                                       "down projections; 0 = init_stddev / sqrt(2 * num_layers), Megatron's scaled "
                                       "init (output_layer_init_method), which the reference keeps")
+    remat: bool = remat_field()
 
     def output_stddev(self) -> float:
         return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
-    remat: bool = remat_field()
 
     def rope_scaling(self) -> RopeScaling | None:
         if not self.rope_scaling_factor:
