@@ -133,7 +133,7 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"sample) + fixed {p.eval.fixed:.3f} s (per eval) [{p.eval.source}]"
         + ("; asynchronous: only the last eval's host and fixed parts are on the clock" if p.eval.mode == "async"
            else ""),
-        f"  init (not in the score)   " + (f"{p.init_seconds:.0f} s (calibration logs)" if p.init_seconds is not None
+        "  init (not in the score)   " + (f"{p.init_seconds:.0f} s (calibration logs)" if p.init_seconds is not None
                                           else "not known (no calibration logs)"),
         f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "
         f"{p.eval_total_seconds / 60:.2f} (eval {100 * p.eval_total_seconds / p.total_seconds:.1f}% of it)",
