@@ -20,8 +20,10 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/mlperf-harness run configs/resnet/smoke.yaml
 
+# In parallel, one pytest-xdist worker per core (at most 4; tests/conftest.py), each test file in one worker
+# (module fixtures stay shared). `pytest tests/test_x.py -k ...` alone runs serially, as before.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) logs/*/ .pytest_cache

@@ -4,6 +4,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 
@@ -67,20 +69,102 @@ def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
+def free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """n ports on 127.0.0.1 free right now (`consecutive`: p, p + 1, ...) for the servers a test starts.
+
+    Taken below the kernel's ephemeral range (32768+ on Linux), which bind(0) and outgoing connections draw
+    from, so no other process gets one between this check and the server's bind; and from a slice of 1000
+    ports per pytest-xdist worker, so the workers of one session never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    low = 20000 + 1000 * (int(worker.removeprefix("gw") or 0) % 12)
+    start = random.randrange(1000)
+    picked: list[int] = []
+    for i in range(1000):
+        port = low + (start + i) % 1000
+        if consecutive and picked and port != picked[-1] + 1:
+            picked = []
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                picked = []
+                continue
+        picked.append(port)
+        if len(picked) == n:
+            return picked
+    raise RuntimeError(f"no {n} free ports in {low}-{low + 999}")
+
+
+# pytest-xdist (`make test` runs `pytest -n auto --dist loadfile`): test files that share one in-process
+# cache run in the same worker, or each worker would build it anew. The step cases' subprocesses
+# (tests/step_cases.py) run once per session only because of this (the collection check below holds every
+# step_cases mark to these files); tests/dry_run_shared.py's compiles are shared the same way.
+SHARED_WORKER = {
+    "test_workload_contract.py": "step cases", "test_xla_precision.py": "step cases",
+    "test_dry_run.py": "dry runs", "test_tpu_rules.py": "dry runs",
+}
+# The files (or groups) that take longest, longest first: a worker starts them first so that none of them
+# starts last and leaves the other worker idle at the end. Measured on 2 cores; the rest keep their order.
+LONGEST_FIRST = ["step cases", "test_campaign_package.py"]
+
+
+def _scope(nodeid: str) -> str:
+    """The xdist work unit of a test: its file's name, or the SHARED_WORKER group of its file."""
+    name = os.path.basename(nodeid.split("::", 1)[0])
+    return SHARED_WORKER.get(name, name)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, at most 4. Each worker's TensorFlow (and the subprocesses its tests
+    start) already uses every core for its ops; the workers fill the single-threaded stretches (imports,
+    tracing, compiles, process starts). More than 4 would mostly add memory (a few GiB per worker) and
+    the longest file bounds the wall time anyway. PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the SHARED_WORKER files in one work unit and the units in collection order
+    (pytest_collection_modifyitems puts LONGEST_FIRST first) instead of xdist's most-tests-first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return SharedFileScheduling(config, log)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "step_cases(onednn, name=None): the test reads tests/step_cases.py's "
                             "results in these oneDNN modes, for its `name` parameter or the workload `name`")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the LONGEST_FIRST work units first (a stable sort: the order within files is kept)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_scope(item.nodeid), len(rank)))
+
+
 def pytest_collection_finish(session):
     """Tells tests/step_cases.py which workloads the selected tests read (after -k/-m deselection), so each
-    oneDNN mode's step cases run in one process."""
+    oneDNN mode's step cases run in one process. Under xdist every worker collects every test, but only the
+    worker that runs the SHARED_WORKER "step cases" unit asks for a step case, so they still run once."""
     import step_cases
 
     for item in session.items:
         mark = item.get_closest_marker("step_cases")
         if mark is None:
             continue
+        assert _scope(item.nodeid) == "step cases", \
+            f"{item.nodeid}: a test file that reads step cases belongs in conftest.SHARED_WORKER's 'step cases'"
         callspec = getattr(item, "callspec", None)
         name = mark.kwargs.get("name") or (callspec.params["name"] if callspec else None)
         assert name, f"{item.nodeid}: a step_cases mark needs a workload (name= or a `name` parameter)"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO
+from conftest import REPO, free_ports
 from harness.review import logparse
 from harness.train.loop import CompiledSteps, run_timed, train_input, training_seed
 from harness.mlperf import MLPerfLog
@@ -153,16 +152,6 @@ def test_two_replicas_train_and_evaluate_like_one(tmp_path):
     assert runs["one"]["steps"] == runs["two"]["steps"]
     np.testing.assert_allclose(runs["two"]["evals"], runs["one"]["evals"], rtol=1e-6)
     assert all(c == 37 for c in runs["two"]["counted"])
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_two_processes_stop_at_the_chief_verdict(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 
 from harness.review import logparse
 
-from conftest import REPO, SMOKE, read_summary, sets
+from conftest import REPO, SMOKE, free_ports, read_summary, sets
 
 # A short two-process run: 4 epochs of 2 steps, one eval at the end (the closed ResNet cadence).
 QUICK = sets(data__train_samples=256, data__eval_samples=101, schedule__max_epochs=4,
@@ -28,32 +27,9 @@ ENDLESS = sets(data__train_samples=256, data__eval_samples=101, schedule__max_ep
 WAIT_S = 300  # generous: only a hang reaches it
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def tf_configs(n: int = 2) -> list[str]:
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(n)]}
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(n)]
-
-
-def free_port_pair() -> int:
-    """A port p with p + 1 free as well (two SLURM tasks on one node listen on port_base + 0, + 1)."""
-    while True:
-        (base,) = free_ports(1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", base + 1))
-                return base
-            except OSError:
-                continue
 
 
 def slurm_envs(n: int = 2) -> tuple[list[dict], int]:
@@ -62,7 +38,8 @@ def slurm_envs(n: int = 2) -> tuple[list[dict], int]:
     common = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": str(n), "SLURM_STEP_NUM_TASKS": str(n),
               "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NNODES": "1",
               "SLURM_TASKS_PER_NODE": str(n), "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURM_NODEID": "0"}
-    return [dict(common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)) for i in range(n)], free_port_pair()
+    tasks = [dict(common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)) for i in range(n)]
+    return tasks, free_ports(n, consecutive=True)[0]
 
 
 def start_workers(out: str, *overrides: str, launcher: str = "tf_config") -> list[subprocess.Popen]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.runtime import make_runtime
 
-from conftest import REPO
+from conftest import REPO, free_ports
 
 HELPERS = os.path.join(REPO, "tests", "helpers")
 # 4 pretend GPUs, 8 examples each; bn_span 16 pools statistics over groups of 2 replicas: strictly between
@@ -69,17 +68,6 @@ def test_multi_host_methods_with_two_hosts_stood_in():
         assert r["gathered"] == [2.0 * i for i in range(8)]
     # A CPU mesh says that jit_compile does not apply there instead of ignoring it.
     assert "runtime: jit_compile does not apply on a CPU mesh" in proc.stdout
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def test_collective_timeout_does_not_cost_a_thread_per_collective():
