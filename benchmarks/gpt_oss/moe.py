@@ -142,6 +142,15 @@ def after(index: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
     return tf.maximum(index, tf.reshape(floor, [-1] + [1] * (index.shape.rank - 1)))
 
 
+def after_all(index: tf.Tensor, ts: list[tf.Tensor | None]) -> tf.Tensor:
+    """index (int, >= 0), unchanged, but computed from every tensor of `ts` (None: skipped) as `after`
+    does, over all of each tensor's elements (tensors without a batch dimension)."""
+    for t in ts:
+        if t is not None:
+            index = tf.maximum(index, -tf.cast(tf.math.is_nan(tf.reduce_max(t)), index.dtype))
+    return index
+
+
 def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_up: tf.Tensor,
                   w_down: tf.Tensor, chunk: int = 0) -> tf.Tensor:
     """SwiGLU of each block of rows xs [b, blocks, block, m] with its own expert's weights (w_gate, w_up
@@ -151,7 +160,7 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
     values per block. `chunk` > 0 computes `chunk` blocks at a time, each chunk's gathers after the previous
     chunk's output (`after`), so one chunk's copies are live at once; the backward pass gathers them again
     per chunk (the gate and up activations are kept, so no expert matmul is recomputed) and sums each
-    expert's weight gradient over the chunks in float32 (a segment sum over the blocks). 0: one chunk."""
+    expert's weight gradient over the chunks in float32 (a one-hot product over the blocks). 0: one chunk."""
     b, nb, block, m = xs.shape
     experts = w_gate.shape[0]
     chunk = chunk or nb
@@ -182,10 +191,20 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(w_gate, i))
                            + tf.einsum("bjch,bjmh->bjcm", dup, tf.gather(w_up, i)))
                 last = dxs[-1]
+                # Each block's weight gradient summed into its expert's by a one-hot contraction, not a
+                # scatter (unsorted_segment_sum): a scatter writes into a zero-filled [experts, m, h] buffer
+                # that depends on nothing, and XLA's scheduler may create it at the start of the step, so
+                # every chunk's of every layer and micro-batch would be live at once (at the reference 18
+                # chunks x 3 x 24 layers x 2 micro-batches x 1.06 GB of float32). The product's output is
+                # made when its operands are, one chunk at a time; its extra work (experts / block of the
+                # weight gradient's multiply-adds) reads no more bytes than the scatter writes.
+                # The running sums (`after`) too: else XLA fuses the sums of a layer's chunks into one add
+                # of every chunk's part, all of them live at once.
+                onehot = tf.one_hot(after_all(i, dw), experts, dtype=x.dtype)     # [b, j, experts]
                 for n, block_grad in enumerate((tf.einsum("bjcm,bjch->bjmh", x, dgate),
                                                 tf.einsum("bjcm,bjch->bjmh", x, dup),
                                                 tf.einsum("bjch,bjcm->bjhm", hidden, dy))):
-                    part = tf.cast(tf.math.unsorted_segment_sum(block_grad, i, experts), tf.float32)
+                    part = tf.cast(tf.einsum("bje,bjmh->emh", onehot, block_grad), tf.float32)
                     dw[n] = part if dw[n] is None else dw[n] + part
             return (tf.concat(dxs, 1),) + tuple(tf.cast(g, w.dtype) for g, w in zip(dw, (w_gate, w_up, w_down)))
 
