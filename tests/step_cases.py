@@ -3,13 +3,17 @@ tests/test_xla_precision.py both read: each workload's model is built and steppe
 once per test file, and the workloads a session's selected tests need run together in one subprocess per
 oneDNN mode (one TensorFlow start, not one per workload). tests/conftest.py tells `plan` which workloads
 the collected tests read (their `step_cases` marks); a workload asked for outside that plan runs in a
-process of its own."""
+process of its own. The first planned step case asked for starts every mode's process at once: they run
+side by side (much of each is single-threaded tracing and compiling), the test waits for its own."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from typing import IO
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,39 +42,72 @@ STEPS = 2
 
 _results: dict[str, dict[str, dict]] = {"1": {}, "0": {}}  # oneDNN mode -> workload -> RESULT (or error)
 _planned: dict[str, set[str]] = {"1": set(), "0": set()}
+_running: dict[str, tuple[list[str], subprocess.Popen, IO[str], IO[str]]] = {}  # mode -> started, unread
 
 
 def plan(name: str, onednn: tuple[str, ...]) -> None:
     """A workload the session's tests will read in these oneDNN modes ("1" on, "0" off): the first step case
-    asked for in a mode runs every planned workload of that mode at once."""
+    asked for starts every planned workload of every mode (one process per mode)."""
     for mode in onednn:
         _planned[mode].add(name)
 
 
-def _run(names: list[str], onednn: str) -> None:
+def _start(names: list[str], onednn: str) -> None:
     helper = os.path.join(REPO, "tests", "helpers", "step_case.py")
     cases = {n: [os.path.join(REPO, "configs", n, "smoke.yaml"), SMALL[n],
                  ["plain"] if onednn == "0" else ["overflow"] if n == "resnet" else []] for n in names}
-    proc = subprocess.run([sys.executable, helper, json.dumps(cases), str(STEPS)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900 * len(names),
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=onednn))
+    # Output to files, not pipes: nobody reads a process that runs ahead of the test waiting for it.
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, helper, json.dumps(cases), str(STEPS)], cwd=REPO, stdout=out,
+                            stderr=err, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=onednn))
+    _running[onednn] = (names, proc, out, err)
+
+
+def _finish(onednn: str) -> None:
+    names, proc, out, err = _running.pop(onednn)
+    try:
+        proc.wait(timeout=900 * len(names))  # generous: only a hang reaches it
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out.seek(0)
+    err.seek(0)
+    stdout, stderr = out.read(), err.read()
+    out.close()
+    err.close()
     got = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind in ("RESULT", "FAILED"):
             name, _, payload = rest.partition(" ")
             got[name] = {"ok": kind == "RESULT", "value": json.loads(payload)}
     for n in names:
         _results[onednn][n] = got.get(n) or {
-            "ok": False, "value": f"exit {proc.returncode}, no result for {n}:\n"
-                                  + proc.stdout[-2000:] + proc.stderr[-4000:]}
+            "ok": False, "value": f"exit {proc.returncode}, no result for {n}:\n" + stdout[-2000:] + stderr[-4000:]}
+
+
+@atexit.register
+def _stop_unread() -> None:
+    """A process no test waited for (its tests failed first or were interrupted) ends with the session."""
+    for _, proc, _, _ in _running.values():
+        proc.kill()
+        proc.wait()
 
 
 def _case(name: str, onednn: str) -> dict:
     done = _results[onednn]
     if name not in done:
-        batch = sorted(_planned[onednn] - set(done)) if name in _planned[onednn] else [name]
-        _run(batch, onednn)
+        if name in _planned[onednn]:
+            for mode in sorted(_planned, reverse=True):  # "1" first: most tests read it
+                batch = sorted(_planned[mode] - set(_results[mode]))
+                if batch and mode not in _running:
+                    _start(batch, mode)
+        if onednn in _running:
+            _finish(onednn)
+        if name not in done:  # asked for outside the plan
+            _start([name], onednn)
+            _finish(onednn)
     result = done[name]
     assert result["ok"], f"step case {name} (TF_ENABLE_ONEDNN_OPTS={onednn}) failed:\n{result['value']}"
     return result["value"]
