@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, harness_cmd, stderr_error_lines
+from conftest import REPO, free_ports, harness_cmd, stderr_error_lines
 from harness.runtime.base import InputContext
 from harness.train.data_service import distribute_epochs
 from harness.train.input_pipeline import ServiceConfig, pipeline_config, train_options
@@ -29,9 +28,8 @@ START_TIMEOUT_S = 180  # importing TensorFlow on a loaded 2-core machine
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """One port from conftest's per-xdist-worker slice below the ephemeral range (no race with bind(0))."""
+    return free_ports(1)[0]
 
 
 class Proc:
