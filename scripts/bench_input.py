@@ -409,6 +409,10 @@ ABLATIONS = {  # the technique, and the override that switches it off
     "images in the compute dtype (vs float32)": "data.images_in_compute_dtype=false",
     "colour jitter on the device": "data.jitter_on_device=false",
     "records parsed in blocks (vs one at a time)": "data.parse_block=1",
+    "normalized in the train step (float32 pixels sent)": "data.normalize_in_step=false",
+    "images flipped in the train step (coins sent)": "data.flip_on_device=false",
+    "SSD pixels scaled in the train step (0..255 float32 sent)": "data.scale_in_step=false",
+    "files read in turn (vs AUTOTUNE parallel reads)": "data.read_threads=0",
 }
 OPTIONS = {  # off by default (they change the reference's numerics slightly), measured on
     "normalize on device (host sends uint8)": "data.normalize_on_device=true",
@@ -435,7 +439,8 @@ def resnet_bench(tmp: str, images: int, batch: int) -> Bench:
                   f"data.train_samples={images}", f"data.eval_samples={images}"],
                  "decode_and_crop_jpeg", lambda wl: bare_resnet(encoded, boxes, wl, batch),
                  lambda wl: floor_resnet(encoded, boxes, wl, batch),
-                 lambda wl, cfg: "uint8" if cfg.data.normalize_on_device else wl.source.image_dtype.name)
+                 lambda wl, cfg: wl.source.train_image_dtype.name + (" unnormalized" if wl.source.normalizes_in_step
+                                                                      else "") + (" + flip coins" if cfg.data.flip_on_device else ""))
 
 
 def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
@@ -452,9 +457,8 @@ def ssd_bench(tmp: str, images: int, batch: int) -> Bench:
 
 
 def ssd_dtype(workload: Any, cfg: Any) -> str:
-    if getattr(cfg.data, "normalize_on_device", False):
-        return "uint8"
-    return workload.source.image_dtype.name
+    scaled = " 0..255" if workload.source.scales_in_step else ""
+    return workload.source.train_image_dtype.name + scaled + (" + flip coins" if cfg.data.flip_on_device else "")
 
 
 def bert_bench(tmp: str, images: int, batch: int) -> Bench:

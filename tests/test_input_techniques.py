@@ -90,7 +90,7 @@ def test_ssd_normalize_on_device_sends_uint8_within_half_a_grey_level():
     for augment in (True, False):
         cfg = dict(source="synthetic", train_samples=16, eval_samples=4, max_boxes=5, augment=augment)
         on = ssd_data.make_source(DataConfig(normalize_on_device=True, **cfg), model, tf.bfloat16)
-        off = ssd_data.make_source(DataConfig(images_in_compute_dtype=False, **cfg), model)
+        off = ssd_data.make_source(DataConfig(images_in_compute_dtype=False, scale_in_step=False, **cfg), model)
         assert on.train_image_dtype == tf.uint8 and off.train_image_dtype == tf.float32
         a = list(on.train(ctx).take(6).as_numpy_iterator())
         b = list(off.train(ctx).take(6).as_numpy_iterator())
@@ -130,3 +130,81 @@ def test_resnet_fused_normalize_and_cast_is_the_unfused_ops_bit_for_bit():
     halves = tf.constant(np.concatenate([np.arange(-2, 258, 0.5), rng.uniform(-5, 260, 500)]).astype(np.float32))
     np.testing.assert_array_equal(input_pipeline.to_uint8(halves).numpy(),  # uint8 images (normalize_on_device)
                                   tf.cast(tf.clip_by_value(tf.round(halves), 0.0, 255.0), tf.uint8).numpy())
+
+
+def test_resnet_flip_coin_is_the_reference_flips_coin_and_the_device_flip_its_mirror():
+    """data.flip_on_device: the coin the host sends is the one tf.image.stateless_random_flip_left_right tosses,
+    and the train step's flip of the unflipped resize is the host's flip: bit for bit where the preprocessing
+    flips after its resize (google_tpu); for the reference (flip before the v1 resize) it is the mirror of the
+    unflipped image with the same coin."""
+    image = tf.cast(tf.random.stateless_uniform([90, 120, 3], [1, 2], 0, 255), tf.uint8)
+    jpeg = tf.io.encode_jpeg(image, quality=90)
+    coins = []
+    for i in range(12):
+        seed = tf.constant([5, i], tf.int64)
+        coin = bool(resnet_data.flip_coin(seed))
+        coins.append(coin)
+        flipped = tf.image.stateless_random_flip_left_right(image, seed)
+        np.testing.assert_array_equal(flipped.numpy(), (image[:, ::-1] if coin else image).numpy())
+        for name, prep in resnet_data.PREPROCESSING.items():
+            host = resnet_data.random_resized_crop_jpeg(jpeg, 24, seed, prep)
+            unflipped = resnet_data.random_resized_crop_jpeg(jpeg, 24, seed, prep, flip=False)
+            crop_coin = bool(resnet_data.flip_coin(seed + 1))  # the crop's flip draws from seed + 1
+            on_device = resnet_data.flip_where(unflipped[None], tf.constant([crop_coin]))[0]
+            if name == "google_tpu" or not crop_coin:
+                np.testing.assert_array_equal(on_device.numpy(), host.numpy())
+            else:
+                np.testing.assert_array_equal(on_device.numpy(), unflipped[:, ::-1].numpy())
+    assert True in coins and False in coins
+
+
+def test_resnet_normalize_in_step_is_the_host_normalization_bit_for_bit():
+    """data.normalize_in_step: the host sends the resized float32 pixels; the train step's normalization (then
+    the model's cast to its compute dtype) gives the bits the host's normalized images had, with and without
+    XLA; the coin travels with the example and flips the batch's images on the device."""
+    rng = np.random.default_rng(7)
+    resized = tf.constant(rng.uniform(0, 255, size=(3, 16, 16, 3)).astype(np.float32))
+    for prep in resnet_data.PREPROCESSING.values():
+        for dtype in (tf.float32, tf.bfloat16):
+            host = tf.stack([resnet_data.host_image(x, False, prep, dtype) for x in resized])
+            sent = tf.stack([resnet_data.host_image(x, False, prep, dtype, in_step=True) for x in resized])
+            assert sent.dtype == tf.float32
+            steps = [lambda x: resnet_data.device_image(x, prep, raw=True)]
+            if not prep.divide_by_stddev:  # XLA may multiply by the stddevs' reciprocals
+                steps.append(tf.function(steps[0], jit_compile=True))
+            for step in steps:
+                got = tf.cast(step(sent), dtype)
+                np.testing.assert_array_equal(tf.bitcast(got, tf.uint16 if dtype.size == 2 else tf.uint32).numpy(),
+                                              tf.bitcast(host, tf.uint16 if dtype.size == 2 else tf.uint32).numpy())
+    cfg = resnet_data.DataConfig(source="tfrecord")
+    assert cfg.normalize_in_step and cfg.flip_on_device  # the defaults
+    source = resnet_data.TFRecordSource(cfg, tf.bfloat16)
+    assert source.normalizes_in_step and source.train_image_dtype == tf.float32
+    batch = {"image": resized, "label": tf.zeros([3], tf.int32), "flip": tf.constant([True, False, True])}
+    want = resnet_data.normalize(tf.stack([resized[0, :, ::-1], resized[1], resized[2, :, ::-1]]), source.prep)
+    np.testing.assert_array_equal(resnet_data.train_image(batch, source).numpy(), want.numpy())
+    features = resnet_data.train_features(resized[0], tf.constant(1), tf.constant([5, 3], tf.int64), cfg,
+                                          source.prep, tf.bfloat16)
+    assert set(features) == {"image", "label", "flip"} and features["image"].dtype == tf.float32
+    assert bool(features["flip"]) == bool(resnet_data.flip_coin(tf.constant([5, 3], tf.int64) + 1))
+    cfg.normalize_on_device = True  # uint8 takes precedence
+    assert not resnet_data.TFRecordSource(cfg, tf.bfloat16).normalizes_in_step
+    assert resnet_data.train_image_dtype(cfg, tf.bfloat16) == tf.uint8
+
+
+def test_sharded_records_read_in_turn_hold_the_same_records(tmp_path):
+    """data.read_threads=1 (the files read in turn by the pipeline's thread) reads every record once per pass,
+    like the parallel reads."""
+    from harness.runtime.base import InputContext
+    from harness.train.datafiles import sharded_records
+
+    files = []
+    for k in range(3):
+        files.append(str(tmp_path / f"f{k}"))
+        with tf.io.TFRecordWriter(files[-1]) as w:
+            for i in range(5):
+                w.write(f"{k}-{i}".encode())
+    ctx = InputContext(num_hosts=1, host_id=0, batch_size=1, seed=1)
+    epochs = {t: sorted(sharded_records(files, ctx, 4, cycle_length=2, deterministic=None, repeat=False,
+                                        read_threads=t).as_numpy_iterator()) for t in (0, 1, 2)}
+    assert epochs[0] == epochs[1] == epochs[2] == sorted(f"{k}-{i}".encode() for k in range(3) for i in range(5))

@@ -44,9 +44,12 @@ def perfect_detections(gt) -> np.ndarray:
 
 def check_element(el: dict, size: int, max_boxes: int, num_classes: int) -> None:
     assert el["image"].shape == (size, size, 3) and el["image"].dtype == np.float32
-    if "jitter" in el:  # data.jitter_on_device: [0, 1] pixels and the draws the train step applies
-        assert el["jitter"].shape == (4,) and el["image"].min() >= 0 and el["image"].max() <= 1
-        el = {**el, "image": device_image({k: tf.constant(v) for k, v in el.items()}).numpy()}
+    if "jitter" in el:  # data.jitter_on_device: pixels (0..255 under data.scale_in_step, else [0, 1]) and draws
+        scaled = el["image"].max() > 1  # what the train step would be told (Source.scales_in_step)
+        assert el["jitter"].shape == (4,) and el["image"].min() >= 0 and el["image"].max() <= (255 if scaled else 1)
+        el = {**el, "image": device_image({k: tf.constant(v)[None] for k, v in el.items()}, scaled).numpy()[0]}
+    elif "flip" in el:  # data.flip_on_device: the image is mirrored in the train step
+        el = {**el, "image": device_image({k: tf.constant(v)[None] for k, v in el.items()}).numpy()[0]}
     assert el["boxes"].shape == (max_boxes, 4) and el["boxes"].dtype == np.float32
     assert el["labels"].shape == (max_boxes,) and el["labels"].dtype == np.int32
     lo, hi = (0 - np.asarray(MEAN_RGB)) / STD_RGB, (1 - np.asarray(MEAN_RGB)) / STD_RGB
@@ -80,11 +83,14 @@ def test_synthetic_train_elements_and_reproducibility():
 def test_colour_jitter_on_device_is_the_host_jitter_batched():
     """data.jitter_on_device moves the ColorJitter pixel work into the train step: the same draws and formulas,
     so a batch jittered there equals the host-jittered elements (to float rounding)."""
-    on = take(make_source(synthetic(), MODEL).train(ctx()), 8)
+    source = make_source(synthetic(), MODEL)
+    on = take(source.train(ctx()), 8)
     off = take(make_source(synthetic(jitter_on_device=False), MODEL).train(ctx()), 8)
     assert all("jitter" in el for el in on) and not any("jitter" in el for el in off)
+    assert source.scales_in_step  # the default: 0..255 float32 pixels, scaled in the step
     batch = {k: tf.constant(np.stack([el[k] for el in on])) for k in on[0]}
-    np.testing.assert_allclose(device_image(batch).numpy(), np.stack([el["image"] for el in off]), atol=1e-5)
+    batch_off = {k: tf.constant(np.stack([el[k] for el in off])) for k in off[0]}  # flipped in the step too
+    np.testing.assert_allclose(device_image(batch, True).numpy(), device_image(batch_off).numpy(), atol=1e-5)
     for a, b in zip(on, off):
         np.testing.assert_array_equal(a["boxes"], b["boxes"])
         np.testing.assert_array_equal(a["labels"], b["labels"])
@@ -108,8 +114,8 @@ def test_images_leave_the_host_in_the_compute_dtype():
     from harness.config import RuntimeConfig
     from harness.runtime import make_runtime
 
-    on, off = make_source(synthetic(), MODEL, tf.bfloat16), make_source(synthetic(images_in_compute_dtype=False),
-                                                                      MODEL, tf.bfloat16)
+    on = make_source(synthetic(scale_in_step=False), MODEL, tf.bfloat16)  # the host scales to [0, 1]
+    off = make_source(synthetic(images_in_compute_dtype=False, scale_in_step=False), MODEL, tf.bfloat16)
     a, b = take(on.train(ctx()), 4), take(off.train(ctx()), 4)
     assert {el["image"].dtype for el in a} == {np.dtype(tf.bfloat16.as_numpy_dtype)} and b[0]["image"].dtype == np.float32
     for x, y in zip(a, b):
@@ -242,7 +248,7 @@ def test_tfrecord_round_trip(tmp_path, with_label):
     seen = set()
     for el in take(src.train(ctx()), 2 * len(nonempty)):
         check_element(el, S, 5, 3)
-        pixels = unnormalize(el["image"])
+        pixels = unnormalize(el["image"][:, ::-1] if el.get("flip", False) else el["image"])  # as the step flips
         for j in nonempty:  # find the generated image (maybe flipped) and compare its boxes
             k = int(train["num_boxes"][j])
             want = train["boxes"][j, :k]
@@ -429,3 +435,29 @@ def test_crop_window_decode_gives_the_pixels_of_the_whole_image():
                                   tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
     window = tf.constant([0.1, 0.075, 0.66, 0.5])  # ltrb: columns 5:33, rows 3:20 of 50x40
     np.testing.assert_array_equal(decode_crop(png, window).numpy(), tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
+
+
+def test_flip_on_device_and_scale_in_step_give_the_host_pipelines_images():
+    """data.flip_on_device: the boxes flip on the host with the same coin, the images in the train step: the
+    batch equals the host-flipped one to float rounding (the half-pixel bilinear resize commutes with the flip).
+    data.scale_in_step: the 0..255 float32 pixels scaled in the step equal the host's float32 [0, 1] pixels."""
+    base = dict(scale_in_step=False, images_in_compute_dtype=False, augment=True, jitter_on_device=True)
+    variants = {"host": synthetic(**base, flip_on_device=False), "flip": synthetic(**base),
+                "scale": synthetic(**{**base, "scale_in_step": True})}
+    sources = {k: make_source(cfg, MODEL, tf.bfloat16) for k, cfg in variants.items()}
+    assert sources["scale"].scales_in_step and sources["scale"].train_image_dtype == tf.float32
+    els = {k: take(src.train(ctx()), 8) for k, src in sources.items()}
+    assert "flip" not in els["host"][0] and "flip" in els["flip"][0] and "flip" in els["scale"][0]
+    coins = [bool(el["flip"]) for el in els["flip"]]
+    assert True in coins and False in coins
+    images = {k: device_image({f: tf.constant(np.stack([el[f] for el in v])) for f in v[0]},
+                              sources[k].scales_in_step).numpy() for k, v in els.items()}
+    np.testing.assert_allclose(images["flip"], images["host"], atol=1e-5)
+    np.testing.assert_allclose(images["scale"], images["flip"], atol=1e-5)
+    for k in ("flip", "scale"):
+        for a, b in zip(els[k], els["host"]):
+            np.testing.assert_array_equal(a["boxes"], b["boxes"])
+            np.testing.assert_array_equal(a["labels"], b["labels"])
+            np.testing.assert_array_equal(a["jitter"], b["jitter"])
+    unaugmented = make_source(synthetic(augment=False), MODEL, tf.bfloat16)
+    assert not unaugmented.scales_in_step and unaugmented.train_image_dtype == tf.bfloat16

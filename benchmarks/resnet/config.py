@@ -35,6 +35,22 @@ class DataConfig(PipelineConfig):
         False, doc="tfrecord/tfds training: the host sends the resized crop as uint8 (rounded) and the device "
         "casts and normalizes it: a quarter of the bytes to copy and batch, no float pass on the host; "
         "false = the reference's float pipeline on the host")
+    read_threads: int = field(1, min=0, doc="tfrecord training: threads reading the parallel_reads files (1 = "
+                              "the files read in turn by the pipeline's own thread: the least CPU per record from "
+                              "local disks or the page cache; 0 = AUTOTUNE, which hides remote storage's latency; "
+                              "N = N reads at once)")
+    normalize_in_step: bool = field(
+        True, doc="tfrecord/tfds training: the host sends the resized crop's float32 pixels as they are and the "
+        "train step normalizes them (the same ops, so the same numbers as the host's normalization): one pass "
+        "over the pixels less per image on the host, twice a bfloat16 image's bytes to batch and copy. "
+        "normalize_on_device=true (uint8) takes precedence")
+    flip_on_device: bool = field(
+        True, doc="tfrecord/tfds training: the host resizes the crop unflipped and sends each image's flip coin "
+        "(the same draw, one per image); the train step mirrors the images whose coin came up. Exact for "
+        "google_tpu preprocessing (which flips after the resize). The reference preprocessing flips the crop "
+        "before its v1 resize, whose sampling grid hugs its input's left edge: there a flipped image is the "
+        "mirror of the unflipped one, while the reference's samples the crop up to (crop width / image_size - 1) "
+        "source pixels further right (a sub-pixel shift of the output)")
     images_in_compute_dtype: bool = field(
         True, doc="tfrecord/tfds: with runtime.precision bfloat16 or float16 the host sends the normalized "
         "images already cast to it; the model's first op casts its input to that dtype anyway, so the "

@@ -75,18 +75,57 @@ def fused_normalize(prep: Preprocessing, dtype: tf.DType) -> Callable[[tf.Tensor
 
 
 def host_image(image: tf.Tensor, on_device: bool, prep: Preprocessing,
-               dtype: tf.DType = tf.float32) -> tf.Tensor:
+               dtype: tf.DType = tf.float32, in_step: bool = False) -> tf.Tensor:
     """The training image as the host sends it: normalized and cast to `dtype` (the model's compute dtype
-    under `data.images_in_compute_dtype`, which its first op would cast to anyway), or
-    (`data.normalize_on_device`) the resized pixels rounded to uint8, which `device_image` normalizes."""
+    under `data.images_in_compute_dtype`, which its first op would cast to anyway); (`data.normalize_on_device`)
+    the resized pixels rounded to uint8; or (`in_step`, `data.normalize_in_step`) the resized float32 pixels
+    as they are. `device_image` normalizes the last two in the train step."""
     if on_device:
         return to_uint8(image)
+    if in_step:
+        return image
     return fused_normalize(prep, dtype)(image)
 
 
-def device_image(image: tf.Tensor, prep: Preprocessing | None) -> tf.Tensor:
-    """The model's input from a batch: uint8 pixels from the host are normalized here, on the device."""
-    return normalize(image, prep) if image.dtype == tf.uint8 and prep is not None else image
+def device_image(image: tf.Tensor, prep: Preprocessing | None, raw: bool = False,
+                 flip: tf.Tensor | None = None) -> tf.Tensor:
+    """The model's input from a batch, on the device: uint8 pixels (or, `raw`, float32 pixels not yet
+    normalized) are normalized here; `flip` ([batch] bool, `data.flip_on_device`) mirrors the images whose
+    coin came up. Float images the host normalized pass through."""
+    if prep is not None and (image.dtype == tf.uint8 or raw):
+        image = normalize(image, prep)
+    if flip is not None:
+        image = flip_where(image, flip)
+    return image
+
+
+def flip_where(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+    """Each image of a [batch, height, width, channels] batch mirrored left-right where `flip` is true (a
+    strided slice: DTensor's mesh runtime has no layout rule for tf.reverse)."""
+    return tf.where(tf.reshape(flip, [-1, 1, 1, 1]), images[:, :, ::-1], images)
+
+
+def flip_coin(seed: tf.Tensor) -> tf.Tensor:
+    """The coin `tf.image.stateless_random_flip_left_right(image, seed)` tosses: a uniform draw below 0.5 (a
+    test checks the two agree), so a flip on the device is the host's flip of the same example."""
+    return tf.random.stateless_uniform([], seed, 0, 1.0) < 0.5
+
+
+def train_image(batch: dict[str, tf.Tensor], source: Any) -> tf.Tensor:
+    """The model's training input from a batch of `source`'s training examples (see `device_image`)."""
+    return device_image(batch["image"], getattr(source, "prep", None), getattr(source, "normalizes_in_step", False),
+                        batch.get("flip"))
+
+
+def train_features(image: tf.Tensor, label: tf.Tensor, seed: tf.Tensor, cfg: DataConfig, prep: Preprocessing,
+                   dtype: tf.DType) -> dict[str, tf.Tensor]:
+    """One training example as the host sends it: the image (per `host_image`), its label and, with
+    `data.flip_on_device`, the flip coin of its `seed` (the crop was resized unflipped)."""
+    features = {"image": host_image(image, cfg.normalize_on_device, prep, dtype, cfg.normalize_in_step),
+                "label": label}
+    if cfg.flip_on_device:
+        features["flip"] = flip_coin(seed + 1)
+    return features
 
 
 def _resize(image: tf.Tensor, height: tf.Tensor | int, width: tf.Tensor | int, prep: Preprocessing) -> tf.Tensor:
@@ -116,9 +155,10 @@ def sample_crop(image_shape: tf.Tensor, boxes: tf.Tensor, seed: tf.Tensor,
 
 
 def random_resized_crop_jpeg(encoded: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing,
-                             boxes: tf.Tensor | None = None, decode_and_crop: bool = True) -> tf.Tensor:
+                             boxes: tf.Tensor | None = None, decode_and_crop: bool = True,
+                             flip: bool = True) -> tf.Tensor:
     """Training crop decoding only the crop window (or, `decode_and_crop=False`, the whole image, then
-    slicing the same window), then flip and resize (steps per `prep`)."""
+    slicing the same window), then flip and resize (steps per `prep`; `flip=False`: the device flips)."""
     shape = tf.io.extract_jpeg_shape(encoded)
     begin, crop = sample_crop(shape, boxes if boxes is not None else _whole_image_box(), seed, prep)
     if decode_and_crop:
@@ -127,16 +167,21 @@ def random_resized_crop_jpeg(encoded: tf.Tensor, size: int, seed: tf.Tensor, pre
         image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
     else:
         image = tf.slice(tf.image.decode_jpeg(encoded, channels=3), begin, crop)
-    return _flip_and_resize(image, size, seed, prep)
+    return _flip_and_resize(image, size, seed, prep, flip)
 
 
-def random_resized_crop_decoded(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
+def random_resized_crop_decoded(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing,
+                                flip: bool = True) -> tf.Tensor:
     """Training crop of a decoded image (TFDS imagenet2012 carries no boxes: whole-image box)."""
     begin, crop = sample_crop(tf.shape(image), _whole_image_box(), seed, prep)
-    return _flip_and_resize(tf.slice(image, begin, crop), size, seed, prep)
+    return _flip_and_resize(tf.slice(image, begin, crop), size, seed, prep, flip)
 
 
-def _flip_and_resize(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing) -> tf.Tensor:
+def _flip_and_resize(image: tf.Tensor, size: int, seed: tf.Tensor, prep: Preprocessing, flip: bool = True) -> tf.Tensor:
+    """The crop flipped (with the coin of `seed + 1`) and resized; `flip=False` leaves the flip to the device,
+    after the resize (the reference preprocessing flips before it: see `data.flip_on_device`)."""
+    if not flip:
+        return _resize(image, size, size, prep)
     if prep.v1_resize:
         # Reference order: flip the crop, then resize it.
         image = tf.image.stateless_random_flip_left_right(image, seed + 1)
@@ -178,11 +223,20 @@ def image_dtype(cfg: DataConfig, compute_dtype: tf.DType) -> tf.DType:
     return compute_dtype if cfg.images_in_compute_dtype else tf.float32
 
 
+def train_image_dtype(cfg: DataConfig, normalized: tf.DType) -> tf.DType:
+    """The dtype of the training images the host sends: uint8, float32 pixels, or normalized in `normalized`."""
+    if cfg.normalize_on_device:
+        return tf.uint8
+    return tf.float32 if cfg.normalize_in_step else normalized
+
+
 class TFRecordSource:
     def __init__(self, cfg: DataConfig, compute_dtype: tf.DType = tf.float32) -> None:
         self.cfg = cfg
         self.prep = PREPROCESSING[cfg.preprocessing]
         self.image_dtype = image_dtype(cfg, compute_dtype)
+        self.normalizes_in_step = cfg.normalize_in_step and not cfg.normalize_on_device
+        self.train_image_dtype = train_image_dtype(cfg, self.image_dtype)
 
     def files(self, pattern: str) -> list[str]:
         return list_files(self.cfg.data_dir, pattern, "ImageNet shards")
@@ -226,7 +280,7 @@ class TFRecordSource:
         the dataset options' `deterministic` (data.deterministic, applied by the harness)."""
         c = self.cfg
         ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
-                             deterministic=None, repeat=repeat)
+                             deterministic=None, repeat=repeat, read_threads=c.read_threads)
         size = c.image_size
         base = tf.constant([ctx.seed, ctx.host_id], tf.int64)
 
@@ -236,8 +290,8 @@ class TFRecordSource:
             encoded, label, boxes = self.parse_with_boxes(record)
             seed = tf.stack([base[0] * 1000003 + base[1], index])
             image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None,
-                                             c.decode_and_crop)
-            return {"image": host_image(image, c.normalize_on_device, prep, self.image_dtype), "label": label}
+                                             c.decode_and_crop, flip=not c.flip_on_device)
+            return train_features(image, label, seed, c, prep, self.image_dtype)
 
         if not repeat:  # every service job would restart the index at 0: draw each example's crop seed
             return ds.map(lambda r: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), r),
@@ -267,6 +321,8 @@ class TFDSSource:
         self.cfg = cfg
         self.prep = PREPROCESSING[cfg.preprocessing]
         self.image_dtype = image_dtype(cfg, compute_dtype)
+        self.normalizes_in_step = cfg.normalize_in_step and not cfg.normalize_on_device
+        self.train_image_dtype = train_image_dtype(cfg, self.image_dtype)
 
     def builder(self) -> Any:
         import tensorflow_datasets as tfds
@@ -300,9 +356,8 @@ class TFDSSource:
 
         def preprocess(index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             seed = tf.stack([tf.constant(ctx.seed * 1000003 + ctx.host_id, tf.int64), index])
-            image = random_resized_crop_decoded(ex["image"], size, seed, prep)
-            return {"image": host_image(image, self.cfg.normalize_on_device, prep, self.image_dtype),
-                    "label": tf.cast(ex["label"], tf.int32)}
+            image = random_resized_crop_decoded(ex["image"], size, seed, prep, flip=not self.cfg.flip_on_device)
+            return train_features(image, tf.cast(ex["label"], tf.int32), seed, self.cfg, prep, self.image_dtype)
 
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 

@@ -115,7 +115,10 @@ class ResNetWorkload(Workload):
         size = self.cfg.data.image_size
         dtype = getattr(self.source, "image_dtype", tf.float32)  # what the real run's host would send
         example = {"image": tf.TensorSpec([size, size, 3], dtype), "label": tf.TensorSpec([], tf.int32)}
-        return example, dict(example), []
+        train = dict(example, image=tf.TensorSpec([size, size, 3], getattr(self.source, "train_image_dtype", dtype)))
+        if hasattr(self.source, "train_image_dtype") and self.cfg.data.flip_on_device:
+            train["flip"] = tf.TensorSpec([], tf.bool)
+        return train, example, []
 
     # ------------------------------------------------------------------------------ computation
     def cross_entropy(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -126,7 +129,7 @@ class ResNetWorkload(Workload):
             / self.cfg.data.num_classes, logits)
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        logits = self.model(data.device_image(batch["image"], getattr(self.source, "prep", None)), training=True)
+        logits = self.model(data.train_image(batch, self.source), training=True)
         per_example = self.cross_entropy(logits, batch["label"])
         return {"cross_entropy": LossTerm(tf.reduce_sum(per_example), tf.shape(per_example)[0])}
 

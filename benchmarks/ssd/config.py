@@ -41,6 +41,19 @@ class DataConfig(PipelineConfig):
                                    "and sends the resized [0, 1] image; the train step applies the jitter and "
                                    "normalization to the batch (the same formulas and draws; the host's costliest "
                                    "float work moves to the accelerator)")
+    read_threads: int = field(1, min=0, doc="tfrecord training: threads reading the parallel_reads files (1 = "
+                              "the files read in turn by the pipeline's own thread: the least CPU per record from "
+                              "local disks or the page cache; 0 = AUTOTUNE, which hides remote storage's latency; "
+                              "N = N reads at once)")
+    flip_on_device: bool = field(True, doc="training: the host draws the horizontal flip (one coin per image, the "
+                                 "same draw) and flips the boxes; the train step mirrors the images whose coin came "
+                                 "up, after the resize (the reference flips before it: with the half-pixel bilinear "
+                                 "resize the two are the same image to float rounding, a test compares)")
+    scale_in_step: bool = field(True, doc="with augment and jitter_on_device: the host sends the bilinear resize's "
+                                "0..255 float32 pixels as they are and the train step scales them to [0, 1] before "
+                                "its jitter (the host's float32 division; no division and cast pass on the host, "
+                                "and no rounding to the compute dtype before the jitter, which the reference has "
+                                "not either); twice a bfloat16 image's bytes to batch and copy")
     normalize_on_device: bool = field(
         False, doc="training: the host sends the resized image rounded to uint8 (at most half a grey level from the "
         "reference's float pixels, hence off by default) and the train step scales, jitters (with augment, whatever "

@@ -197,12 +197,28 @@ def ssd_random_crop(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed:
     return image, (boxes - ltlt) / size, labels
 
 
+def flip_coin(seed: tf.Tensor) -> tf.Tensor:
+    """The horizontal flip's draw, p = 0.5."""
+    return tf.random.stateless_uniform([], seed) < 0.5
+
+
+def flip_boxes(boxes: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+    """ltrb boxes mirrored left-right where `flip`."""
+    flipped = tf.stack([1.0 - boxes[:, 2], boxes[:, 1], 1.0 - boxes[:, 0], boxes[:, 3]], axis=1)
+    return tf.where(flip, flipped, boxes)
+
+
 def random_flip(image: tf.Tensor, boxes: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Horizontal flip with p = 0.5 of the image and its ltrb boxes."""
-    flip = tf.random.stateless_uniform([], seed) < 0.5
+    flip = flip_coin(seed)
     image = tf.cond(flip, lambda: tf.reverse(image, axis=[1]), lambda: image)
-    flipped = tf.stack([1.0 - boxes[:, 2], boxes[:, 1], 1.0 - boxes[:, 0], boxes[:, 3]], axis=1)
-    return image, tf.where(flip, flipped, boxes)
+    return image, flip_boxes(boxes, flip)
+
+
+def flip_where(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+    """Each image of a [batch, height, width, channels] batch mirrored left-right where `flip` (a strided slice:
+    DTensor's mesh runtime has no layout rule for tf.reverse)."""
+    return tf.where(tf.reshape(flip, [-1, 1, 1, 1]), images[:, :, ::-1], images)
 
 
 def jitter_factors(seed: tf.Tensor) -> tf.Tensor:
@@ -252,18 +268,20 @@ def color_jitter(images01: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     return tf.clip_by_value(_hsv_to_rgb(h, s, v), 0.0, 1.0)
 
 
-def device_image(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+def device_image(batch: dict[str, tf.Tensor], scaled_in_step: bool = False) -> tf.Tensor:
     """The model's training input: a batch that carries jitter draws gets its colour jitter and normalization
-    here, in the step, in float32 (the pixels may arrive in the compute dtype); uint8 pixels
-    (data.normalize_on_device) are scaled to [0, 1] and normalized here too; otherwise the host did both."""
+    here, in the step, in float32 (the pixels may arrive in the compute dtype, or, `scaled_in_step`
+    (data.scale_in_step), as the resize's 0..255 float32 pixels); uint8 pixels (data.normalize_on_device) are
+    scaled to [0, 1] and normalized here too; otherwise the host did both. A batch that carries flip coins
+    (data.flip_on_device) has its images mirrored where they came up (the boxes were flipped on the host)."""
     image = batch["image"]
-    if image.dtype == tf.uint8:
+    if image.dtype == tf.uint8 or (scaled_in_step and "jitter" in batch):
         image = tf.cast(image, tf.float32) / 255.0
         if "jitter" not in batch:
-            return normalize(image)
-    if "jitter" not in batch:
-        return image
-    return normalize(color_jitter(tf.cast(image, tf.float32), batch["jitter"]))
+            image = normalize(image)
+    if "jitter" in batch:
+        image = normalize(color_jitter(tf.cast(image, tf.float32), batch["jitter"]))
+    return flip_where(image, batch["flip"]) if "flip" in batch else image
 
 
 def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -277,7 +295,8 @@ def pad_boxes(boxes: tf.Tensor, labels: tf.Tensor, max_boxes: int) -> tuple[tf.T
 def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed: tf.Tensor, size: int,
                      max_boxes: int, augment: bool, max_samples: int,
                      jitter_on_device: bool = False, dtype: tf.DType = tf.float32,
-                     normalize_on_device: bool = False) -> dict[str, tf.Tensor]:
+                     normalize_on_device: bool = False, flip_on_device: bool = False,
+                     scale_in_step: bool = False) -> dict[str, tf.Tensor]:
     """The reference's training transform: [SSD crop], flip, resize, [colour jitter], normalize, pad boxes.
     `image` is pixels [H, W, 3] or still encoded (then decoded here, with augment only its crop window).
 
@@ -285,6 +304,9 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
     (`jitter`, [4]); `device_image` applies the jitter and normalization in the train step. The image leaves
     in `dtype` (`data.images_in_compute_dtype`). `normalize_on_device`: the image leaves as the resized pixels
     rounded to uint8 (at most half a grey level from the float pixels) and `device_image` does the rest.
+    `flip_on_device`: the boxes are flipped here, the image in the train step (the element carries the coin,
+    `flip`). `scale_in_step` (with jitter_on_device): the image leaves as the resize's 0..255 float32 pixels,
+    which the train step scales to [0, 1].
     """
     keys = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
     boxes = tf.cast(boxes, tf.float32)
@@ -292,18 +314,29 @@ def preprocess_train(image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor, seed
         image, boxes, labels = ssd_random_crop(image, boxes, labels, keys[0], max_samples)
     elif image.dtype == tf.string:
         image = _decode(image)
-    image, boxes = random_flip(image, boxes, keys[1])
-    image = resize(image, size, normalize_on_device)  # decoded and generated pixels are uint8
+    extra = {}
+    if flip_on_device:
+        extra["flip"] = flip_coin(keys[1])
+        boxes = flip_boxes(boxes, extra["flip"])
+    else:
+        image, boxes = random_flip(image, boxes, keys[1])
     boxes, labels = pad_boxes(boxes, labels, max_boxes)
+    extra.update(boxes=boxes, labels=labels)
     if normalize_on_device:
-        out = {"image": image, "boxes": boxes, "labels": labels}
+        out = {"image": resize(image, size, True), **extra}  # decoded and generated pixels are uint8
         return {**out, "jitter": jitter_factors(keys[2])} if augment else out
+    if augment and jitter_on_device and scale_in_step:
+        pixels = tf.image.resize(image, [size, size], method="bilinear")
+        if image.dtype != tf.uint8:  # [0, 1] pixels (synthetic sources): the step's scaling expects 0..255
+            pixels = pixels * 255.0
+        return {"image": tf.ensure_shape(pixels, [size, size, 3]), "jitter": jitter_factors(keys[2]), **extra}
+    image = resize(image, size)
     if not augment:
-        return {"image": tf.cast(normalize(image), dtype), "boxes": boxes, "labels": labels}
+        return {"image": tf.cast(normalize(image), dtype), **extra}
     factors = jitter_factors(keys[2])
     if jitter_on_device:
-        return {"image": tf.cast(image, dtype), "jitter": factors, "boxes": boxes, "labels": labels}
-    return {"image": tf.cast(normalize(color_jitter(image, factors)), dtype), "boxes": boxes, "labels": labels}
+        return {"image": tf.cast(image, dtype), "jitter": factors, **extra}
+    return {"image": tf.cast(normalize(color_jitter(image, factors)), dtype), **extra}
 
 
 def preprocess_eval(image: tf.Tensor, size: int, dtype: tf.DType = tf.float32) -> dict[str, tf.Tensor]:
@@ -393,7 +426,11 @@ class _Source:
         self.cfg = data_cfg
         self.size = model_cfg.image_size
         self.image_dtype = image_dtype
-        self.train_image_dtype = tf.uint8 if data_cfg.normalize_on_device else image_dtype
+        # data.scale_in_step: the resize's 0..255 float32 pixels, scaled in the step (with the jitter there).
+        self.scales_in_step = (data_cfg.scale_in_step and data_cfg.augment and data_cfg.jitter_on_device
+                               and not data_cfg.normalize_on_device)
+        self.train_image_dtype = (tf.uint8 if data_cfg.normalize_on_device
+                                  else tf.float32 if self.scales_in_step else image_dtype)
         self._gt = None
 
     def _augment(self, ctx: InputContext) -> Callable[..., dict[str, tf.Tensor]]:
@@ -401,7 +438,8 @@ class _Source:
 
         def fn(index: tf.Tensor, image: tf.Tensor, boxes: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
             return preprocess_train(image, boxes, labels, _element_seed(ctx, index), size, c.max_boxes, c.augment,
-                                    c.max_samples, c.jitter_on_device, dtype, c.normalize_on_device)
+                                    c.max_samples, c.jitter_on_device, dtype, c.normalize_on_device,
+                                    c.flip_on_device, c.scale_in_step)
         return fn
 
     def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
@@ -753,8 +791,10 @@ class TFRecordSource(_Source):
         if repeat:
             ds = ds.repeat()
         # Order: data.deterministic, through the dataset options the harness sets.
-        ds = ds.interleave(_named_records, cycle_length=min(self.cfg.parallel_reads, len(files)),
-                           num_parallel_calls=tf.data.AUTOTUNE)
+        cycle = min(self.cfg.parallel_reads, len(files))
+        ds = ds.interleave(_named_records, cycle_length=cycle,  # data.read_threads: as harness sharded_records
+                           num_parallel_calls=(None if cycle == 1 or self.cfg.read_threads == 1
+                                               else self.cfg.read_threads or tf.data.AUTOTUNE))
         ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         lookups = self._lookups()
 

@@ -182,6 +182,8 @@ class SSDWorkload(Workload):
                  "boxes": tf.TensorSpec([boxes, 4], tf.float32), "labels": tf.TensorSpec([boxes], tf.int32)}
         if c.data.augment and (c.data.jitter_on_device or c.data.normalize_on_device):
             train["jitter"] = tf.TensorSpec([4], tf.float32)
+        if c.data.flip_on_device:
+            train["flip"] = tf.TensorSpec([], tf.bool)
         return train, {"image": image}, notes
 
     # ---------------------------------------------------------------------------------- training
@@ -192,7 +194,7 @@ class SSDWorkload(Workload):
         return boxes.encode(matched, anchors_xywh), labels
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        images = self.runtime.split_spatially(data.device_image(batch))
+        images = self.runtime.split_spatially(data.device_image(batch, self.source.scales_in_step))
         loc, logits = self.model(images, training=True)
         gt_loc, gt_labels = self.targets(batch["boxes"], batch["labels"])
         per_image, num_pos = boxes.ssd_loss(loc, logits, gt_loc, gt_labels, self.cfg.model.neg_ratio)

@@ -25,13 +25,14 @@ def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
 
 
 def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cycle_length: int,
-                    deterministic: bool | None, repeat: bool = True) -> tf.data.Dataset:
+                    deterministic: bool | None, repeat: bool = True, read_threads: int = 0) -> tf.data.Dataset:
     """This host's share of the training files as an endless, shuffled stream of raw records.
 
     Whole files go to hosts (so no record is read twice), file order is reshuffled every pass, and
     records from `cycle_length` files are interleaved and shuffled again. `repeat=False` gives one pass
     (one tf.data service job), shuffled afresh by each job rather than from the run seed.
-    `deterministic=None` leaves the order to the dataset's options.
+    `deterministic=None` leaves the order to the dataset's options. `read_threads` (data.read_threads): 0 =
+    AUTOTUNE parallel reads, 1 = the files read in turn by the pipeline's own thread, N = N parallel reads.
     """
     if len(files) < ctx.num_hosts:
         raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
@@ -41,7 +42,8 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     if repeat:
         ds = ds.repeat()
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
-                       num_parallel_calls=tf.data.AUTOTUNE if cycle_length > 1 else None,
+                       num_parallel_calls=(None if cycle_length == 1 or read_threads == 1
+                                           else read_threads or tf.data.AUTOTUNE),
                        deterministic=deterministic)
     return ds.shuffle(shuffle_buffer, seed=seed)
 
