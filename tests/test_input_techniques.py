@@ -208,3 +208,20 @@ def test_sharded_records_read_in_turn_hold_the_same_records(tmp_path):
     epochs = {t: sorted(sharded_records(files, ctx, 4, cycle_length=2, deterministic=None, repeat=False,
                                         read_threads=t).as_numpy_iterator()) for t in (0, 1, 2)}
     assert epochs[0] == epochs[1] == epochs[2] == sorted(f"{k}-{i}".encode() for k in range(3) for i in range(5))
+
+
+def test_resnet_boxes_parsed_ragged_equal_the_varlen_parse():
+    """The record's boxes as RaggedFeatures (dense per record): the values VarLenFeature + to_dense gave."""
+    source = resnet_data.TFRecordSource(resnet_data.DataConfig(source="tfrecord"))
+    for boxes in ([], [(0.1, 0.2, 0.5, 0.6)], [(0.0, 0.1, 0.9, 1.0), (0.3, 0.3, 0.4, 0.5), (0.2, 0.0, 0.6, 0.7)]):
+        f = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"jpeg"])),
+             "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[3]))}
+        for i, k in enumerate(resnet_data.BOX_KEYS):
+            f[f"image/object/bbox/{k}"] = tf.train.Feature(float_list=tf.train.FloatList(value=[b[i] for b in boxes]))
+        record = tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
+        _, _, got = source.parse_with_boxes(tf.constant(record))
+        ex = tf.io.parse_single_example(record, {f"image/object/bbox/{k}": tf.io.VarLenFeature(tf.float32)
+                                                 for k in resnet_data.BOX_KEYS})
+        want = tf.stack([tf.sparse.to_dense(ex[f"image/object/bbox/{k}"]) for k in resnet_data.BOX_KEYS], -1)[None]
+        assert got.shape == (1, len(boxes), 4)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -215,7 +215,8 @@ FEATURES = {
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
 }
 BOX_KEYS = ("ymin", "xmin", "ymax", "xmax")  # the reference's order for sample_distorted_bounding_box
-BOX_FEATURES = {f"image/object/bbox/{k}": tf.io.VarLenFeature(tf.float32) for k in BOX_KEYS}
+# Ragged (a dense 1-D tensor per record): the same values as VarLenFeature without a SparseTensor to densify.
+BOX_FEATURES = {f"image/object/bbox/{k}": tf.io.RaggedFeature(tf.float32) for k in BOX_KEYS}
 
 
 def image_dtype(cfg: DataConfig, compute_dtype: tf.DType) -> tf.DType:
@@ -262,7 +263,7 @@ class TFRecordSource:
     def _parse(self, record: tf.Tensor, features: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         ex = tf.io.parse_single_example(record, features)
         if BOX_FEATURES.keys() <= ex.keys():
-            coords = [tf.sparse.to_dense(ex[f"image/object/bbox/{k}"]) for k in BOX_KEYS]
+            coords = [ex[f"image/object/bbox/{k}"] for k in BOX_KEYS]
             boxes = tf.expand_dims(tf.stack(coords, axis=-1), 0)
         else:
             boxes = tf.zeros([1, 0, 4])
