@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.resnet.config import DataConfig
-from benchmarks.resnet.data import TFRecordSource
+from benchmarks.resnet.data import TFRecordSource, train_image
 from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
 from harness.runtime.base import InputContext
 
@@ -41,7 +41,10 @@ def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):
     assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == tf.float32
     labels = batch["label"].numpy()
     assert labels.min() >= 0 and labels.max() < 10
-    assert abs(float(tf.reduce_mean(batch["image"]))) < 40.0  # mean-subtracted (the reference), not 0-255
+    # The model's input (normalized in the train step by default, data.normalize_in_step) is mean-subtracted
+    # (the reference), not 0-255.
+    assert source.normalizes_in_step and abs(float(tf.reduce_mean(batch["image"]))) > 40.0
+    assert abs(float(tf.reduce_mean(train_image(batch, source)))) < 40.0
     # Two hosts read disjoint shards.
     host0 = source.train(InputContext(2, 0, 8, seed=3))
     assert host0.element_spec["image"].shape == (32, 32, 3)

@@ -38,7 +38,7 @@ class DataConfig(PipelineConfig):
     read_threads: int = field(1, min=0, doc="tfrecord training: threads reading the parallel_reads files (1 = "
                               "the files read in turn by the pipeline's own thread: the least CPU per record from "
                               "local disks or the page cache; 0 = AUTOTUNE, which hides remote storage's latency; "
-                              "N = N reads at once)")
+                              "N = N reads at once; through the tf.data service always AUTOTUNE)")
     normalize_in_step: bool = field(
         True, doc="tfrecord/tfds training: the host sends the resized crop's float32 pixels as they are and the "
         "train step normalizes them (the same ops, so the same numbers as the host's normalization): one pass "

@@ -121,6 +121,9 @@ def train_features(image: tf.Tensor, label: tf.Tensor, seed: tf.Tensor, cfg: Dat
                    dtype: tf.DType) -> dict[str, tf.Tensor]:
     """One training example as the host sends it: the image (per `host_image`), its label and, with
     `data.flip_on_device`, the flip coin of its `seed` (the crop was resized unflipped)."""
+    # Three channels, static: the host's ops may leave the channel count unknown (a crop of a TFDS image),
+    # and the device's normalization needs it (the warm-up's zeros take the static shape).
+    image = tf.ensure_shape(image, [image.shape[0], image.shape[1], 3])
     features = {"image": host_image(image, cfg.normalize_on_device, prep, dtype, cfg.normalize_in_step),
                 "label": label}
     if cfg.flip_on_device:

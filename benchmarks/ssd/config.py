@@ -44,7 +44,7 @@ class DataConfig(PipelineConfig):
     read_threads: int = field(1, min=0, doc="tfrecord training: threads reading the parallel_reads files (1 = "
                               "the files read in turn by the pipeline's own thread: the least CPU per record from "
                               "local disks or the page cache; 0 = AUTOTUNE, which hides remote storage's latency; "
-                              "N = N reads at once)")
+                              "N = N reads at once; through the tf.data service always AUTOTUNE)")
     flip_on_device: bool = field(True, doc="training: the host draws the horizontal flip (one coin per image, the "
                                  "same draw) and flips the boxes; the train step mirrors the images whose coin came "
                                  "up, after the resize (the reference flips before it: with the half-pixel bilinear "

@@ -792,9 +792,10 @@ class TFRecordSource(_Source):
             ds = ds.repeat()
         # Order: data.deterministic, through the dataset options the harness sets.
         cycle = min(self.cfg.parallel_reads, len(files))
-        ds = ds.interleave(_named_records, cycle_length=cycle,  # data.read_threads: as harness sharded_records
-                           num_parallel_calls=(None if cycle == 1 or self.cfg.read_threads == 1
-                                               else self.cfg.read_threads or tf.data.AUTOTUNE))
+        threads = self.cfg.read_threads  # data.read_threads, as harness sharded_records (and why not for one pass)
+        ds = ds.interleave(_named_records, cycle_length=cycle,
+                           num_parallel_calls=(None if cycle == 1 or (threads == 1 and repeat)
+                                               else threads if threads > 1 else tf.data.AUTOTUNE))
         ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         lookups = self._lookups()
 

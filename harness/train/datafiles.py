@@ -33,6 +33,9 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     (one tf.data service job), shuffled afresh by each job rather than from the run seed.
     `deterministic=None` leaves the order to the dataset's options. `read_threads` (data.read_threads): 0 =
     AUTOTUNE parallel reads, 1 = the files read in turn by the pipeline's own thread, N = N parallel reads.
+    One pass (a tf.data service job) reads in parallel whatever `read_threads` says: under the service's
+    distributed epoch, the sequential interleave served more records than the epoch holds (TF 2.21, seen in
+    tests/test_data_service.py).
     """
     if len(files) < ctx.num_hosts:
         raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
@@ -42,8 +45,8 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     if repeat:
         ds = ds.repeat()
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
-                       num_parallel_calls=(None if cycle_length == 1 or read_threads == 1
-                                           else read_threads or tf.data.AUTOTUNE),
+                       num_parallel_calls=(None if cycle_length == 1 or (read_threads == 1 and repeat)
+                                           else read_threads if read_threads > 1 else tf.data.AUTOTUNE),
                        deterministic=deterministic)
     return ds.shuffle(shuffle_buffer, seed=seed)
 
