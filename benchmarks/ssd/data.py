@@ -595,8 +595,9 @@ SCAN_FEATURES = {
 FEATURES = {**SCAN_FEATURES, "image/encoded": tf.io.FixedLenFeature([], tf.string)}
 # What a training record is parsed for (its image, boxes and labels; the id names it in an error): not the size
 # and crowd flags, which only the eval scan reads.
-TRAIN_FEATURES = {k: v for k, v in FEATURES.items()
-                  if k not in ("image/height", "image/width", "image/object/is_crowd")}
+# Lists as RaggedFeatures: dense 1-D values per record, no SparseTensor to densify (the same values as VarLenFeature).
+TRAIN_FEATURES = {k: tf.io.RaggedFeature(v.dtype) if isinstance(v, tf.io.VarLenFeature) else v
+                  for k, v in FEATURES.items() if k not in ("image/height", "image/width", "image/object/is_crowd")}
 
 
 class TFRecordSource(_Source):
@@ -659,16 +660,16 @@ class TFRecordSource(_Source):
     def _parse_objects(ex: dict[str, tf.Tensor], lookups: tuple[np.ndarray, np.ndarray, np.ndarray],
                        where: list) -> tuple[tf.Tensor, tf.Tensor]:
         """ltrb boxes [N, 4] and contiguous labels [N] of one record, asserting BAD_LENGTHS, BAD_BOX, UNMAPPED."""
-        coords = [tf.sparse.to_dense(ex[f"image/object/bbox/{k}"]) for k in _BOX_KEYS]
-        raw = tf.sparse.to_dense(ex["image/object/class/label"])
-        text = tf.sparse.to_dense(ex["image/object/class/text"])
+        coords = [ex[f"image/object/bbox/{k}"] for k in _BOX_KEYS]  # TRAIN_FEATURES: dense 1-D each
+        raw, text = ex["image/object/class/label"], ex["image/object/class/text"]
         n = tf.size(coords[0])
         name_keys, name_ids, table = (tf.constant(a) for a in lookups)
-        match = tf.equal(text[:, None], name_keys[None, :])
-        from_text = tf.where(tf.reduce_any(match, axis=1),
-                             tf.gather(name_ids, tf.argmax(tf.cast(match, tf.int32), axis=1)), -1)
-        use_label = tf.size(raw) > 0
-        ids = tf.cond(use_label, lambda: raw, lambda: from_text)
+
+        def from_text() -> tf.Tensor:  # only for records without numeric ids: matching every name costs
+            match = tf.equal(text[:, None], name_keys[None, :])
+            return tf.where(tf.reduce_any(match, axis=1),
+                            tf.gather(name_ids, tf.argmax(tf.cast(match, tf.int32), axis=1)), -1)
+        ids = tf.cond(tf.size(raw) > 0, lambda: raw, from_text)
         same = tf.reduce_all(tf.stack([tf.size(c) for c in coords] + [tf.size(ids)]) == n)
         check_len = tf.debugging.Assert(same, [BAD_DATA_MARK, *where, BAD_LENGTHS])
         with tf.control_dependencies([check_len]):
@@ -796,17 +797,27 @@ class TFRecordSource(_Source):
         ds = ds.interleave(_named_records, cycle_length=cycle,
                            num_parallel_calls=(None if cycle == 1 or (threads == 1 and repeat)
                                                else threads if threads > 1 else tf.data.AUTOTUNE))
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        # A reader thread of its own ahead of the map: read in the map's input thread, the records left the two
+        # cores of the bench ~9% idle (sharded_records does the same, measured there).
+        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).prefetch(tf.data.AUTOTUNE)
         lookups = self._lookups()
+        augment, window_only = self._augment(ctx), self.cfg.decode_crop_window
+        # Stands in for a record without boxes, which the filter below drops: one map parses and augments (a
+        # parallel map of its own for the parse cost ~2% of the host's work per image, scripts/bench_input.py).
+        def placeholder() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            return tf.io.encode_jpeg(tf.zeros([16, 16, 3], tf.uint8)), tf.constant([[0.0, 0.0, 1.0, 1.0]]), tf.constant([1])
 
-        def parse(file: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        def parse_and_augment(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, Any]:
+            file, record = item
             ex = tf.io.parse_single_example(record, TRAIN_FEATURES)
             boxes, labels = self._parse_objects(ex, lookups, ["COCO record in", file, "image id",
                                                               ex["image/source_id"]])
-            return ex["image/encoded"], boxes, labels
+            has_boxes = tf.size(labels) > 0
+            encoded, boxes, labels = tf.cond(has_boxes, lambda: (ex["image/encoded"], boxes, labels), placeholder)
+            return has_boxes, augment(index, encoded if window_only else _decode(encoded), boxes, labels)
 
-        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).filter(_has_boxes)
-        return self._augment_encoded(ds, ctx, repeat)
+        ds = _indexed(ds, repeat).map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.filter(lambda has_boxes, _: has_boxes).map(lambda _, example: example)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self._files(self.cfg.eval_pattern))
