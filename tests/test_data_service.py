@@ -1,8 +1,8 @@
 """tf.data service: a dispatcher and two workers started by `mlperf-harness data-service` on 127.0.0.1
 (subprocesses, always cleaned up, every wait bounded). Each epoch served sees every id exactly once; the
-ResNet TFRecord, SSD, Transformer and llama31_8b smokes reach their targets through the service with
-compliant logs; a worker killed mid-run is survived or ends the run with one `error:` line and an incomplete
-log, never a hang."""
+ResNet TFRecord, SSD, BERT, Transformer, gpt_oss_20b and llama31_8b smokes reach their targets through the
+service with compliant logs; a worker killed mid-run is survived or ends the run with one `error:` line and an
+incomplete log, never a hang."""
 from __future__ import annotations
 
 import glob
@@ -187,6 +187,17 @@ def test_llama31_8b_smoke_through_the_service_reaches_target(fleet, tmp_path):
     """The decoder LMs' rows (benchmarks/lm/data.py, shared with gpt_oss_20b) through the workers."""
     summary, _ = run_through_service("llama31_8b", [], fleet.dispatcher, str(tmp_path / "runs"))
     assert summary["evals"][-1]["metrics"]["log perplexity"] < 1.0, summary["evals"]
+
+
+def test_bert_smoke_through_the_service_reaches_target(fleet, tmp_path):
+    """The BERT smoke as it is (0.72 masked-LM accuracy in about one epoch), its batches from the workers."""
+    summary, _ = run_through_service("bert", [], fleet.dispatcher, str(tmp_path / "runs"))
+    assert summary["evals"][-1]["metrics"]["masked-LM accuracy"] >= 0.72, summary["evals"]
+
+
+def test_gpt_oss_20b_smoke_through_the_service_reaches_target(fleet, tmp_path):
+    summary, _ = run_through_service("gpt_oss_20b", [], fleet.dispatcher, str(tmp_path / "runs"))
+    assert summary["evals"][-1]["metrics"]["log perplexity"] <= summary["target"], summary["evals"]
 
 
 def served(fleet, workload, epochs: int = 2) -> list[list[dict]]:
