@@ -284,7 +284,8 @@ class TFRecordSource:
         the dataset options' `deterministic` (data.deterministic, applied by the harness)."""
         c = self.cfg
         ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
-                             deterministic=None, repeat=repeat, read_threads=c.read_threads)
+                             deterministic=None, repeat=repeat, read_threads=c.read_threads,
+                             read_ahead=True)
         size = c.image_size
         base = tf.constant([ctx.seed, ctx.host_id], tf.int64)
 

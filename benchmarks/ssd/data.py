@@ -797,8 +797,7 @@ class TFRecordSource(_Source):
         ds = ds.interleave(_named_records, cycle_length=cycle,
                            num_parallel_calls=(None if cycle == 1 or (threads == 1 and repeat)
                                                else threads if threads > 1 else tf.data.AUTOTUNE))
-        # A reader thread of its own ahead of the map: read in the map's input thread, the records left the two
-        # cores of the bench ~9% idle (sharded_records does the same, measured there).
+        # A reader thread of its own ahead of the map, as sharded_records' `read_ahead` (why: there).
         ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).prefetch(tf.data.AUTOTUNE)
         lookups = self._lookups()
         augment, window_only = self._augment(ctx), self.cfg.decode_crop_window

@@ -25,7 +25,8 @@ def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
 
 
 def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cycle_length: int,
-                    deterministic: bool | None, repeat: bool = True, read_threads: int = 0) -> tf.data.Dataset:
+                    deterministic: bool | None, repeat: bool = True, read_threads: int = 0,
+                    read_ahead: bool = False) -> tf.data.Dataset:
     """This host's share of the training files as an endless, shuffled stream of raw records.
 
     Whole files go to hosts (so no record is read twice), file order is reshuffled every pass, and
@@ -48,9 +49,11 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
                        num_parallel_calls=(None if cycle_length == 1 or (read_threads == 1 and repeat)
                                            else read_threads if read_threads > 1 else tf.data.AUTOTUNE),
                        deterministic=deterministic)
-    # The reads get a thread of their own ahead of the caller's map: read in the map's input thread, they left
-    # 2 idle cores ~9% idle (ResNet, scripts/bench_input.py: 1.82 cores busy, 1.90 with this prefetch).
-    return ds.shuffle(shuffle_buffer, seed=seed).prefetch(tf.data.AUTOTUNE)
+    ds = ds.shuffle(shuffle_buffer, seed=seed)
+    # `read_ahead`: the reads get a thread of their own ahead of the caller's map. Read in the map's input thread,
+    # ResNet's 76 KB records left 2 idle cores ~9% idle (scripts/bench_input.py: 1.82 cores busy, 1.89 with it);
+    # for records of a few KB (BERT, the Transformer) it measured no gain.
+    return ds.prefetch(tf.data.AUTOTUNE) if read_ahead else ds
 
 
 # ------------------------------------------------------------------------------------------ counting
