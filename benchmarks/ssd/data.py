@@ -366,8 +366,7 @@ def _box_problem(boxes: np.ndarray) -> bool:
 
 
 def _check_boxes_in_graph(boxes: tf.Tensor, where: list) -> tf.Operation:
-    ok = (tf.reduce_all((boxes >= 0.0) & (boxes <= 1.0)) & tf.reduce_all(boxes[:, 0] <= boxes[:, 2])
-          & tf.reduce_all(boxes[:, 1] <= boxes[:, 3]))
+    ok = tf.reduce_all((boxes >= 0.0) & (boxes <= 1.0)) & tf.reduce_all(boxes[:, :2] <= boxes[:, 2:])  # l <= r, t <= b
     return tf.debugging.Assert(ok, [BAD_DATA_MARK, *where, BAD_BOX])
 
 
@@ -600,6 +599,16 @@ TRAIN_FEATURES = {k: tf.io.RaggedFeature(v.dtype) if isinstance(v, tf.io.VarLenF
                   for k, v in FEATURES.items() if k not in ("image/height", "image/width", "image/object/is_crowd")}
 
 
+# A record's object lists: all empty = an image without boxes, which training skips. Any list not empty goes on to
+# the full parse, whose length check names a record whose lists disagree.
+OBJECT_FEATURES = {k: tf.io.RaggedFeature(v.dtype) for k, v in SCAN_FEATURES.items()
+                   if isinstance(v, tf.io.VarLenFeature) and k != "image/object/is_crowd"}
+
+
+def _has_objects(file: tf.Tensor, record: tf.Tensor) -> tf.Tensor:
+    return tf.add_n([tf.size(v) for v in tf.io.parse_single_example(record, OBJECT_FEATURES).values()]) > 0
+
+
 class TFRecordSource(_Source):
     """COCO TFRecords of tensorflow/tpu's create_coco_tf_record or of the TF Object Detection API, plus the json.
 
@@ -663,7 +672,7 @@ class TFRecordSource(_Source):
         coords = [ex[f"image/object/bbox/{k}"] for k in _BOX_KEYS]  # TRAIN_FEATURES: dense 1-D each
         raw, text = ex["image/object/class/label"], ex["image/object/class/text"]
         n = tf.size(coords[0])
-        name_keys, name_ids, table = (tf.constant(a) for a in lookups)
+        name_keys, name_ids = (tf.constant(a) for a in lookups[:2])
 
         def from_text() -> tf.Tensor:  # only for records without numeric ids: matching every name costs
             match = tf.equal(text[:, None], name_keys[None, :])
@@ -674,8 +683,9 @@ class TFRecordSource(_Source):
         check_len = tf.debugging.Assert(same, [BAD_DATA_MARK, *where, BAD_LENGTHS])
         with tf.control_dependencies([check_len]):
             boxes = tf.stack(coords, axis=1)
-        size = tf.size(table, out_type=tf.int64)
-        labels = tf.where((ids >= 0) & (ids < size), tf.gather(table, tf.clip_by_value(ids, 0, size - 1)), 0)
+        # Ids outside the table land on the zeros padded around it: 0 = unmapped, as an id the json lacks.
+        padded = tf.constant(np.pad(lookups[2], 1))
+        labels = tf.gather(padded, tf.clip_by_value(ids, -1, len(lookups[2])) + 1)
         checks = [_check_boxes_in_graph(boxes, where),
                   tf.debugging.Assert(tf.reduce_all(labels > 0), [BAD_DATA_MARK, *where, UNMAPPED])]
         with tf.control_dependencies(checks):
@@ -797,26 +807,24 @@ class TFRecordSource(_Source):
         ds = ds.interleave(_named_records, cycle_length=cycle,
                            num_parallel_calls=(None if cycle == 1 or (threads == 1 and repeat)
                                                else threads if threads > 1 else tf.data.AUTOTUNE))
-        # A reader thread of its own ahead of the map, as sharded_records' `read_ahead` (why: there).
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).prefetch(tf.data.AUTOTUNE)
+        # Records without objects are dropped by parsing their lists alone (the parser skips the image's bytes),
+        # so the map that parses and augments feeds the batch directly: tf.data fuses the two and copies each
+        # image into its batch while it is still in cache. The filter runs in the read-ahead thread (a prefetch,
+        # as sharded_records' `read_ahead`, why: there).
+        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).filter(_has_objects)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
         lookups = self._lookups()
         augment, window_only = self._augment(ctx), self.cfg.decode_crop_window
-        # Stands in for a record without boxes, which the filter below drops: one map parses and augments (a
-        # parallel map of its own for the parse cost ~2% of the host's work per image, scripts/bench_input.py).
-        def placeholder() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            return tf.io.encode_jpeg(tf.zeros([16, 16, 3], tf.uint8)), tf.constant([[0.0, 0.0, 1.0, 1.0]]), tf.constant([1])
 
-        def parse_and_augment(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, Any]:
+        def parse_and_augment(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
             file, record = item
             ex = tf.io.parse_single_example(record, TRAIN_FEATURES)
             boxes, labels = self._parse_objects(ex, lookups, ["COCO record in", file, "image id",
                                                               ex["image/source_id"]])
-            has_boxes = tf.size(labels) > 0
-            encoded, boxes, labels = tf.cond(has_boxes, lambda: (ex["image/encoded"], boxes, labels), placeholder)
-            return has_boxes, augment(index, encoded if window_only else _decode(encoded), boxes, labels)
+            encoded = ex["image/encoded"]
+            return augment(index, encoded if window_only else _decode(encoded), boxes, labels)
 
-        ds = _indexed(ds, repeat).map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE)
-        return ds.filter(lambda has_boxes, _: has_boxes).map(lambda _, example: example)
+        return _indexed(ds, repeat).map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self._files(self.cfg.eval_pattern))
