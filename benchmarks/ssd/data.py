@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import cached_count, check_count, counted_records, list_files
+from harness.train.datafiles import cached_count, check_count, counted_records, list_files, sharded_records
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 from harness.train.input_pipeline import to_uint8
@@ -382,11 +382,12 @@ def _parse_scan_batch(records: tf.Tensor) -> dict[str, tf.Tensor]:
     return tf.io.parse_example(records, SCAN_FEATURES)
 
 
-def _named_records(file: tf.Tensor) -> tf.data.Dataset:
-    """The records of one file, each paired with the file name so the pipeline's assertions can name it."""
+def _records_with_objects(file: tf.Tensor) -> tf.data.Dataset:
+    """The records of one file that hold objects, each paired with the file name so the pipeline's assertions can
+    name it."""
     def pair(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return file, record
-    return tf.data.TFRecordDataset(file).map(pair)
+    return tf.data.TFRecordDataset(file).map(pair).filter(_has_objects)
 
 
 def _check_count(what: str, want: int, have: int, key: str, where: str) -> None:
@@ -441,14 +442,16 @@ class _Source:
                                     c.flip_on_device, c.scale_in_step)
         return fn
 
-    def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
-        """(encoded image, boxes, labels) elements of the file-based sources -> augmented training elements."""
+    def _augment_encoded(self, ds: tf.data.Dataset, ctx: InputContext, repeat: bool = True,
+                         parse: Callable[..., tuple[tf.Tensor, tf.Tensor, tf.Tensor]] | None = None) -> tf.data.Dataset:
+        """(encoded image, boxes, labels) elements of the file-based sources (or elements `parse` makes them of, in
+        the same map) -> augmented training elements."""
         augment = self._augment(ctx)
 
         window_only = self.cfg.decode_crop_window
 
         def fn(index, item):
-            encoded, boxes, labels = item
+            encoded, boxes, labels = parse(*item) if parse is not None else item
             return augment(index, encoded if window_only else _decode(encoded), boxes, labels)
         return _indexed(ds, repeat).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -793,38 +796,23 @@ class TFRecordSource(_Source):
     def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
         """This host's training images with boxes, shuffled and repeated (`repeat=False`: one epoch, each
         image once, shuffled afresh per tf.data service job)."""
-        files = self._files(self.cfg.train_pattern)
-        if len(files) < ctx.num_hosts:
-            raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
-        seed = ctx.seed if repeat else None
-        ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            ds = ds.repeat()
-        # Order: data.deterministic, through the dataset options the harness sets.
-        cycle = min(self.cfg.parallel_reads, len(files))
-        threads = self.cfg.read_threads  # data.read_threads, as harness sharded_records (and why not for one pass)
-        ds = ds.interleave(_named_records, cycle_length=cycle,
-                           num_parallel_calls=(None if cycle == 1 or (threads == 1 and repeat)
-                                               else threads if threads > 1 else tf.data.AUTOTUNE))
-        # Records without objects are dropped by parsing their lists alone (the parser skips the image's bytes),
-        # so the map that parses and augments feeds the batch directly: tf.data fuses the two and copies each
-        # image into its batch while it is still in cache. The filter runs in the read-ahead thread (a prefetch,
-        # as sharded_records' `read_ahead`, why: there).
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).filter(_has_objects)
-        ds = ds.prefetch(tf.data.AUTOTUNE)
+        c = self.cfg
+        # Records without objects are dropped as they are read, by parsing their lists alone (the parser skips the
+        # image's bytes), so the map that parses and augments feeds the batch directly: tf.data fuses the two and
+        # copies each image into its batch while it is still in cache. Order: data.deterministic, through the
+        # dataset options the harness sets.
+        ds = sharded_records(self._files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
+                             deterministic=None, repeat=repeat, read_threads=c.read_threads, read_ahead=True,
+                             reader=_records_with_objects)
         lookups = self._lookups()
-        augment, window_only = self._augment(ctx), self.cfg.decode_crop_window
 
-        def parse_and_augment(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
-            file, record = item
+        def parse(file: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             ex = tf.io.parse_single_example(record, TRAIN_FEATURES)
             boxes, labels = self._parse_objects(ex, lookups, ["COCO record in", file, "image id",
                                                               ex["image/source_id"]])
-            encoded = ex["image/encoded"]
-            return augment(index, encoded if window_only else _decode(encoded), boxes, labels)
+            return ex["image/encoded"], boxes, labels
 
-        return _indexed(ds, repeat).map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE)
+        return self._augment_encoded(ds, ctx, repeat, parse)
 
     def eval_records(self) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(self._files(self.cfg.eval_pattern))

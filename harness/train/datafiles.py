@@ -26,7 +26,8 @@ def list_files(data_dir: str, pattern: str, what: str) -> list[str]:
 
 def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cycle_length: int,
                     deterministic: bool | None, repeat: bool = True, read_threads: int = 0,
-                    read_ahead: bool = False) -> tf.data.Dataset:
+                    read_ahead: bool = False,
+                    reader: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset) -> tf.data.Dataset:
     """This host's share of the training files as an endless, shuffled stream of raw records.
 
     Whole files go to hosts (so no record is read twice), file order is reshuffled every pass, and
@@ -36,7 +37,8 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     AUTOTUNE parallel reads, 1 = the files read in turn by the pipeline's own thread, N = N parallel reads.
     One pass (a tf.data service job) reads in parallel whatever `read_threads` says: under the service's
     distributed epoch, the sequential interleave served more records than the epoch holds (TF 2.21, seen in
-    tests/test_data_service.py).
+    tests/test_data_service.py). `reader` turns one file name into its records (a source may pair each with
+    the file's name, or drop records, as they are read).
     """
     if len(files) < ctx.num_hosts:
         raise HarnessError(f"{len(files)} training shards cannot be split over {ctx.num_hosts} hosts")
@@ -45,7 +47,7 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
+    ds = ds.interleave(reader, cycle_length=min(cycle_length, len(files)),
                        num_parallel_calls=(None if cycle_length == 1 or (read_threads == 1 and repeat)
                                            else read_threads if read_threads > 1 else tf.data.AUTOTUNE),
                        deterministic=deterministic)
