@@ -6,13 +6,13 @@ import importlib
 
 from harness.errors import HarnessError
 
-# name -> "module:Class"; a workload registers here and nowhere else.
+# name -> "module:Class"; a workload registers here and nowhere else, and lives in benchmarks/<name>/.
 _WORKLOADS = {
     "resnet": "benchmarks.resnet.workload:ResNetWorkload",
     "bert": "benchmarks.bert.workload:BertWorkload",
     "transformer": "benchmarks.transformer.workload:TransformerWorkload",
     "ssd": "benchmarks.ssd.workload:SSDWorkload",
-    "gpt_oss_20b": "benchmarks.gpt_oss.workload:GptOssWorkload",
+    "gpt_oss_20b": "benchmarks.gpt_oss_20b.workload:GptOssWorkload",
     "llama31_8b": "benchmarks.llama31_8b.workload:LlamaWorkload",
 }
 
@@ -21,17 +21,12 @@ def names() -> list[str]:
     return sorted(_WORKLOADS)
 
 
-def package(name: str) -> str:
-    """The package a workload lives in (e.g. 'benchmarks.gpt_oss'), for modules beside its workload."""
-    get_known(name)
-    return _WORKLOADS[name].split(":")[0].rsplit(".", 1)[0]
-
-
 def cost_module(name: str):
-    """The workload's `cost` module (benchmarks/<package>/cost.py: FLOPs and sample counts for `plan` and the
+    """The workload's `cost` module (benchmarks/<name>/cost.py: FLOPs and sample counts for `plan` and the
     dry run's useful FLOPs); None where it has none."""
+    get_known(name)
     try:
-        return importlib.import_module(f"{package(name)}.cost")
+        return importlib.import_module(f"benchmarks.{name}.cost")
     except ModuleNotFoundError:
         return None
 

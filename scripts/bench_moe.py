@@ -33,7 +33,7 @@ from scripts.bench_loop_overhead import measure  # noqa: E402
 def layer_rates(workload, rounds: int) -> tuple[dict[str, list[float]], int]:
     """({"sorted"|"dense-dispatch"|"dense SwiGLU": tokens/s per round}, dense capacity) for forward +
     backward of one layer."""
-    from benchmarks.gpt_oss.moe import MoE, expert_capacity
+    from benchmarks.gpt_oss_20b.moe import MoE, expert_capacity
 
     c, rt = workload.cfg.model, workload.runtime
     b, seq, m = workload.cfg.schedule.global_batch_size, workload.cfg.data.seq_length, c.hidden_size

@@ -150,10 +150,10 @@ def test_cli_compile_failure_is_one_error_line(tmp_path, mode):
 
 
 def test_gpt_oss_counted_cost_is_the_compiled_models_params_and_a_lower_bound_of_its_flops():
-    """The planner's analytic count (benchmarks/gpt_oss/cost.py) against the reduced reference the dry run
+    """The planner's analytic count (benchmarks/gpt_oss_20b/cost.py) against the reduced reference the dry run
     compiles: the same parameters exactly; its useful FLOPs (k active experts, causal half of full
     attention) at most what XLA is handed, which adds the einsum dispatch and whole attention blocks."""
-    from benchmarks.gpt_oss import cost
+    from benchmarks.gpt_oss_20b import cost
 
     config = os.path.join("configs", "gpt_oss_20b", "reference.yaml")
     r = reduced_report(config)

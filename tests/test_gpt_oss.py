@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.gpt_oss import model, moe
+from benchmarks.gpt_oss_20b import model, moe
 from benchmarks.lm import attention, data, indexed_dataset
 from benchmarks.lm.config import DataConfig
 from harness.errors import HarnessError
@@ -114,7 +114,7 @@ def test_blockwise_window_attention_equals_dense_masked_attention(window, block,
 
 
 def test_even_layers_use_the_window_and_odd_layers_full_attention():
-    from benchmarks.gpt_oss.config import ModelConfig
+    from benchmarks.gpt_oss_20b.config import ModelConfig
     cfg = ModelConfig(num_layers=4)
     assert [model.layer_window(cfg, i, 8192) for i in range(4)] == [128, 8192, 128, 8192]
 
@@ -125,7 +125,7 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
     capacity dropping and the sorted dispatch in chunks (eager: a tf.function of it takes minutes to optimize here)."""
     import dataclasses
 
-    from benchmarks.gpt_oss.config import ModelConfig
+    from benchmarks.gpt_oss_20b.config import ModelConfig
     from harness.config import RuntimeConfig
     from harness.runtime import make_runtime
 

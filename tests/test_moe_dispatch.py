@@ -1,4 +1,4 @@
-"""gpt_oss's two MoE dispatches (benchmarks/gpt_oss/moe.py): the sorted block dispatch computes what the
+"""gpt_oss's two MoE dispatches (benchmarks/gpt_oss_20b/moe.py): the sorted block dispatch computes what the
 dense one-hot dispatch computes (one layer's output and its gradients, dropless and with capacity
 dropping), its static block layout holds every assignment exactly once, and its compiled work is bounded
 by the assignments plus experts x block rows, not experts x group."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.gpt_oss import moe
-from benchmarks.gpt_oss.config import ModelConfig
+from benchmarks.gpt_oss_20b import moe
+from benchmarks.gpt_oss_20b.config import ModelConfig
 from harness.config import RuntimeConfig
 from harness.runtime import make_runtime
 from harness.train import dryrun

@@ -209,7 +209,7 @@ def test_gpt_oss_cost_follows_the_mesh_and_splits_its_eval():
 
 def test_the_decoder_lms_share_one_cost_and_the_rules_eval_cadence():
     from harness.config import load_config
-    from benchmarks.gpt_oss import cost as gpt_oss_cost
+    from benchmarks.gpt_oss_20b import cost as gpt_oss_cost
     from benchmarks.lm import cost as lm_cost
     from benchmarks.llama31_8b import cost as llama_cost
 

@@ -58,13 +58,12 @@ class ModelCost:
 
 
 def workload_cost_module(workload: str) -> Any:
-    """`cost` beside the workload's registered module (benchmarks/<package>/cost.py)."""
+    """`cost` beside the workload's registered module (benchmarks/<name>/cost.py)."""
     from benchmarks import registry
 
     module = registry.cost_module(workload)
     if module is None:
-        package = registry.package(workload)
-        raise HarnessError(f"workload {workload!r} has no cost model ({package.replace('.', '/')}/cost.py)")
+        raise HarnessError(f"workload {workload!r} has no cost model (benchmarks/{workload}/cost.py)")
     return module
 
 

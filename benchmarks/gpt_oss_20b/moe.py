@@ -12,7 +12,7 @@ import tensorflow as tf
 from harness.nn.layers import Block, normal
 from harness.runtime.base import Runtime
 
-from benchmarks.gpt_oss.config import ModelConfig
+from benchmarks.gpt_oss_20b.config import ModelConfig
 
 
 # ------------------------------------------------------------------------------ mixture of experts

@@ -15,8 +15,8 @@ from harness.errors import HarnessError
 from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm
 
-from benchmarks.gpt_oss import config
-from benchmarks.gpt_oss.model import GptOss
+from benchmarks.gpt_oss_20b import config
+from benchmarks.gpt_oss_20b.model import GptOss
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # GPT-OSS 20B as the MLPerf reference builds it (specs/moe.md): dropless top-4 of 32 SwiGLU experts, the

@@ -17,8 +17,8 @@ import tensorflow as tf
 from harness.nn.layers import Block, RMSNorm, normal, vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
-from benchmarks.gpt_oss.config import ModelConfig
-from benchmarks.gpt_oss.moe import MoE, Routing
+from benchmarks.gpt_oss_20b.config import ModelConfig
+from benchmarks.gpt_oss_20b.moe import MoE, Routing
 from benchmarks.lm.attention import Attention
 
 

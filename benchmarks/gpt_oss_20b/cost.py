@@ -42,5 +42,5 @@ def model_cost(cfg) -> ModelCost:
     macs, params = forward_macs_and_params(cfg)
     return decoder_model_cost(
         cfg, "gpt_oss_20b", macs, params,
-        "counted (benchmarks/gpt_oss/cost.py: projections, windowed/causal attention, k active experts, LM head)",
+        "counted (benchmarks/gpt_oss_20b/cost.py: projections, windowed/causal attention, k active experts, LM head)",
         notes="expert-parallel all-to-all traffic (experts on the data axis) not modelled")
