@@ -1,10 +1,17 @@
-"""The docs hold together: no dead relative link, a short README that starts with the two commands, and a
-page for every workload that names each of its configs. Plain text checks, no TensorFlow."""
+"""The docs hold together: no dead relative link, no backticked repository path or `path.py:name` that does
+not exist, a short README that starts with the two commands, a page for every workload that names each of its
+configs, and docs/testing.md's map of every test file. Plain text checks (names looked up with `ast`), no
+TensorFlow."""
 from __future__ import annotations
 
+import ast
 import glob
 import os
 import re
+
+import pytest
+
+pytestmark = pytest.mark.quick
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
@@ -15,6 +22,15 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 INLINE_CODE = re.compile(r"`[^`]*`")
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # http:, https:, mailto: ...
+
+
+# A code-span token is a repository path when it starts with one of these directories or ends in one of these
+# extensions (and has a slash); `logs/` is left out: what is under it is written by runs, not kept in the repo.
+TOP_DIRS = ("harness", "benchmarks", "configs", "docs", "scripts", "tests", ".ci")
+EXTENSIONS = (".py", ".md", ".yaml", ".yml", ".json", ".cfg", ".toml", ".txt", ".sh")
+# placeholders and patterns, not paths: <name>, {a,b}, globs, "...", $VAR, ~, and upper-case stand-ins (DIR/x)
+NOT_A_PATH = re.compile(r"[<>{}*?\[\]$~]|\.\.\.|://|(^|/)[A-Z][A-Z_]*(/|$)")
+PATH_TOKEN = re.compile(r"^(?P<path>[\w.-]+(?:/[\w.-]+)*/?)(?:(?P<sep>::?)(?P<name>[\w.]+))?$")
 
 
 def doc_files() -> list[str]:
@@ -88,6 +104,88 @@ def dead_links(path: str) -> list[str]:
     return problems
 
 
+def path_tokens(text: str) -> list[tuple[int, str]]:
+    """(line number, token) of every whitespace-separated token in the prose's code spans and in fenced
+    blocks: a span or a block may hold a command, whose arguments are looked at one by one."""
+    tokens, in_fence = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        pieces = [line] if in_fence else re.findall(r"`([^`]+)`", line)
+        tokens += [(number, token.rstrip(",;")) for piece in pieces for token in piece.split()]
+    return tokens
+
+
+def code_paths(text: str) -> list[tuple[int, str]]:
+    """(line number, token) of every repository path in code: a slash-separated token that starts with a
+    directory of TOP_DIRS or ends in one of EXTENSIONS, optionally followed by `:name` or `::name` (a
+    function, class or constant of that Python file; `Class.method` too). URLs, globs, placeholders and paths
+    relative to somewhere else (`../x`) are not repository paths."""
+    found = []
+    for number, token in path_tokens(text):
+        m = PATH_TOKEN.match(token)
+        if not m or "/" not in m.group("path") or NOT_A_PATH.search(token):
+            continue
+        path = m.group("path")
+        first = path.split("/")[0]
+        if first not in (".", "..") and (first in TOP_DIRS or path.rstrip("/").endswith(EXTENSIONS)):
+            found.append((number, token))
+    return found
+
+
+def defined_names(tree: ast.AST) -> dict[str, ast.AST]:
+    """Functions, classes and assigned names at the top level of a module or class body."""
+    names: dict[str, ast.AST] = {}
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names[leaf.id] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+    return names
+
+
+def missing_path(token: str, repo: str = REPO) -> str | None:
+    """Why a code path does not resolve in the repository, or None when it does."""
+    m = PATH_TOKEN.match(token)
+    path, name = m.group("path"), m.group("name")
+    full = os.path.join(repo, path)
+    if name and not path.endswith(".py") and os.path.isfile(full + ".py"):
+        full += ".py"  # `harness/train/run:execute` names the module without its extension
+    if not os.path.exists(full):
+        return f"no such file or directory {path}"
+    if not name:
+        return None
+    if not full.endswith(".py"):
+        return f"{path} is not a Python file, so it has no name {name}"
+    if name.isdigit():
+        with open(full, encoding="utf-8") as f:
+            return None if int(name) <= len(f.read().splitlines()) else f"{path} has no line {name}"
+    with open(full, encoding="utf-8") as f:
+        scope: ast.AST = ast.parse(f.read())
+    for part in name.split("."):
+        scope = defined_names(scope).get(part)
+        if scope is None:
+            return f"{path} defines no {name}"
+    return None
+
+
+def broken_code_paths(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    problems = []
+    for number, token in code_paths(text):
+        why = missing_path(token)
+        if why:
+            problems.append(f"{os.path.relpath(path, REPO)}:{number}: `{token}`: {why}")
+    return problems
+
+
 def test_slug_matches_github():
     assert github_slug("Compile before booking hardware: `run CONFIG --dry_run`") == \
         "compile-before-booking-hardware-run-config---dry_run"
@@ -113,6 +211,31 @@ def test_no_dead_relative_links():
     assert sum(len(relative_links(p)) for p in files) > 20  # the pages do link to each other
     problems = [p for path in files for p in dead_links(path)]
     assert not problems, "dead links:\n" + "\n".join(problems)
+
+
+def test_code_path_checker_finds_paths_and_names(tmp_path):
+    """Paths, `path:name` and commands (in spans and fenced blocks) count; placeholders, globs, URLs and bare file names do not; a missing
+    file, a missing name and a missing method are each caught."""
+    text = ("`harness/train/loop.py` `benchmarks/lm/` `x/y.yaml` `python scripts/a.py --n 1` `harness/x.py:f`\n"
+            "`benchmarks/<name>/` `configs/*/smoke*.yaml` `https://a.b/c.py` `loop.py` `DIR/campaign.json` "
+            "`logs/resnet/` `{a,b}/c.py` `coco/2017` `~/.cache/x/` `../up/a.py`\n"
+            "```\nrun configs/a.yaml --data ../d\n```\nprose harness/not_code.py\n")
+    assert code_paths(text) == [(1, "harness/train/loop.py"), (1, "benchmarks/lm/"), (1, "x/y.yaml"),
+                                (1, "scripts/a.py"), (1, "harness/x.py:f"), (4, "configs/a.yaml")]
+    (tmp_path / "m.py").write_text("A = 1\nB: int = 2\nclass C:\n    def go(self):\n        pass\n"
+                                   "def f():\n    inner = 3\n")
+    for good in ("m.py", "m.py:A", "m.py:B", "m.py:C.go", "m.py::f", "m:f", "m.py:7"):
+        assert missing_path(good, str(tmp_path)) is None, good
+    for bad, why in (("n.py", "no such file"), ("m.py:inner", "defines no"), ("m.py:C.stop", "defines no"),
+                     ("m.py:8", "no line"), ("m.py:go", "defines no")):
+        assert why in missing_path(bad, str(tmp_path)), bad
+
+
+def test_backticked_paths_and_names_exist():
+    files = doc_files()
+    assert sum(len(code_paths(open(p, encoding="utf-8").read())) for p in files) > 50
+    problems = [p for path in files for p in broken_code_paths(path)]
+    assert not problems, "backticked paths that do not exist:\n" + "\n".join(problems)
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():
