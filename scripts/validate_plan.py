@@ -1,5 +1,5 @@
 """Checks `mlperf-harness plan` against public MLPerf results: for every family of one system at 3 or more
-scales (../shared/data/mlperf-scale-families-v0.7-v1.0.csv, built from the public v0.7/v1.0 result logs),
+scales (mlperf-scale-families-v0.7-v1.0.csv in --data DIR, built from the public v0.7/v1.0 result logs),
 calibrate on the SMALLEST scale only (its logged step time, and its eval time split by the stated rule of
 harness/plan/project.py; asynchronous evals as such), project the other scales with their logged global
 batch, and compare with the logged olympic time to train. Nothing here is fitted to the points it is judged

@@ -1,4 +1,4 @@
-"""Closed means the reference (issue 23): a closed run on real data must build the reference model (refused at
+"""Closed means the reference: a closed run on real data must build the reference model (refused at
 load in one line otherwise), `check` and `package` flag a closed log whose model disclosure or fixed keys say
 otherwise, file sources check every stated sample count against the files (one line with the right number,
 costly counts cached beside the data, `mlperf-harness data count`), and the COCO source finds both converters'

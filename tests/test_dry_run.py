@@ -194,7 +194,7 @@ def _layout_split_bytes(trainable_only: bool = False) -> tuple[int, int, int]:
 
 
 def test_dry_run_reports_memory_per_device_on_a_model_axis():
-    """A mesh with a model axis (review accelerator-path-2, 6e): weights, optimizer state, gradients and an
+    """A mesh with a model axis: weights, optimizer state, gradients and an
     activation estimate per device, and a peak that is their sum; weights split as the layout says."""
     r = dryrun.compile_report(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES, optimize=True)
     assert r.model_axis == 2

@@ -1,5 +1,5 @@
 """Closed-division fidelity to the MLPerf references: ResNet init, SGD exclusions, ImageNet preprocessing,
-BERT dropout seeds (review resnet-bert-fidelity.md, findings 2, 3, 7, 8, 9)."""
+BERT dropout seeds."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
-"""Wrong hardware is one `error:` line, never a silent run on something else (second accelerator review,
-claim 3): `runtime.gpus: 0`, a multi_worker worker without a GPU, a TPU pod config that would resolve to
+"""Wrong hardware is one `error:` line, never a silent run on something else:
+`runtime.gpus: 0`, a multi_worker worker without a GPU, a TPU pod config that would resolve to
 one host's cores, a closed-division run whose devices differ from `submission.platform`. bfloat16 on GPUs
 without bfloat16 math is a warning. No hardware needed: devices and runtimes are stood in."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host train loop never makes a step wait on the previous one (review accelerator-path-2, claim 2):
+"""The host train loop never makes a step wait on the previous one:
 in the traced loop no batch fetch reaches a loop-carried value (the previous step's loss, learning rate or
 a clock read after it), and the cross-replica reductions run once per call, after the loop, not per step.
 Traced, never timed: the default runtime in-process and MirroredStrategy over 2 logical CPUs in a

@@ -1,5 +1,5 @@
-"""A mesh over several hosts gets per-replica batches of the shape DTensorDataset expects (review
-accelerator-path-2, N1). DTensor multi-client needs GPUs or TPUs, so the hosts are emulated the way
+"""A mesh over several hosts gets per-replica batches of the shape DTensorDataset expects (a `rebatch`
+would be right on one host only). DTensor multi-client needs GPUs or TPUs, so the hosts are emulated the way
 DTensorDataset treats each one: the harness's own training stream of host h (MeshRuntime.distribute_dataset
 with the host count and id of a 4-host mesh, 2 local replicas each, 8 in all) is auto-sharded with
 `_AutoShardDataset(num_workers=2, index=i, num_replicas=8)` for each local replica i. In-process, one CPU."""

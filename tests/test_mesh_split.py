@@ -11,8 +11,8 @@ and asserts, with local (per-device) shapes:
   over it where its sorted dispatch uses them, `ff` still split over `model`; the tokens stay home);
 - the vocab-split input embedding: each device gathers from its own rows, and the table's gradient is a
   shard all-reduced over `data` (no full-size table, no segment sum of vocab rows).
-One subprocess traces the three workloads and then the review's mutant (gpt_oss whose attention output
-projection gathers its operands first), which must fail the same checks (about 35 s of CPU in all).
+One subprocess traces the three workloads and then a mutant (gpt_oss whose attention output projection
+gathers its operands first: the same losses, repeated work), which must fail the same checks (about 35 s of CPU in all).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_input_embedding_stays_a_vocab_shard(programs, workload):
 
 
 def test_mutant_with_a_replicated_attention_output_fails(programs):
-    """The review's mutant (attention output projection on gathered operands: the same losses) fails."""
+    """The mutant (attention output projection on gathered operands: the same losses) fails."""
     mutant = programs["gpt_oss_20b:mutant"]
     with pytest.raises(AssertionError, match="bshgd,hgdm->bsm"):
         check_split(mutant, "gpt_oss_20b")

@@ -187,8 +187,8 @@ def test_lost_chief_is_named_by_the_non_chief(monkeypatch):
     "Collective ops is aborted by: collective watchdog: ... /job:worker/replica:0/task:1",
 ])
 def test_a_deadline_blames_no_peer(monkeypatch, text):
-    """Second accelerator review, claim 4: on a 2-worker cluster the watchdog's abort named the only
-    other worker as lost, although it may be healthy and this call merely slow."""
+    """On a 2-worker cluster a collective deadline must not name the only other worker as lost: it may be
+    healthy and this call merely slow."""
     import tensorflow as tf
 
     from harness.runtime.distribute import lost_peer_error

@@ -1,4 +1,4 @@
-"""Item: every workload accepts exactly the rulesets of the pinned mlperf-logging that have its benchmark
+"""Every workload accepts exactly the rulesets of the pinned mlperf-logging that have its benchmark
 key: the ruleset's closed and open common rules accept `submission_benchmark` and the per-benchmark rule
 files exist. (The ruleset-matrix test proves each accepted ruleset with a real log.)"""
 from __future__ import annotations

@@ -39,9 +39,9 @@ def run_helper(name: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_pretend_gpu_trace_has_no_merge_call_and_no_cross_device_update():
-    """Review finding 1: replicated weights and slots with ONLY_FIRST_REPLICA make every replica-context
+    """Replicated weights and slots with ONLY_FIRST_REPLICA make every replica-context
     assign a merge_call, which raises inside a per-replica XLA function on GPUs; NONE traces cleanly.
-    Second review, claim 1: batch norm over a group of replicas between one and all (ResNet, SSD) must
+    Batch norm over a group of replicas between one and all (ResNet, SSD) must
     not merge_call either (it went through ReplicaContext.all_gather)."""
     spec = {"cases": {"resnet": [os.path.join(REPO, "configs", "resnet", "smoke.yaml"), RESNET_SMALL],
                       "ssd": [os.path.join(REPO, "configs", "ssd", "smoke.yaml"), SSD_SMALL]},
@@ -71,7 +71,7 @@ def test_multi_host_methods_with_two_hosts_stood_in():
 
 
 def test_collective_timeout_does_not_cost_a_thread_per_collective():
-    """Review finding 3: TensorFlow's per-collective timeout grew threads by ~40 a step here; the runtime's
+    """TensorFlow's per-collective timeout grew threads by ~40 a step here; the runtime's
     watchdog keeps the count flat (a few threads of slack for TensorFlow's own pools)."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     procs = []

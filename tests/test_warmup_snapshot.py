@@ -1,6 +1,6 @@
 """The warm-up (compile, one step on zeros) leaves the training state exactly as initialized, and the copy
 it restores from waits in host memory, not as a second copy of every weight and optimizer slot on the
-device (review accelerator-path-2, N3). In-process, the one-variable toy with a momentum slot."""
+device. In-process, the one-variable toy with a momentum slot."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Only compile failures are labelled "does not compile under XLA" (second accelerator review, claim 5):
+"""Only compile failures are labelled "does not compile under XLA":
 out of memory is one line naming the bytes, runtime failures (NCCL, a lost peer) pass through. The
 errors are constructed as TensorFlow raises them; the texts follow XLA's and TensorFlow's wording."""
 from __future__ import annotations

@@ -3,8 +3,8 @@ without XLA, and in bfloat16 and float16 (dynamic loss scaling) against float32.
 
 Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess for the
 selected workloads (tests/helpers/step_case.py, shared with the workload contract through
-tests/step_cases.py). The full smoke runs under XLA and in each precision are manual checks (README,
-"Accelerator path").
+tests/step_cases.py). The full smoke runs under XLA and in each precision are manual checks
+(docs/accelerators.md and the workload pages).
 """
 from __future__ import annotations
 

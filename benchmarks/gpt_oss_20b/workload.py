@@ -19,7 +19,7 @@ from benchmarks.gpt_oss_20b import config
 from benchmarks.gpt_oss_20b.model import GptOss
 from benchmarks.lm.workload import DecoderLMWorkload
 
-# GPT-OSS 20B as the MLPerf reference builds it (specs/moe.md): dropless top-4 of 32 SwiGLU experts, the
+# GPT-OSS 20B as the MLPerf reference implementation builds it: dropless top-4 of 32 SwiGLU experts, the
 # router options beside the reference off.
 REFERENCE_MODEL = ReferenceModel("GPT-OSS 20B", {
     "model.vocab_size": 128256, "model.hidden_size": 2880, "model.num_layers": 24, "model.num_heads": 64,

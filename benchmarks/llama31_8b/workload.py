@@ -15,7 +15,7 @@ from benchmarks.llama31_8b import config
 from benchmarks.llama31_8b.model import Llama
 from benchmarks.lm.workload import DecoderLMWorkload
 
-# Llama 3.1 8B as the MLPerf reference builds it (NeMo Llama31Config8B; specs/llama31_8b.md 2.1).
+# Llama 3.1 8B as the MLPerf reference builds it (NeMo's Llama31Config8B).
 REFERENCE_MODEL = ReferenceModel("Llama 3.1 8B", {
     "model.vocab_size": 128256, "model.hidden_size": 4096, "model.num_layers": 32, "model.num_heads": 32,
     "model.num_kv_heads": 8, "model.head_dim": 128, "model.ffn_hidden": 14336, "model.rope_base": 500000,

@@ -21,7 +21,7 @@ SSD300 = dict(image_size=300, feature_sizes=(38, 19, 10, 5, 3, 1), steps=(8, 16,
 
 TINY64 = dict(image_size=64, feature_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64), scales=(12, 22, 36, 52, 64),
               aspect_ratios=((2,), (2,), (2,), (2,)))
-"""The tiny synthetic-task configuration of specs/ssd.md section 9 (64 px, 4 anchors a cell): 340 anchors."""
+"""The tiny configuration of the synthetic shapes task (64 px, 4 anchors a cell): 340 anchors."""
 
 TINY128 = dict(image_size=128, feature_sizes=(16, 8, 4, 2, 1), steps=(8, 16, 32, 64, 128),
                scales=(12, 24, 44, 72, 104, 128), aspect_ratios=((2,), (2,), (2,), (2,), (2,)))

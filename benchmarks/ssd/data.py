@@ -1,7 +1,7 @@
 """SSD inputs: COCO TFRecords with their instances json, TFDS coco/2017, or the in-memory synthetic shapes task.
 
 Every source gives the same training elements (unbatched, static shapes, so the harness can batch and shard them):
-  image  float32 [S, S, 3]  scaled to [0, 1], then normalized with the ImageNet mean/std (specs/ssd.md section 1);
+  image  float32 [S, S, 3]  scaled to [0, 1], then normalized with the ImageNet mean/std (as the reference);
          in the compute dtype (bfloat16/float16) under data.images_in_compute_dtype
   boxes  float32 [max_boxes, 4]  ltrb = (xmin, ymin, xmax, ymax) normalized to [0, 1]; zero rows pad
   labels int32 [max_boxes]  contiguous class labels 1..C (the CategoryMap of the source); 0 pads
@@ -473,7 +473,7 @@ class _Source:
 
 
 class SyntheticSource(_Source):
-    """The shapes task of specs/ssd.md section 9, generated in memory (uint8 arrays, normalized in the map).
+    """The synthetic shapes task (synthetic_shapes.py), generated in memory (uint8 arrays, normalized in the map).
 
     data.train_samples counts images trained on, so the source generates the first N images of the train stream
     such that exactly train_samples of them have boxes and drops the ~2% empty ones (the image index is the

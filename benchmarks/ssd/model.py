@@ -1,4 +1,4 @@
-"""SSD300 on the MLPerf reference's modified ResNet-34 (specs/ssd.md section 1).
+"""SSD300 on the MLPerf reference's modified ResNet-34.
 
 Backbone: ResNet-34's conv1, max-pool, conv2_x and conv3_x, then conv4_x **not strided**, so SSD300's first
 feature map is 38x38 (4 x width channels). Extra layers (1x1 then 3x3 conv, both with bias and ReLU, no batch

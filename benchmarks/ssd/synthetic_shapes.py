@@ -1,8 +1,8 @@
-"""The learnable synthetic detection task of specs/ssd.md section 9: coloured shapes on noisy gray backgrounds.
+"""The learnable synthetic detection task for smoke runs: coloured shapes on noisy gray backgrounds.
 
 Each class is one shape in one colour family (red rectangle, green ellipse, blue triangle, yellow diamond), with
 hue, saturation and brightness jitter; objects are 0.19-0.63 of the image on each side, fully inside it, with
-pairwise IoU < 0.2 and, beyond the spec, at most 40% of either box's area inside the other (IoU alone lets a later
+pairwise IoU < 0.2 and at most 40% of either box's area inside the other (IoU alone lets a later
 object hide an earlier small one). Category ids are non-contiguous COCO-style ids (1, 5, 9, 13) so that the
 harness's id map is exercised. Image b is drawn from its own generator seeded by (seed, split, b): the data is a
 pure function of the arguments, and the first m images of a set of n are the set of m.

@@ -26,7 +26,7 @@ from benchmarks.transformer.model import Transformer
 
 
 VOCAB = "vocabulary size (data.vocab_file)"
-# Transformer-big (6 + 6 layers) over the reference's shared 33,708-subword vocabulary (specs/transformer.md).
+# Transformer-big (6 + 6 layers) over the reference's shared 33,708-subword vocabulary.
 REFERENCE_MODEL = ReferenceModel("Transformer-big", {
     "model.num_layers": 6, "model.hidden_size": 1024, "model.num_heads": 16, "model.filter_size": 4096,
     VOCAB: 33708, "model.layer_postprocess_dropout": 0.1, "model.attention_dropout": 0.1,

@@ -38,7 +38,7 @@ LOWER_IS_BETTER: frozenset[str] = frozenset({"gpt_oss_20b", "llama31_8b", "llama
 def reaches(benchmark: str | None, value: float, target: float) -> bool:
     """Whether an eval_accuracy value reaches `target` for `benchmark` (>=, or <= for a loss)."""
     return value <= target if benchmark in LOWER_IS_BETTER else value >= target
-targets = TARGETS  # lower-case alias: the name the brief uses
+targets = TARGETS  # lower-case alias of TARGETS (nothing in the repository reads it)
 
 
 @dataclass

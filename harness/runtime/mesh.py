@@ -201,7 +201,7 @@ class MeshRuntime(Runtime):
         # into L consecutive per-replica batches, so local replica i gets rows [i*B/L, (i+1)*B/L) and the
         # global batch holds the same examples, in the same order, as one device's batch would. Not
         # `rebatch`: given the global replica count, auto-sharding rewrites a rebatch to host batch /
-        # global replicas, right only on one host (review accelerator-path-2, N1).
+        # global replicas, right only on one host (tests/test_mesh_hosts.py).
         ds = ds.flat_map(_slicer(per_host // per_replica, per_replica))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
