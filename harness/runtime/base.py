@@ -4,6 +4,19 @@ Two families sit behind it: tf.distribute strategies (data parallel: default, mi
 tpu) and a DTensor mesh (data x model parallel). Model code creates every variable through
 `Runtime.variable` with named dimensions, so the same model runs on both families: a strategy ignores the
 names, a mesh maps them to mesh dimensions through the config's layout rules.
+
+Members by who calls them:
+- model code: `variable` (named dimensions, stateless seeded initializers), `replica_all_sum`, `assign_mean`,
+  `take_along_axis1` (a batched take, e.g. beam reordering: a gather on the strategies, a one-hot
+  contraction on the mesh, whose partitioner rejects gather with batch_dims), `place`, `shards` /
+  `check_divides`, `batch_norm_group` (any divisor of the replicas: on mirrored / multi_worker one
+  `all_reduce` of per-replica slots of a zero tensor, each replica keeping its group's rows, so no
+  `merge_call` and it compiles inside per-replica XLA on GPUs; grouped `cross_replica_sum` on TPU),
+  `spatial_partition_ways` / `split_spatially` (TPU only; refused elsewhere before any device is touched);
+- the loop: `distribute_dataset`, `run`, `sum` / `mean`, `all_reduce_gradients`, `gather` (per-example
+  outputs of every replica and host), `to_host`, `broadcast_from_chief`, `replica_id`, `function`,
+  `replica_function`;
+- topology: `num_replicas`, `num_hosts`, `host_id`, `is_chief`, `device_type`, `description`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""tf.distribute runtimes: one device, mirrored (GPUs or logical CPUs), multi-worker, TPU."""
+"""tf.distribute runtimes: one device, mirrored (GPUs or logical CPUs), multi-worker, TPU.
+
+multi_worker reads its cluster from TF_CONFIG, or from the variables SLURM's `srun` sets when TF_CONFIG is
+absent; its collectives run under one watchdog deadline (watchdog.py). tpu connects with a timeout, since an
+unreachable address otherwise hangs. Every wrong-hardware case (GPUs asked for and absent, `gpus: 0`, a CPU
+multi-worker without `cpu_devices=1`, a local TPU smaller than the platform) is refused in one line, never
+run on other devices than the config says.
+"""
 from __future__ import annotations
 
 import functools

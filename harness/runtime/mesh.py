@@ -9,7 +9,16 @@ DTensor inserts the collectives. Everything runs inside tf.functions executed un
 FSDP (`runtime.fsdp`, ZeRO-3 style): every variable is additionally split over the batch mesh dimension
 on one of its dimensions (see `MeshRuntime.storage_layout`), so weights, their gradients and the optimizer
 slots made with the same dims are 1/data per device; a weight is gathered (all-gather) to its compute
-layout where the model reads it, and its gradient comes back reduced into the shard.
+layout where the model reads it, and its gradient comes back reduced into the shard. The split dimension
+is the largest one the data size divides (`fsdp_axis`); scalars and variables with no such dimension stay
+replicated. A `ShardedDVariable`'s tensor reads (`value()`, `tf.gather`) are all-gathered to the compute
+layout once per weight per step, its gradient is all-reduced over data and sliced to the shard (DTensor
+fuses the two to a reduce-scatter where they are adjacent), and optimizer updates run on the shards. On
+GPUs a bfloat16 all-gather lowers to zero-fill + all-reduce. FSDP has never run on an accelerator.
+
+Several hosts are DTensor clients (`DTENSOR_NUM_CLIENTS` and its siblings) of one
+`create_distributed_mesh`, TPU or GPU only (never run): each host batch is sliced into its local replicas'
+batches, so DTensorDataset's auto-shard leaves them whole on any host count.
 """
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""Finding a workload's data files, with the clear errors every file-based source needs."""
+"""Finding a workload's data files, with the clear errors every file-based source needs.
+
+Lists a source's shards (a missing directory or a pattern that matches nothing is one line), reads them
+sharded over hosts (`sharded_records`), counts TFRecords from their record headers, caches counts beside the
+data (`.mlperf-harness-counts.json`; the user's cache folder when that is read-only), keyed by the files and
+the settings that change a count, and turns a stated sample count that disagrees with the files into one
+line naming the right number.
+"""
 from __future__ import annotations
 
 import hashlib
