@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import REPO, cli_in_process
+
+pytestmark = pytest.mark.quick
 
 SSD = os.path.join(REPO, "tests", "data", "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd")
 

@@ -26,6 +26,8 @@ from harness.train.run import execute
 
 from conftest import REPO, cli_in_process, stderr_error_lines
 
+pytestmark = pytest.mark.quick
+
 CONFIGS = os.path.join(REPO, "configs")
 GOOGLE_SSD = os.path.join(REPO, "tests", "data", "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd",
                           "result_1.txt")
@@ -304,5 +306,6 @@ def test_gpt_oss_reference_config_is_the_reference_and_its_smoke_model_on_indexe
     with pytest.raises(HarnessError) as e:
         reference.check_closed_model(registry.get("gpt_oss_20b")(cfg, runtime))
     message = str(e.value)
-    assert message.startswith("closed division on real data needs the reference GPT-OSS 20B: model.vocab_size="), message
+    assert message.startswith("closed division on real data needs the reference GPT-OSS 20B: "
+                              "model.vocab_size="), message
     assert "model.num_experts=" in message and message.endswith("use submission.division=open") and "\n" not in message

@@ -10,6 +10,8 @@ from harness.errors import HarnessError
 
 from conftest import SMOKE
 
+pytestmark = pytest.mark.quick
+
 
 def write(tmp_path, name: str, text: str) -> str:
     path = tmp_path / name

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.quick
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+TESTING = os.path.join(REPO, "docs", "testing.md")
 README_MAX_LINES = 150
 
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -214,8 +215,8 @@ def test_no_dead_relative_links():
 
 
 def test_code_path_checker_finds_paths_and_names(tmp_path):
-    """Paths, `path:name` and commands (in spans and fenced blocks) count; placeholders, globs, URLs and bare file names do not; a missing
-    file, a missing name and a missing method are each caught."""
+    """Paths, `path:name` and commands (in spans and fenced blocks) count; placeholders, globs, URLs and bare
+    file names do not; a missing file, a missing name and a missing method are each caught."""
     text = ("`harness/train/loop.py` `benchmarks/lm/` `x/y.yaml` `python scripts/a.py --n 1` `harness/x.py:f`\n"
             "`benchmarks/<name>/` `configs/*/smoke*.yaml` `https://a.b/c.py` `loop.py` `DIR/campaign.json` "
             "`logs/resnet/` `{a,b}/c.py` `coco/2017` `~/.cache/x/` `../up/a.py`\n"
@@ -291,3 +292,33 @@ def test_every_workload_has_a_page_naming_its_configs():
                 missing.append(f"configs/{name}/{config} is named neither in README.md's table nor in "
                                f"docs/workloads/{name}.md")
     assert not missing, "\n".join(missing)
+
+
+def mapped_test_files() -> dict[str, str]:
+    """docs/testing.md's map: test file -> its quick column ("yes" / "no"), from rows whose first cell is a
+    backticked tests/test_*.py."""
+    with open(TESTING, encoding="utf-8") as f:
+        text = f.read()
+    rows = {}
+    for _, line in prose_lines(text):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        m = re.fullmatch(r"`(tests/test_\w+\.py)`", cells[0]) if cells else None
+        if m:
+            rows[m.group(1)] = cells[-1]
+    return rows
+
+
+def test_testing_md_maps_every_test_file_and_its_quick_mark():
+    files = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "tests", "test_*.py")))
+    table = mapped_test_files()
+    assert len(files) > 40 and len(table) > 40, (len(files), len(table))
+    missing = [f for f in files if f not in table]
+    assert not missing, "test files docs/testing.md does not map:\n" + "\n".join(missing)
+    marked = re.compile(r"^pytestmark = pytest\.mark\.quick$", re.MULTILINE)
+    wrong = []
+    for f in files:
+        with open(os.path.join(REPO, f), encoding="utf-8") as fh:
+            quick = "yes" if marked.search(fh.read()) else "no"
+        if table[f] != quick:
+            wrong.append(f"{f}: docs/testing.md says quick={table[f]!r}, the file's mark says {quick!r}")
+    assert not wrong, "\n".join(wrong)

@@ -22,6 +22,8 @@ from harness.runtime.base import InputContext
 
 from conftest import REPO
 
+pytestmark = pytest.mark.quick
+
 REFERENCE = os.path.join(REPO, "configs", "resnet", "reference.yaml")
 SMOKE = os.path.join(REPO, "configs", "resnet", "smoke.yaml")
 

@@ -20,6 +20,8 @@ from harness.runtime import distribute, make_runtime
 
 from conftest import SMOKE, cli_in_process
 
+pytestmark = pytest.mark.quick
+
 
 def one_line(e: pytest.ExceptionInfo) -> str:
     text = str(e.value)

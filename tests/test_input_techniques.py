@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from benchmarks.resnet import data as resnet_data
 from harness.train import input_pipeline
 from harness.train.input_pipeline import PipelineConfig, nbytes, pipeline_config, train_options
+
+pytestmark = pytest.mark.quick
 
 
 def test_normalize_on_device_matches_the_host_float_pipeline_to_half_a_grey_level():

@@ -22,6 +22,8 @@ from harness.train.progress import INPUT_BOUND_SHARE, Progress
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 import toy  # noqa: E402
 
+pytestmark = pytest.mark.quick
+
 SLEEP_US = 30_000  # per example: 0.3 s per batch of 10, far above the step's compute even under load
 
 

@@ -7,7 +7,11 @@ import re
 
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO as _REPO
+
+pytestmark = pytest.mark.quick
 
 REPO = Path(_REPO)
 

@@ -10,6 +10,8 @@ from harness.errors import HarnessError
 from harness.review.integrity import bert_eval_interval, check_eval_schedule, check_integrity, check_seeds
 from harness.review.logparse import parse_lines, parse_log, summarize, TARGETS
 
+pytestmark = pytest.mark.quick
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 PUBLIC_SSD = os.path.join(DATA, "public_v0.7", "Google", "results", "tpu-v3-8192-TF", "ssd")
 

@@ -9,6 +9,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 from tensorflow.python.data.experimental.ops import distribute
@@ -22,6 +23,8 @@ from harness.train.input_pipeline import InputWait
 
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 import toy  # noqa: E402
+
+pytestmark = pytest.mark.quick
 
 class Numbered(toy.ToyWorkload):
     """The toy whose training example i is x = i, so every row says where it came from."""

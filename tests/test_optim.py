@@ -11,6 +11,8 @@ from harness.nn.optim import (LARS, Adam, AdamW, SGDMomentum, TF1Momentum, poly_
                           warmup_step_decay_schedule)
 from harness.runtime import make_runtime
 
+pytestmark = pytest.mark.quick
+
 
 def lr_at(schedule, step: int) -> float:
     return float(schedule(tf.constant(step, tf.int64)))

@@ -19,6 +19,8 @@ from harness.plan.system import load_system
 
 from conftest import REPO
 
+pytestmark = pytest.mark.quick
+
 A, B = 0.3, 24.0     # the synthetic family's eval: A + B / chips seconds
 EVAL_SAMPLES = 5000
 
@@ -51,7 +53,8 @@ def family_log(path: str, chips_hosts: int, step_s: float, eval_s: float, epochs
 
 def family_cost(host_per_sample: float = 0.0) -> costs.ModelCost:
     return costs.ModelCost("ssd", "hand", 1e12, 3e11, 10**6, 2e6, 20.0, 1000, EVAL_SAMPLES, "image",
-                           eval_host_seconds_per_sample=host_per_sample, eval_fixed_seconds=A - host_per_sample * EVAL_SAMPLES)
+                           eval_host_seconds_per_sample=host_per_sample,
+                           eval_fixed_seconds=A - host_per_sample * EVAL_SAMPLES)
 
 
 def test_eval_a_plus_b_over_chips_is_recovered_from_one_scales_logs(tmp_path):

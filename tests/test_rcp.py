@@ -14,6 +14,8 @@ from harness.runtime import make_runtime
 
 from conftest import REPO, cli_in_process, stderr_error_lines
 
+pytestmark = pytest.mark.quick
+
 # model_bn_span depends on the device count (per-replica batch), not on the config: a system sets it.
 DEVICE_DEPENDENT = ("model_bn_span",)
 

@@ -16,6 +16,8 @@ from harness.runtime import make_runtime
 from harness.runtime.base import InputContext
 from harness.train import remote_input
 
+pytestmark = pytest.mark.quick
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = types.SimpleNamespace(kind="tpu")
 DEFAULT = types.SimpleNamespace(kind="default")

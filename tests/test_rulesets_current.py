@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 import yaml
 
 from benchmarks import registry
 from harness import config
 from harness.train import weights_init
+
+pytestmark = pytest.mark.quick
 
 # Rulesets where the key names another benchmark than this workload's model.
 OTHER_MODEL = {"ssd": {"2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0"}}  # RetinaNet

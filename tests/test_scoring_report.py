@@ -11,6 +11,8 @@ from harness.review.logparse import parse_lines, parse_log, summarize
 from harness.review.report import find_logs, main, plot_convergence, write_report
 from harness.review.scoring import N_REQUIRED, olympic_score
 
+pytestmark = pytest.mark.quick
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 PUBLIC = os.path.join(DATA, "public_v0.7")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

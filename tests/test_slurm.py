@@ -12,6 +12,8 @@ from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.runtime import distribute, make_runtime
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture
 def srun(monkeypatch):

@@ -15,6 +15,8 @@ from benchmarks.ssd import postprocess as P
 from benchmarks.ssd import synthetic_shapes as S
 from harness.errors import HarnessError
 
+pytestmark = pytest.mark.quick
+
 
 # ---------------------------------------------------------------- anchors
 

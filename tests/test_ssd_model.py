@@ -20,6 +20,8 @@ from harness.errors import HarnessError
 from harness.runtime import make_runtime
 from harness.runtime.distribute import StrategyRuntime
 
+pytestmark = pytest.mark.quick
+
 SSD300_SMALL = ModelConfig(width=4, extra_channels=[[4, 8]] * 5)
 TINY = ModelConfig(image_size=64, width=2, blocks=[1, 1, 1], extra_channels=[[4, 8]] * 3, num_classes=3,
                    **{k: [list(v) if isinstance(v, tuple) else v for v in A.TINY64[k]]

@@ -11,6 +11,8 @@ from benchmarks.transformer import bleu, subword
 from benchmarks.transformer.synthetic_language import SyntheticLanguage
 from harness.errors import HarnessError
 
+pytestmark = pytest.mark.quick
+
 REFS = [
     "The quick brown fox jumps over the lazy dog.",
     "Der Preis stieg um 3,5 % auf 1.234,56 Euro.",

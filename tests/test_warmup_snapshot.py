@@ -7,6 +7,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import REPO
@@ -18,6 +19,8 @@ from harness.train import loop
 
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 import toy  # noqa: E402
+
+pytestmark = pytest.mark.quick
 
 
 class MomentumToy(toy.ToyWorkload):

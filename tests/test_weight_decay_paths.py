@@ -11,6 +11,8 @@ from harness.runtime import make_runtime
 
 from conftest import REPO
 
+pytestmark = pytest.mark.quick
+
 
 def built(config: str):
     cfg = config_lib.load_config(os.path.join(REPO, config))

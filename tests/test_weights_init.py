@@ -13,6 +13,8 @@ from harness.errors import HarnessError
 
 from conftest import REPO, cli_in_process, sets, stderr_error_lines
 
+pytestmark = pytest.mark.quick
+
 # Reference configs at tiny widths on one device: the variable structure (what the map names) is the
 # reference's.
 TINY_RESNET = ["runtime.kind=default", "model.width=4", "data.image_size=16", "data.num_classes=10"]

@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from harness.train.xla_errors import xla_compile_error
 
+pytestmark = pytest.mark.quick
+
 # XLA:GPU's executable running out of memory (its message names XLA, which used to be enough for the label).
 XLA_GPU_OOM = ("Graph execution error:\n\nDetected at node cluster_0_1/xla_run defined at (most recent call "
                "last):\n  File \"/work/harness/train/loop.py\", line 373, in run_timed\n\nOut of memory while "
