@@ -1,5 +1,5 @@
 # `make run`: set up .venv (CPU TensorFlow, no CUDA wheels) and run the ResNet-50 smoke benchmark.
-# `make test`: set up .venv and run the whole test suite.
+# `make test`: set up .venv, lint (ruff, pyproject.toml's [tool.ruff]) and run the whole test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,6 +23,7 @@ run: $(STAMP)
 # In parallel, one pytest-xdist worker per core (at most 4; tests/conftest.py), each test file in one worker
 # (module fixtures stay shared). `pytest tests/test_x.py -k ...` alone runs serially, as before.
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 clean:

@@ -439,8 +439,9 @@ def resnet_bench(tmp: str, images: int, batch: int) -> Bench:
                   f"data.train_samples={images}", f"data.eval_samples={images}"],
                  "decode_and_crop_jpeg", lambda wl: bare_resnet(encoded, boxes, wl, batch),
                  lambda wl: floor_resnet(encoded, boxes, wl, batch),
-                 lambda wl, cfg: wl.source.train_image_dtype.name + (" unnormalized" if wl.source.normalizes_in_step
-                                                                      else "") + (" + flip coins" if cfg.data.flip_on_device else ""))
+                 lambda wl, cfg: (wl.source.train_image_dtype.name
+                                  + (" unnormalized" if wl.source.normalizes_in_step else "")
+                                  + (" + flip coins" if cfg.data.flip_on_device else "")))
 
 
 def ssd_bench(tmp: str, images: int, batch: int) -> Bench:

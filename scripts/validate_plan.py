@@ -144,7 +144,8 @@ def held_out_padding(data_dir: str) -> tuple[float, str]:
     rows = scale_rows(data_dir)
     found = []
     for n, batch, sysname in pts:
-        r = [r for r in rows if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
+        r = [r for r in rows
+             if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
              and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
         if not r:
             raise HarnessError(f"padding factor: no {rnd} {submitter} {bench} row for {sysname}")
@@ -170,14 +171,16 @@ def held_out_overheads(data_dir: str) -> list[str]:
         system = dataclasses.replace(load_system(system_name), step_overhead_seconds=0.0)
         found = []
         for n, batch, sysname in pts:
-            r = [r for r in rows if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
+            r = [r for r in rows
+                 if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
                  and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
             found.append((n, batch, float(r[0]["mean_step_ms"]) / 1e3) if r else None)
         if None in found:
             lines.append(f"  {system_name}: {rnd} {submitter} {bench}: rows not found")
             continue
         fixed, eff = derive_overhead(cost, system, found[0], found[1])
-        lines.append(f"  {system_name:<9} {fixed * 1e3:5.2f} ms per step (efficiency {eff:.2f}) from {rnd} {submitter} {bench}: "
+        lines.append(f"  {system_name:<9} {fixed * 1e3:5.2f} ms per step (efficiency {eff:.2f}) from {rnd} "
+                     f"{submitter} {bench}: "
                      + ", ".join(f"{n} chips x {b / n:g}/chip {t * 1e3:.2f} ms" for n, b, t in found))
     return lines
 
@@ -297,8 +300,10 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
             pred = proj.total_seconds / 60
             pred_step = step_time(p_cost, system, p.chips, p.batch, eff).total * 1e3
             results.append(dict(family=name, system=system_name, calib_chips=base.chips, efficiency=eff,
-                                scale_ratio=p.chips / base.chips, eval_share=proj.eval_total_seconds / proj.total_seconds,
-                                chips=p.chips, batch=p.logged_batch, per_chip=p.batch / p.chips, predicted_min=pred, actual_min=p.minutes,
+                                scale_ratio=p.chips / base.chips,
+                                eval_share=proj.eval_total_seconds / proj.total_seconds,
+                                chips=p.chips, batch=p.logged_batch, per_chip=p.batch / p.chips, predicted_min=pred,
+                                actual_min=p.minutes,
                                 ratio=pred / p.minutes, predicted_converge=conv.stop, actual_converge=p.converge,
                                 converge_in_range=conv.in_range, predicted_step_ms=pred_step, actual_step_ms=p.step_ms,
                                 step_ratio=pred_step / p.step_ms if p.step_ms else None,
@@ -328,16 +333,19 @@ def main() -> int:
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'ratio':>5} {'chips':>6} {'batch':>7} {'/chip':>6} {'pred min':>9} {'actual':>8} "
+    print(f"{'family':<34} {'cal@':>5} {'eff':>5} {'ratio':>5} {'chips':>6} {'batch':>7} {'/chip':>6} "
+          f"{'pred min':>9} {'actual':>8} "
           f"{'pred/act':>8} {'conv pred':>10} {'conv act':>10} {'step pred':>9} {'step act':>8} {'eval%':>5}")
     for r in results:
         def c(x: float) -> str:
             return f"{x:,.0f}" if x > 1000 else f"{x:.1f}"
         step_act = f"{r['actual_step_ms']:.1f}" if r["actual_step_ms"] else "-"
-        print(f"{r['family']:<34} {r['calib_chips']:>5} {r['efficiency']:>5.2f} {r['scale_ratio']:>5.0f} {r['chips']:>6} {r['batch']:>7} "
+        print(f"{r['family']:<34} {r['calib_chips']:>5} {r['efficiency']:>5.2f} {r['scale_ratio']:>5.0f} "
+              f"{r['chips']:>6} {r['batch']:>7} "
               f"{r['per_chip']:>6.3g} "
               f"{r['predicted_min']:>9.3f} {r['actual_min']:>8.3f} {r['ratio']:>8.2f} "
-              f"{c(r['predicted_converge']) + ('' if r['converge_in_range'] else '*'):>10} {c(r['actual_converge']):>10} "
+              f"{c(r['predicted_converge']) + ('' if r['converge_in_range'] else '*'):>10} "
+              f"{c(r['actual_converge']):>10} "
               f"{r['predicted_step_ms']:>9.1f} {step_act:>8} {100 * r['eval_share']:>5.1f}")
     for s in skipped:
         print(f"skipped: {s}")
@@ -353,8 +361,8 @@ def main() -> int:
     off = [r for r in results if max(r["ratio"], 1 / r["ratio"]) > 1.5]
     print(f"points off by more than 1.5x: {len(off)}" + "".join(
         f"\n  {r['family']} at {r['chips']} chips, {r['per_chip']:.3g} samples per chip: predicted/actual "
-        f"{r['ratio']:.2f}, step {r['predicted_step_ms']:.1f} ms projected vs {r['actual_step_ms'] or float('nan'):.1f} "
-        f"ms logged"
+        f"{r['ratio']:.2f}, step {r['predicted_step_ms']:.1f} ms projected vs "
+        f"{r['actual_step_ms'] or float('nan'):.1f} ms logged"
         for r in off))
     for fam_kind in ("resnet", "bert", "ssd", "transformer"):
         sub = [abs(r["ratio"] - 1) for r in results if r["family"].endswith(fam_kind)]
@@ -365,7 +373,8 @@ def main() -> int:
     for label, key in (("step time", "step_ratio"), ("to converge", "converge_ratio")):
         sub = [r for r in results if r[key]]
         far = max(sub, key=lambda r: max(r[key], 1 / r[key]))
-        print(f"  {label:<12} {len(sub)} points, median |error| {100 * statistics.median(abs(r[key] - 1) for r in sub):.1f}%, "
+        median = 100 * statistics.median(abs(r[key] - 1) for r in sub)
+        print(f"  {label:<12} {len(sub)} points, median |error| {median:.1f}%, "
               f"worst {far['family']} at {far['chips']} chips (projected/logged {far[key]:.2f})")
     for r in results:
         if r["by_schedule"] or r["padding_factor"] != 1.0:

@@ -134,7 +134,8 @@ def test_checkpoint_round_trip_reproduces_eval_accuracy(tmp_path):
     with pytest.raises(HarnessError, match="bert/encoder/layer_1/.* is missing"):
         deeper.build()
     wider = workload_for(TINY + ["model.ff_size=48", f"model.init_checkpoint={prefix}"])
-    with pytest.raises(HarnessError, match=r"intermediate/dense/kernel has shape \[32, 64\], the model needs \[32, 48\]"):
+    with pytest.raises(HarnessError,
+                       match=r"intermediate/dense/kernel has shape \[32, 64\], the model needs \[32, 48\]"):
         wider.build()
 
 

@@ -233,7 +233,8 @@ def test_package_refuses_synthetic_runs(tmp_path, five_copies, resumed):
     # Through the CLI: one clear error line, exit code 2, and the whole synthetic campaign is refused too.
     proc = cli_in_process("package", str(resumed["dir"]), "--out", str(tmp_path / "out2"))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: refusing to package: 1 of 3 run(s) trained on SYNTHETIC")
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: refusing to package: 1 of 3 run(s) trained on SYNTHETIC")
 
 
 def test_package_refuses_duplicate_seeds(tmp_path, five_copies):

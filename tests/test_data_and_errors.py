@@ -73,9 +73,9 @@ def test_tfds_run_under_mock_data(tmp_out):
     from harness.train import run
 
     with tfds.testing.mock_data(num_examples=48):
-        code = run.execute(SMOKE, ["submission.division=open", "data.source=tfds", "data.data_dir=", "data.train_samples=64",
-                                   "data.eval_samples=48", "schedule.max_epochs=4", "schedule.global_batch_size=32",
-                                   "data.shuffle_buffer=64"], tmp_out)
+        code = run.execute(SMOKE, ["submission.division=open", "data.source=tfds", "data.data_dir=",
+                                   "data.train_samples=64", "data.eval_samples=48", "schedule.max_epochs=4",
+                                   "schedule.global_batch_size=32", "data.shuffle_buffer=64"], tmp_out)
     summary = read_summary(tmp_out)
     assert code in (0, 1) and summary["status"] in ("success", "aborted")
     assert summary["data_source"] == "tfds"

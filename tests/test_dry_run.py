@@ -283,7 +283,8 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
         n = params(c)
         return dryrun.CompileReport(
             workload="gpt_oss_20b", config=path, replicas=1, model_axis=1, per_replica_batch=2, global_batch=2,
-            eval_per_replica_batch=2, params=n, train_flops_per_replica_step=6.0 * n, eval_flops_per_replica_step=2.0 * n,
+            eval_per_replica_batch=2, params=n, train_flops_per_replica_step=6.0 * n,
+            eval_flops_per_replica_step=2.0 * n,
             flops_source="fake", weight_bytes_per_device=4 * n, optimizer_bytes_per_device=8 * n, gradient_bytes=4 * n,
             peak_bytes_per_device=16 * n, compile_seconds={"train": 1.0, "eval": 1.0})
 

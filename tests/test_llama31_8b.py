@@ -74,7 +74,8 @@ def test_full_causal_attention_equals_the_masked_dense_attention():
     dense = attention.windowed_attention(q, k, v, None, 24, 24).numpy()
     np.testing.assert_allclose(attention.causal_attention(q, k, v, like=q[:, :, 0, 0, 0]).numpy(), dense, atol=1e-6)
     # Queries in strips against their key prefixes (what rows of 8192 tokens run): the same numbers.
-    np.testing.assert_allclose(attention.causal_attention(q, k, v, like=q[:, :, 0, 0, 0], chunk=8).numpy(), dense, atol=1e-6)
+    np.testing.assert_allclose(attention.causal_attention(q, k, v, like=q[:, :, 0, 0, 0], chunk=8).numpy(), dense,
+                               atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -134,7 +135,8 @@ SMALL = ["data.seq_length=64", "data.synthetic_train_rows=8", "data.eval_samples
 @pytest.fixture(scope="module")
 def fsdp():
     cases = {"data4": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true"], 2],
-             "data4_remat": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true", "model.remat=true"], 2],
+             "data4_remat": [MESH, SMALL + ["runtime.mesh={data: 4, model: 1}", "runtime.fsdp=true",
+                                            "model.remat=true"], 2],
              "one": [SMOKE, SMALL, 2]}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "fsdp_case.py"), json.dumps(cases)],
                           cwd=REPO, capture_output=True, text=True, timeout=900,

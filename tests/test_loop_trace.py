@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))

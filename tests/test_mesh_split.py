@@ -41,7 +41,8 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 # Contractions that must see 1/2 of a model-split dimension on every device, each summed by an all-reduce
 # over `model`: equation -> (local operand shapes, how many such summed instances the step has).
 # gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data, gathered
-# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 64 -> 32. BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
+# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 64 -> 32.
+# BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
 # Transformer (local rows 2 x 64 tokens): heads 4 -> 2 (encoder, decoder self and cross attention),
 # filter 256 -> 128 (the 4: both layers' down projections and their up projections' input gradients, which
 # have the same local shapes), shared vocab 320 -> 160 (encoder and decoder lookups).

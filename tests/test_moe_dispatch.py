@@ -4,8 +4,6 @@ dropping), its static block layout holds every assignment exactly once, and its 
 by the assignments plus experts x block rows, not experts x group."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import tensorflow as tf

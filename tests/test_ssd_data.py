@@ -117,7 +117,8 @@ def test_images_leave_the_host_in_the_compute_dtype():
     on = make_source(synthetic(scale_in_step=False), MODEL, tf.bfloat16)  # the host scales to [0, 1]
     off = make_source(synthetic(images_in_compute_dtype=False, scale_in_step=False), MODEL, tf.bfloat16)
     a, b = take(on.train(ctx()), 4), take(off.train(ctx()), 4)
-    assert {el["image"].dtype for el in a} == {np.dtype(tf.bfloat16.as_numpy_dtype)} and b[0]["image"].dtype == np.float32
+    assert {el["image"].dtype for el in a} == {np.dtype(tf.bfloat16.as_numpy_dtype)}
+    assert b[0]["image"].dtype == np.float32
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x["image"], y["image"].astype(tf.bfloat16.as_numpy_dtype))
         np.testing.assert_array_equal(x["jitter"], y["jitter"])
@@ -434,7 +435,8 @@ def test_crop_window_decode_gives_the_pixels_of_the_whole_image():
     np.testing.assert_array_equal(decode_window(png, 3, 5, 20, 33).numpy(),
                                   tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
     window = tf.constant([0.1, 0.075, 0.66, 0.5])  # ltrb: columns 5:33, rows 3:20 of 50x40
-    np.testing.assert_array_equal(decode_crop(png, window).numpy(), tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
+    np.testing.assert_array_equal(decode_crop(png, window).numpy(),
+                                  tf.io.decode_png(png, channels=3).numpy()[3:20, 5:33])
 
 
 def test_flip_on_device_and_scale_in_step_give_the_host_pipelines_images():

@@ -64,8 +64,8 @@ def _tpu_configs() -> list[str]:
 
 def test_tpu_configs_do_not_pad_their_batches():
     """A TPU core tiles a batch by 8 rows: a per-core training batch (tokens, for the language models) that is
-    not a multiple of 8 pads every step (ResNet's 3264 on 32 cores gave 102); an eval batch much larger than needed pads every eval (the
-    Transformer's 4096 for 3,003 sentences padded 36%)."""
+    not a multiple of 8 pads every step (ResNet's 3264 on 32 cores gave 102); an eval batch much larger than needed
+    pads every eval (the Transformer's 4096 for 3,003 sentences padded 36%)."""
     configs = _tpu_configs()
     assert len(configs) >= 4, configs
     for path in configs:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness import config as config_lib
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.train.run import execute
@@ -126,7 +125,8 @@ def write_wmt_files(folder: str, shards: int = 2, per_shard: int = 30, drop: str
             for i in range(per_shard):
                 feats = {"inputs": tok.encode(en) + [1], "targets": tok.encode(de)[: 1 + i % 4] + [1]}
                 ex = tf.train.Example(features=tf.train.Features(feature={
-                    k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in feats.items() if k != drop}))
+                    k: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+                    for k, v in feats.items() if k != drop}))
                 w.write(ex.SerializeToString())
     for name, line in (("newstest2014.en", en), ("newstest2014.de", de)):
         with open(os.path.join(folder, name), "w") as f:
@@ -169,7 +169,8 @@ def reference_packing(pairs: list[tuple[list[int], list[int]]], length: int) -> 
 def test_block_packing_makes_the_rows_of_pair_by_pair_greedy_packing(block):
     """The open row is carried between blocks: any block size gives the same rows, flushed at the end."""
     rng = np.random.default_rng(block)
-    pairs = [(list(rng.integers(2, VOCAB, a)), list(rng.integers(2, VOCAB, b))) for a, b in rng.integers(1, 17, (90, 2))]
+    pairs = [(list(rng.integers(2, VOCAB, a)), list(rng.integers(2, VOCAB, b)))
+             for a, b in rng.integers(1, 17, (90, 2))]
     got = list(packing.pack_rows(ragged_pairs(*zip(*pairs)), 16, flush_at_end=True, block=block).as_numpy_iterator())
     want = reference_packing(pairs, 16)
     assert len(got) == len(want) == packing.count_rows([(len(a), len(b)) for a, b in pairs], 16, 16, True)

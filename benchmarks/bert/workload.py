@@ -131,7 +131,8 @@ class BertWorkload(Workload):
         if m.hidden_size % m.num_heads:
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
-            raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds model.max_position={m.max_position}")
+            raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds "
+                               f"model.max_position={m.max_position}")
         if self.cfg.submission.division == "closed":
             self.check_closed_eval_schedule()
         for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),

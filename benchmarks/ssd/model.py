@@ -19,7 +19,6 @@ Variable paths: `ssd/backbone/stem/{conv,bn}`, `ssd/backbone/stage{1..3}/block{b
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Sequence
 

@@ -8,7 +8,8 @@ import math
 import re
 
 _SHAPE = r"[a-z0-9]+\[([0-9,]*)\]"
-_DOT = re.compile(rf"= {_SHAPE}\S* dot\({_SHAPE}\S* %[^,]+, {_SHAPE}\S* %[^)]+\).*?lhs_contracting_dims=\{{([0-9,]*)\}}")
+_DOT = re.compile(rf"= {_SHAPE}\S* dot\({_SHAPE}\S* %[^,]+, {_SHAPE}\S* %[^)]+\)"
+                  rf".*?lhs_contracting_dims=\{{([0-9,]*)\}}")
 _CONV = re.compile(rf"= {_SHAPE}\S* convolution\({_SHAPE}\S* %[^,]+, {_SHAPE}\S* %[^)]+\)(.*)")
 
 

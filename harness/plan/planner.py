@@ -109,7 +109,8 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"replica(s) x model axis {p.model_axis}",
         f"  per-chip batch            {p.global_batch / p.chips:g} (per replica {p.per_replica_batch:g}; global "
         f"batch {p.global_batch})",
-        f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} {plural(plan.cost.sample_unit)})",
+        f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} "
+        f"{plural(plan.cost.sample_unit)})",
         f"  {unit + ' to converge':<26}{value}  [{c.source}]" + (f"  ** {c.note} **" if c.note else ""),
         f"  steps to converge         {p.steps:,}",
         f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
@@ -128,7 +129,8 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"{plan.cost.optimizer_bytes_per_param:g} B over {sysm.hbm_bandwidth / 1e9:g} GB/s HBM",
         f"    fixed                   {sysm.name} step_overhead_seconds (launches, kernels too small to fill a "
         f"chip, the host loop)",
-        f"  eval                      {p.evals} {p.eval.mode} eval(s) x {p.eval.one:.3f} s = device {p.eval.device:.3f} s "
+        f"  eval                      {p.evals} {p.eval.mode} eval(s) x {p.eval.one:.3f} s = device "
+        f"{p.eval.device:.3f} s "
         f"(forward pass split over the {p.chips} chips) + host scoring {p.eval.host:.3f} s (one host, per eval "
         f"sample) + fixed {p.eval.fixed:.3f} s (per eval) [{p.eval.source}]"
         + ("; asynchronous: only the last eval's host and fixed parts are on the clock" if p.eval.mode == "async"
@@ -178,7 +180,8 @@ def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, i
     out, n = [], 1
     top = max(4096, chips)
     while n <= top:
-        if plan.system.topology != "hierarchical" or n <= plan.system.chips_per_host or n % plan.system.chips_per_host == 0:
+        per_host = plan.system.chips_per_host
+        if plan.system.topology != "hierarchical" or n <= per_host or n % per_host == 0:
             b = int(min(cap, max(1, round(per_chip * n))))
             out.append((n, b))
         n *= 2
@@ -239,7 +242,8 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
     lines = [f"sweep over chips (per-chip batch {global_batch / chips:g} held up to the convergence table's "
              f"largest batch, then the global batch held):",
              f"  {'chips':>6} {'global':>7} {'per-chip':>8} {'conv':>10} {'steps':>8} {'step ms':>8} "
-             f"{'comp':>7} {'a-r':>7} {'other':>6} {'TTT min':>8} {'scal.eff':>8} {'model-axis ' + str(axis) + ' min':>16}"]
+             f"{'comp':>7} {'a-r':>7} {'other':>6} {'TTT min':>8} {'scal.eff':>8} "
+             f"{'model-axis ' + str(axis) + ' min':>16}"]
     mp_by = {p.chips: p for p in mp}
     for p in dp:
         eff = base.total_seconds * base.chips / (p.total_seconds * p.chips)
@@ -253,8 +257,8 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
     dp_chips = {p.chips for p in dp}
     for p in mp:
         if p.chips not in dp_chips:
-            lines.append(f"  {p.chips:>6} {p.global_batch:>7}  fewer samples than chips: only the model-parallel layout "
-                         f"runs here, {p.total_seconds / 60:.2f} min")
+            lines.append(f"  {p.chips:>6} {p.global_batch:>7}  fewer samples than chips: only the model-parallel "
+                         f"layout runs here, {p.total_seconds / 60:.2f} min")
     lines.append("  (* outside the convergence table's batch range)")
     source = "the config's mesh" if plan.mesh_model_axis > 1 else "suggested"
     if axis == 1:
@@ -264,8 +268,9 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
         at = [p for p in mp if p.chips > k.chips]
         if at:
             best = min(at, key=lambda p: p.total_seconds)
-            lines.append(f"  data parallelism stops paying at {k.chips} chips ({k.total_seconds / 60:.2f} min); a model "
-                         f"axis of {axis} ({source}) gives {best.total_seconds / 60:.2f} min at {best.chips} chips")
+            lines.append(f"  data parallelism stops paying at {k.chips} chips ({k.total_seconds / 60:.2f} min); a "
+                         f"model axis of {axis} ({source}) gives {best.total_seconds / 60:.2f} min at {best.chips} "
+                         "chips")
         else:
             lines.append(f"  data parallelism stops paying at {k.chips} chips ({k.total_seconds / 60:.2f} min)")
     else:
@@ -290,10 +295,13 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
     if mp:
         a.plot([p.chips for p in mp], [p.total_seconds / 60 for p in mp], "s--", label=f"model axis {axis} ({source})")
     base = dp[0]
-    b.plot(xs, [base.total_seconds * base.chips / (p.total_seconds * p.chips) for p in dp], "o-", label="data parallel")
+
+    def efficiency(p: Projection) -> float:
+        return base.total_seconds * base.chips / (p.total_seconds * p.chips)
+
+    b.plot(xs, [efficiency(p) for p in dp], "o-", label="data parallel")
     if mp:
-        b.plot([p.chips for p in mp], [base.total_seconds * base.chips / (p.total_seconds * p.chips) for p in mp], "s--",
-               label=f"model axis {axis}")
+        b.plot([p.chips for p in mp], [efficiency(p) for p in mp], "s--", label=f"model axis {axis}")
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"chips ({plan.system.name})")

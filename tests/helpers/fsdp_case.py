@@ -1,11 +1,11 @@
 """Train steps of named configs in one process with 4 logical CPU devices, as JSON (tests/test_fsdp.py).
 
 argv: JSON {name: [config, [overrides], calls]}: `calls` calls of the compiled train loop, each of 2 steps
-(a step reads weights the step before it assigned in the same function). Runs each case in order (mesh cases first: the logical
-devices are configured by the first mesh runtime) and prints one RESULT line: {name: {"losses": [...],
-"layouts": {path: [sharding spec per axis]}, "shapes": {path: shape},
-"itemsize": {path: bytes}, "by_layout": [paths the workload's layout already splits over data], "replicated_bytes": n}} (layouts and
-bytes only on a mesh).
+(a step reads weights the step before it assigned in the same function). Runs each case in order (mesh cases
+first: the logical devices are configured by the first mesh runtime) and prints one RESULT line:
+{name: {"losses": [...], "layouts": {path: [sharding spec per axis]}, "shapes": {path: shape},
+"itemsize": {path: bytes}, "by_layout": [paths the workload's layout already splits over data],
+"replicated_bytes": n}} (layouts and bytes only on a mesh).
 """
 from __future__ import annotations
 
