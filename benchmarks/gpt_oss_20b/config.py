@@ -5,18 +5,19 @@ import dataclasses
 
 from harness.config import field
 
-from benchmarks.lm.config import DataConfig, OptimizerConfig, remat_field  # noqa: F401  (gpt_oss's sections)
+from benchmarks.lm.config import DataConfig, DecoderModelConfig, OptimizerConfig  # noqa: F401  (its sections)
 
 
 @dataclasses.dataclass
-class ModelConfig:
-    vocab_size: int = field(128256, min=8, doc="Llama-3.1 tokenizer (the reference's output layer)")
+class ModelConfig(DecoderModelConfig):
+    """The decoder's fields (benchmarks/lm/config.py) at GPT-OSS 20B, then its attention pattern and experts."""
     hidden_size: int = field(2880, min=8)
     num_layers: int = field(24, min=1, doc="even layers use the sliding window, odd layers full attention")
     num_heads: int = field(64, min=1, doc="query heads")
-    num_kv_heads: int = field(8, min=1, doc="key/value heads (grouped-query attention)")
     head_dim: int = field(64, min=2)
     rope_base: float = field(150000.0, min=1.0)
+    norm_epsilon: float = field(1e-6, min=0.0)
+    init_stddev: float = field(0.008, min=0.0)
     sliding_window: int = field(128, min=1, doc="a query sees this many tokens (itself included) on the "
                                 "windowed layers")
     full_attention_span: int = field(0, min=0, doc="full layers: 0 = the whole row (dense); N > 0 = "
@@ -43,6 +44,3 @@ class ModelConfig:
     load_balancing_coef: float = field(0.0, min=0.0, doc="Switch/GShard load-balancing loss weight (0 = off, "
                                        "the reference)")
     router_z_loss_coef: float = field(0.0, min=0.0, doc="ST-MoE router z-loss weight (0 = off, the reference)")
-    remat: bool = remat_field()
-    norm_epsilon: float = field(1e-6, min=0.0)
-    init_stddev: float = field(0.008, min=0.0)

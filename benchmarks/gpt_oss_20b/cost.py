@@ -14,8 +14,8 @@ shared cost, benchmarks/lm/cost.py; expert-parallel all-to-all traffic is not mo
 """
 from __future__ import annotations
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE, decoder_model_cost,
-                                eval_positions)
+from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
+                                decoder_macs_and_params, decoder_model_cost, eval_positions)
 from harness.plan.cost import ModelCost
 
 # the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
@@ -26,16 +26,12 @@ __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE"
 def forward_macs_and_params(cfg) -> tuple[float, int]:
     """Multiply-adds per row (seq_length tokens) and the parameter count."""
     m, s = cfg.model, cfg.data.seq_length
-    h, hd, heads, kv, experts, k, eh, vocab = (m.hidden_size, m.head_dim, m.num_heads, m.num_kv_heads,
-                                               m.num_experts, m.experts_per_token, m.expert_hidden, m.vocab_size)
-    projections = h * hd * (2 * heads + 2 * kv)
+    h, experts, eh = m.hidden_size, m.num_experts, m.expert_hidden
     layers_sliding = (m.num_layers + 1) // 2  # even layers (0, 2, ...) slide, odd ones attend fully
     full_span = min(m.full_attention_span or s, s) / 2.0
-    attention = 2 * heads * hd * (layers_sliding * min(m.sliding_window, s) + (m.num_layers - layers_sliding) * full_span)
-    per_token = m.num_layers * (projections + h * experts + k * 3 * h * eh) + attention + h * vocab
-    layer_params = projections + h * experts + experts * 3 * h * eh + 2 * h
-    params = 2 * vocab * h + m.num_layers * layer_params + h
-    return float(per_token * s), int(params)
+    keys = layers_sliding * min(m.sliding_window, s) + (m.num_layers - layers_sliding) * full_span
+    return decoder_macs_and_params(cfg, keys, h * experts + m.experts_per_token * 3 * h * eh,
+                                   h * experts + experts * 3 * h * eh)
 
 
 def model_cost(cfg) -> ModelCost:

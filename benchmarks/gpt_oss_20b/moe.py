@@ -13,6 +13,7 @@ from harness.nn.layers import Block, normal
 from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
+from benchmarks.lm.ffn import swiglu, swiglu_hidden
 
 
 # ------------------------------------------------------------------------------ mixture of experts
@@ -33,6 +34,14 @@ class Routing:
     tokens: int
     dispatch: tf.Tensor | None = None   # [b, g, s, e, c] one-hot slots (dense dispatch only)
     combine: tf.Tensor | None = None    # the same weighted by the gates
+
+    def remat_outputs(self) -> list[tf.Tensor]:
+        """What a layer recomputed in the backward pass returns (benchmarks/lm/decoder.py's remat)."""
+        return [self.balance_sum, self.z_sum, self.dropped]
+
+    def with_remat_outputs(self, tensors: list[tf.Tensor]) -> Routing:
+        """The routing as seen outside a recomputed layer: the sums of `remat_outputs`, no per-token tensors."""
+        return Routing(None, None, None, *tensors, groups=self.groups, tokens=self.tokens)
 
 
 def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
@@ -175,7 +184,7 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 i = after(i, outs[-1])
             gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_gate, i))
             up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_up, i))
-            outs.append(tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, tf.gather(w_down, i)))
+            outs.append(tf.einsum("bjch,bjhm->bjcm", swiglu_hidden(gate, up), tf.gather(w_down, i)))
             gates.append(gate)
             ups.append(up)
 
@@ -185,7 +194,7 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 i = after(i, last)
                 with tf.GradientTape() as tape:
                     tape.watch([gate, up])
-                    hidden = tf.nn.silu(gate) * up
+                    hidden = swiglu_hidden(gate, up)
                 dhidden = tf.einsum("bjcm,bjhm->bjch", dy, tf.gather(w_down, i))
                 dgate, dup = tape.gradient(hidden, [gate, up], output_gradients=dhidden)
                 dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(w_gate, i))
@@ -293,9 +302,8 @@ class MoE(Block):
         dt = self.dtype
         xe = tf.einsum("bgsec,bgsm->ebgcm", tf.cast(r.dispatch, dt), xg)
         xe = self.runtime.place(xe, ("experts", None, None, None, None))
-        gate = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_gate, dt))
-        up = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_up, dt))
-        ye = tf.einsum("ebgch,ehm->ebgcm", tf.nn.silu(gate) * up, tf.cast(self.w_down, dt))
+        ye = swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
+                    "ebgcm,emh->ebgch", "ebgch,ehm->ebgcm")
         ye = self.runtime.place(ye, (None, "batch", None, None, None))
         return tf.einsum("bgsec,ebgcm->bgsm", tf.cast(r.combine, dt), ye)
 

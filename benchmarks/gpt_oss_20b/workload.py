@@ -46,6 +46,7 @@ class GptOssWorkload(DecoderLMWorkload):
     # The expert weights are per layer: their effects multiply, so one more compile has both at the larger size.
     DRY_RUN_LINEAR = {"model.num_layers": (2, 4), "model.expert_hidden": (8, 16), "model.vocab_size": (512, 1024)}
     DRY_RUN_PAIRS = (("model.num_layers", "model.expert_hidden"),)
+    SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, "model.num_experts": "experts", "model.expert_hidden": "ff"}
 
     def validate_model(self) -> None:
         m, d = self.cfg.model, self.cfg.data
@@ -69,11 +70,6 @@ class GptOssWorkload(DecoderLMWorkload):
                 longest = d.synthetic_doc_max if d.source == "synthetic" else "unbounded (indexed data)"
                 raise HarnessError(f"model.full_attention_span={m.full_attention_span} must cover the longest "
                                    f"document ({longest}); set it to 0 (the whole row) or at least that")
-        for what, size, dim in (("model.num_kv_heads", m.num_kv_heads, "heads"),
-                                ("model.num_experts", m.num_experts, "experts"),
-                                ("model.expert_hidden", m.expert_hidden, "ff"),
-                                ("model.vocab_size", m.vocab_size, "vocab")):
-            self.runtime.check_divides(what, size, dim)
 
     def make_model(self) -> GptOss:
         c = self.cfg

@@ -7,30 +7,19 @@ import math
 from harness.config import field
 from harness.nn.layers import RopeScaling
 
-from benchmarks.lm.config import DataConfig, OptimizerConfig, remat_field  # noqa: F401  (llama31_8b's sections)
+from benchmarks.lm.config import DataConfig, DecoderModelConfig, OptimizerConfig  # noqa: F401  (its sections)
 
 
 @dataclasses.dataclass
-class ModelConfig:
-    vocab_size: int = field(128256, min=8, doc="Llama-3.1 tokenizer")
-    hidden_size: int = field(4096, min=8)
-    num_layers: int = field(32, min=1)
-    num_heads: int = field(32, min=1, doc="query heads")
-    num_kv_heads: int = field(8, min=1, doc="key/value heads (grouped-query attention)")
-    head_dim: int = field(128, min=2)
+class ModelConfig(DecoderModelConfig):  # the decoder's fields (defaults: Llama 3.1 8B's), then its own
     ffn_hidden: int = field(14336, min=1, doc="SwiGLU hidden units")
-    rope_base: float = field(500000.0, min=1.0)
     rope_scaling_factor: float = field(8.0, min=0.0, doc="Llama 3.1 RoPE scaling (rope_type llama3); 0 = off")
     rope_low_freq_factor: float = field(1.0, min=0.0)
     rope_high_freq_factor: float = field(4.0, min=0.0)
     rope_original_context: int = field(8192, min=1, doc="original_max_position_embeddings of the scaling")
-    norm_epsilon: float = field(1e-5, min=0.0)
-    init_stddev: float = field(0.02, min=0.0, doc="normal init of every weight (init_method_std) but the two "
-                               "below")
     output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
                                       "down projections; 0 = init_stddev / sqrt(2 * num_layers), Megatron's scaled "
                                       "init (output_layer_init_method), which the reference keeps")
-    remat: bool = remat_field()
 
     def output_stddev(self) -> float:
         return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)

@@ -9,8 +9,8 @@ v5.1 code uses MODEL_TFLOP_PER_SAMPLE=421.59), 8,030,261,248 parameters.
 """
 from __future__ import annotations
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE, decoder_model_cost,
-                                eval_positions)
+from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
+                                decoder_macs_and_params, decoder_model_cost, eval_positions)
 from harness.plan.cost import ModelCost
 
 # the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
@@ -20,14 +20,9 @@ __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE"
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:
     """Multiply-adds per row (seq_length tokens) and the parameter count."""
-    m, s = cfg.model, cfg.data.seq_length
-    h, hd, heads, kv, ff, vocab = (m.hidden_size, m.head_dim, m.num_heads, m.num_kv_heads, m.ffn_hidden,
-                                   m.vocab_size)
-    projections = h * hd * (2 * heads + 2 * kv)
-    attention = 2 * heads * hd * s / 2.0
-    per_token = m.num_layers * (projections + 3 * h * ff + attention) + h * vocab
-    params = 2 * vocab * h + m.num_layers * (projections + 3 * h * ff + 2 * h) + h
-    return float(per_token * s), int(params)
+    m = cfg.model
+    ffn = 3 * m.hidden_size * m.ffn_hidden
+    return decoder_macs_and_params(cfg, m.num_layers * cfg.data.seq_length / 2.0, ffn, ffn)
 
 
 def model_cost(cfg) -> ModelCost:

@@ -1,17 +1,28 @@
-"""The decoder LMs' shared config sections (defaults: the MLPerf references' C4 data and AdamW)."""
+"""The decoder LMs' shared config sections (defaults: the MLPerf references' C4 data and AdamW) and the base
+of their model sections."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from harness.config import field
 from harness.train.input_pipeline import PipelineConfig
 
 
-def remat_field() -> Any:
-    """`model.remat` of the decoder LMs (each model applies it per decoder layer)."""
-    return field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): only "
-                 "each layer's input is kept for the backward pass, at the cost of a second forward pass")
+@dataclasses.dataclass
+class DecoderModelConfig:
+    """The `model` fields every decoder LM has (benchmarks/lm/decoder.py reads them); a model's config extends
+    it. Defaults: Llama 3.1 8B's; a model re-declares those its reference sets otherwise."""
+    vocab_size: int = field(128256, min=8, doc="Llama-3.1 tokenizer")
+    hidden_size: int = field(4096, min=8)
+    num_layers: int = field(32, min=1)
+    num_heads: int = field(32, min=1, doc="query heads")
+    num_kv_heads: int = field(8, min=1, doc="key/value heads (grouped-query attention)")
+    head_dim: int = field(128, min=2)
+    rope_base: float = field(500000.0, min=1.0)
+    norm_epsilon: float = field(1e-5, min=0.0)
+    init_stddev: float = field(0.02, min=0.0, doc="normal init of the weights (init_method_std)")
+    remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): only "
+                        "each layer's input is kept for the backward pass, at the cost of a second forward pass")
 
 
 @dataclasses.dataclass

@@ -1,6 +1,7 @@
-"""What the decoder LMs (llama31_8b, gpt_oss_20b) share in their `mlperf-harness plan` cost: everything but the
-forward count. Each workload's cost.py counts its multiply-adds per row and parameters and calls
-`decoder_model_cost`; both evaluate on the rules' cadence (`eval_positions`, on `data.mlperf_eval_every`).
+"""What the decoder LMs (llama31_8b, gpt_oss_20b) share in their `mlperf-harness plan` cost: everything but
+their blocks' counts. Each workload's cost.py counts its attention and feed-forward, `decoder_macs_and_params`
+the rest, and calls `decoder_model_cost`; both evaluate on the rules' cadence (`eval_positions`, on
+`data.mlperf_eval_every`).
 
 Bytes, stated once: gradients are all-reduced (reduce-scattered under FSDP) in float32, the variables' dtype;
 tensor parallelism all-reduces bfloat16 activations; FSDP all-gathers the float32 variables (the mesh runtime
@@ -28,6 +29,21 @@ GRADIENT_BYTES = 4.0     # per parameter: float32 gradients
 ACTIVATION_BYTES = 2.0   # per activation element: bfloat16
 FSDP_WEIGHT_BYTES = 4.0  # per parameter: the float32 variable is what FSDP gathers
 FSDP_GATHERS_PER_STEP = 2  # forward, then backward (the forward's copy is freed: what makes FSDP save memory)
+
+
+def decoder_macs_and_params(cfg, attention_keys: float, ffn_macs: float, ffn_params: int) -> tuple[float, int]:
+    """Multiply-adds per row of `data.seq_length` tokens and the parameter count of the decoder stack
+    (benchmarks/lm/decoder.py) from its blocks' counts. Per token and layer: the q/k/v/o projections
+    h*hd*(2*heads + 2*kv_heads) and the feed-forward's `ffn_macs`; attention's scores and context
+    2*heads*hd per key a token's query sees, `attention_keys` summed over the layers; the LM head h*V (the
+    embedding lookup is free). Parameters: embedding and LM head, per layer the projections, `ffn_params`
+    and two norms, the final norm."""
+    m, s = cfg.model, cfg.data.seq_length
+    h, vocab = m.hidden_size, m.vocab_size
+    projections = h * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+    per_token = m.num_layers * (projections + ffn_macs) + 2 * m.num_heads * m.head_dim * attention_keys + h * vocab
+    params = 2 * vocab * h + m.num_layers * (projections + ffn_params + 2 * h) + h
+    return float(per_token * s), int(params)
 
 
 def decoder_model_cost(cfg, workload: str, macs_per_row: float, params: int, source: str,

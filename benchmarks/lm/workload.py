@@ -13,6 +13,7 @@ loss terms, eval metrics and log keys through the hooks below.
 """
 from __future__ import annotations
 
+import abc
 import math
 import os
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.nn.optim import AdamW, cosine_warmup_schedule
-from harness.train.reference import ReferenceModel
+from harness.train.reference import ReferenceModel, lookup
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.lm import data
@@ -42,6 +43,9 @@ class DecoderLMWorkload(Workload):
     CLOSED_TARGET: ClassVar[float]
     EOD_MASK_LOSS: ClassVar[bool] = True   # no loss where the input is EOD (Megatron's eod_mask_loss)
     REFERENCE_MODEL: ClassVar[ReferenceModel]
+    # Model sizes a runtime layout may split over devices: config key -> named dimension. Each must divide
+    # evenly (checked with the config, before the log); a subclass extends it with its blocks' sizes.
+    SPLIT_DIMS: ClassVar[dict[str, str]] = {"model.num_kv_heads": "heads", "model.vocab_size": "vocab"}
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
@@ -97,7 +101,8 @@ class DecoderLMWorkload(Workload):
         return row, dict(row), notes
 
     def validate_config(self) -> None:
-        """What `validate` checks of the config alone (no data file is read); then `validate_model`."""
+        """What `validate` checks of the config alone (no data file is read); then `validate_model`, then that
+        every size in SPLIT_DIMS divides over its devices."""
         c, m, d = self.cfg, self.cfg.model, self.cfg.data
         fix = "; or set submission.division=open"
         if c.submission.division == "closed":
@@ -123,14 +128,16 @@ class DecoderLMWorkload(Workload):
         if m.head_dim % 2:
             raise HarnessError(f"model.head_dim={m.head_dim} must be even (RoPE turns pairs)")
         self.validate_model()
+        for key, dim in self.SPLIT_DIMS.items():
+            self.runtime.check_divides(key, lookup(self.cfg, key), dim)
 
     def validate_model(self) -> None:
         """The model's own config checks (HarnessError)."""
 
     # ----------------------------------------------------------------------------- model and inputs
+    @abc.abstractmethod
     def make_model(self) -> Any:
         """The model: called on inputs [b, s], it returns (float32 logits [b, s, vocab], extras)."""
-        raise NotImplementedError
 
     def build(self) -> None:
         o = self.cfg.optimizer

@@ -1,0 +1,95 @@
+"""The decoder LMs' model: token embedding, a stack of pre-norm layers, a final RMSNorm and the LM head.
+
+A model (llama31_8b, gpt_oss_20b) subclasses `Decoder` and chooses each layer's attention and feed-forward
+blocks (`attention`, `ffn`), and, for attention within documents, each position's document (`segments`).
+Untied input and output embeddings, both normal(init_stddev). Named dimensions: `vocab` (the embedding
+table through `vocab_parallel_lookup`, and the output layer); the blocks name their own. Every shape is
+static and no op leaves the device, so a step compiles under XLA.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from harness.nn.layers import Block, RMSNorm, normal, vocab_parallel_lookup
+from harness.runtime.base import Runtime
+
+from benchmarks.lm.config import DecoderModelConfig
+
+
+class DecoderLayer(Block):
+    """x + attention(norm(x)), then + ffn(norm(x)). The feed-forward returns its output, or (output, extras)
+    for what the losses and metrics read besides the logits (a mixture of experts' routing)."""
+
+    def __init__(self, decoder: Decoder, path: str, index: int) -> None:
+        super().__init__(decoder.runtime, path, decoder.seed)
+        cfg, rt = decoder.cfg, decoder.runtime
+        self.attention_norm = RMSNorm(rt, f"{path}/attention_norm", self.seed, cfg.hidden_size, cfg.norm_epsilon)
+        self.attention = decoder.attention(f"{path}/attention", index)
+        self.mlp_norm = RMSNorm(rt, f"{path}/mlp_norm", self.seed, cfg.hidden_size, cfg.norm_epsilon)
+        self.ffn = decoder.ffn(f"{path}/{decoder.FFN_NAME}", index)
+
+    def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+        x = x + self.attention(self.attention_norm(x), segments)
+        out = self.ffn(self.mlp_norm(x))
+        y, extras = out if isinstance(out, tuple) else (out, None)
+        return x + y, extras
+
+
+def remat(layer: DecoderLayer, x: tf.Tensor, segments: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+    """`layer` recomputed in the backward pass (tf.recompute_grad): only its input is kept. Extras leave it as
+    the tensors of their `remat_outputs()` (those the losses and metrics read, with their gradients) and
+    come back as `with_remat_outputs(tensors)`; None passes through."""
+    made = {}
+
+    def run(h):
+        y, extras = layer(h, segments)
+        made["extras"] = extras
+        return y if extras is None else (y, *extras.remat_outputs())
+
+    out = tf.recompute_grad(run)(x)
+    extras = made["extras"]
+    if extras is None:
+        return out, None
+    return out[0], extras.with_remat_outputs(list(out[1:]))
+
+
+class Decoder(Block):
+    """Logits of the next token after each input token, and each layer's extras (None for a plain one)."""
+
+    FFN_NAME = "mlp"  # the feed-forward block's name in its variables' paths
+
+    def __init__(self, runtime: Runtime, name: str, seed: int, cfg: DecoderModelConfig, seq: int) -> None:
+        super().__init__(runtime, name, seed)
+        self.cfg, self.seq = cfg, seq
+        m, v, sd = cfg.hidden_size, cfg.vocab_size, cfg.init_stddev
+        self.embeddings = self.var("embedding/embeddings", (v, m), ("vocab", None),
+                                   normal(sd, f"{name}/embedding/embeddings", seed))
+        self.layers = [DecoderLayer(self, f"{name}/layer_{i}", i) for i in range(cfg.num_layers)]
+        self.final_norm = RMSNorm(runtime, f"{name}/final_norm", seed, m, cfg.norm_epsilon)
+        self.output = self.var("output/kernel", (m, v), (None, "vocab"), normal(sd, f"{name}/output/kernel", seed))
+
+    def attention(self, path: str, layer: int) -> Block:
+        """Layer `layer`'s attention block at `path`, called as block(x, segments) -> x's shape."""
+        raise NotImplementedError
+
+    def ffn(self, path: str, layer: int) -> Block:
+        """Layer `layer`'s feed-forward block at `path`, called as block(x) -> output or (output, extras)."""
+        raise NotImplementedError
+
+    def segments(self, inputs: tf.Tensor) -> tf.Tensor | None:
+        """Each position's document index [b, s] when attention stays within documents; None: it crosses them."""
+        return None
+
+    def __call__(self, inputs: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+        """Logits [b, s, vocab] (float32) of the next token after each of inputs [b, s], and each layer's extras."""
+        segments = self.segments(inputs)
+        x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, inputs), self.dtype)
+        extras = []
+        for layer in self.layers:
+            x, e = remat(layer, x, segments) if self.cfg.remat else layer(x, segments)
+            extras.append(e)
+        x = self.final_norm(x)
+        logits = tf.einsum("bsm,mv->bsv", x, tf.cast(self.output, self.dtype))
+        return tf.cast(logits, tf.float32), extras
