@@ -506,16 +506,23 @@ def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, sch
     return score, bool(reached), metrics, counted
 
 
+def stop_reason(workload: Workload, block: Block, reached: bool, score: float) -> tuple[str, str] | None:
+    """(status, reason) when the run ends at this eval: a non-finite loss aborts it, the target ends it."""
+    if not block.finite:
+        return "aborted", f"non-finite training loss ({block.loss}) at step {block.end.step}"
+    if reached:
+        return "success", f"reached {workload.METRIC} {score:.4f} {workload.target_relation} {workload.target}"
+    return None
+
+
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
               progress: Progress | None = None, wait: InputWait | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
 
     Inputs are validated by the caller (harness.train.preflight) before the log file is created.
     """
-    cfg = workload.cfg
+    cfg, schedule, wait = workload.cfg, workload.eval_schedule(), wait or InputWait()
     gbs = cfg.schedule.global_batch_size
-    schedule = workload.eval_schedule()
-    wait = wait or InputWait()
 
     log.event(K.CACHE_CLEAR, True)
     log.start(K.INIT_START)
@@ -538,12 +545,12 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     # A cached eval set repeats: one iterator across evals (the first eval fills the cache).
     eval_data = iter(dist_eval) if pipeline_config(cfg.data).cache_eval else dist_eval
     observer.run_started()
-    status, reason, evals = "aborted", "", []
+    evals: list[dict[str, Any]] = []
     train_time = eval_time = 0.0
-    prev, done_steps = EvalPoint(0, 0, 0), 0
+    prev, done_steps, stop = EvalPoint(0, 0, 0), 0, None
     for point in schedule.points:
         block = train_block(steps, iterator, log, observer, prev, point, done_steps)
-        done_steps, here, train_time = block.end.step, block.end, train_time + block.seconds
+        here, done_steps, train_time = block.end, block.end.step, train_time + block.seconds
         t1 = time.time()
         score, reached, metrics, counted = evaluate_and_judge(steps, eval_data, log, schedule, here)
         eval_time += time.time() - t1
@@ -554,25 +561,18 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                       "elapsed_s": round(elapsed, 3), "counted": counted, "loss": block.loss,
                       "samples_per_s": round(rate, 1)})
         observer.evaluated(here, block.loss, rate, metrics, elapsed, train_time)
-        if not block.finite:
-            reason = f"non-finite training loss ({block.loss}) at step {done_steps}"
-            break
-        if reached:
-            status = "success"
-            reason = f"reached {workload.METRIC} {score:.4f} {workload.target_relation} {workload.target}"
+        stop = stop_reason(workload, block, reached, score)
+        if stop:
             break
         prev = here
-    else:
-        reason = (f"budget of {cfg.schedule.max_epochs:g} epochs spent; best {workload.METRIC} "
-                  f"{workload.best_score(e['score'] for e in evals):.4f}, target {workload.target_relation} "
-                  f"{workload.target}")
-
+    status, reason = stop or ("aborted", f"budget of {cfg.schedule.max_epochs:g} epochs spent; best "
+                              f"{workload.METRIC} {workload.best_score(e['score'] for e in evals):.4f}, "
+                              f"target {workload.target_relation} {workload.target}")
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run
     observer.close(train_time, f"data.source={getattr(cfg.data, 'source', '?')}")
     if steps.traces != traces_at_start:
-        logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start,
-                        steps.traces)
+        logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start, steps.traces)
     samples = done_steps * gbs
     return RunResult(status=status, reason=reason, target=workload.target, evals=evals, init_time_s=init_time,
                      run_time_s=run_time, train_time_s=train_time, eval_time_s=eval_time, steps=done_steps,

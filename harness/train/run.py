@@ -123,7 +123,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     log.close()
     if not chief:
         return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
-    return finish(cfg, workload, runtime, result, run_dir, log_path)
+    return finish(cfg, checked, runtime, result, run_dir, log_path)
 
 
 def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPerfLog, run_dir: str) -> RunResult:
@@ -168,11 +168,12 @@ def device_name(cfg: config_lib.Config, runtime: Any) -> str:
     return ""
 
 
-def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
+def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
     """On the chief after the loop: the compliance gate (official checker per ruleset, integrity checks),
     summary.json and the printed result; the exit code."""
-    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_schedule().cadence)
+    workload = checked.workload
+    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=checked.schedule.cadence)
     summary = build_summary(cfg, workload, runtime, result, run_dir, log_path, verdicts, findings)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
