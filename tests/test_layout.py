@@ -47,10 +47,6 @@ def imported_modules(path: Path) -> set[str]:
     return {m for m in found if m.split(".")[0] in ("harness", "benchmarks")}
 
 
-def imported_harness_modules(path: Path) -> set[str]:
-    return {m for m in imported_modules(path) if m.startswith("harness")}
-
-
 def import_table(*roots: Path) -> dict[str, set[str]]:
     """{repo-relative path: modules it imports} for every .py file under `roots`."""
     return {str(p.relative_to(REPO)): imported_modules(p) for root in roots for p in sorted(root.rglob("*.py"))}

@@ -561,8 +561,8 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         eval_state=(whole(model_vars), per_device(model_vars)),
         gradients=(whole(trainable), per_device(trainable)))
     notes = list(plan.notes) + [
-        f"one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
-        f"(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
+        "one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
+        "(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
         "the warm-up's copy of the initial state is kept in host memory, not on the devices"]
     if plan.model_axis > 1:
         notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "
