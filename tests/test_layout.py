@@ -1,5 +1,8 @@
-"""The package layout holds: each harness/ group imports only what its __init__ docstring allows, the top
-level stays small, and no workload branches on the runtime's kind (the workload contract)."""
+"""The package layout holds: the import rules of docs/ARCHITECTURE.md's "Where to look" (harness groups, the
+root, benchmarks/ packages, the registry as the one way from harness/ to a workload, no import cycle), the top
+level stays small, and no workload branches on the runtime's kind (the workload contract).
+
+Each rule is a function over {file: modules it imports} so it can be shown to catch a planted violation."""
 from __future__ import annotations
 
 import ast
@@ -16,39 +19,239 @@ pytestmark = pytest.mark.quick
 REPO = Path(_REPO)
 
 HARNESS = REPO / "harness"
+BENCHMARKS = REPO / "benchmarks"
 # group -> groups it may import (the root: config, errors, mlperf, sysinfo, runtime, is always allowed)
 ALLOWED = {"nn": set(), "review": set(), "train": {"nn", "review"}, "submission": {"review"},
            "plan": {"review", "train"}}
+# group -> single modules of other groups it may import besides: the run's MFU line is computed in plan's units.
+ALLOWED_MODULES = {"train": {"harness.plan.mfu"}}
 ROOT_MODULES = {"__init__", "__main__", "cli", "config", "errors", "mlperf", "platforms", "sysinfo", "runtime"}
+# The command line sits above every group: it dispatches each subcommand to its group (lazily).
+DISPATCHERS = {"harness/cli.py", "harness/__main__.py"}
+# Known edges against a rule, each with its reason; a new one fails the test.
+KNOWN = {
+    # load_config resolves a run config's workload sections and rulesets through the registry (lazily: the
+    # registry's workloads import harness.config's `field`).
+    ("harness/config.py", "benchmarks.registry"),
+}
+# benchmarks/ packages built on the shared decoder package benchmarks/lm (a new decoder LLM adds its name).
+LM_PACKAGES = {"llama31_8b", "gpt_oss_20b"}
+LM = "lm"
 
 
-def imported_harness_modules(path) -> set[str]:
-    """Dotted harness modules a file imports (at any depth: lazy imports count too)."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted harness/benchmarks modules a file imports (at any depth: lazy imports count too);
+    `from a.b import c` counts as a.b.c (a module or a name in a.b)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("harness")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found |= {f"{node.module}.{a.name}" for a in node.names}
-    return found
+    return {m for m in found if m.split(".")[0] in ("harness", "benchmarks")}
+
+
+def import_table(*roots: Path) -> dict[str, set[str]]:
+    """{repo-relative path: modules it imports} for every .py file under `roots`."""
+    return {str(p.relative_to(REPO)): imported_modules(p) for root in roots for p in sorted(root.rglob("*.py"))}
 
 
 def group_of(dotted: str) -> str | None:
     parts = dotted.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+    return parts[1] if parts[0] == "harness" and len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def _group_of_file(path: str) -> str | None:
+    parts = path.split("/")
+    return parts[1] if parts[0] == "harness" and len(parts) > 2 and parts[1] in ALLOWED else None
+
+
+def _known(path: str, mod: str) -> bool:
+    return (path, mod) in KNOWN
+
+
+def group_violations(table: dict[str, set[str]]) -> list[str]:
+    """A harness group imports only the groups (or single modules) it may."""
+    bad = []
+    for path, mods in table.items():
+        group = _group_of_file(path)
+        if group is None:
+            continue
+        for mod in mods:
+            target = group_of(mod)
+            if (target and target != group and target not in ALLOWED[group]
+                    and not any(mod == m or mod.startswith(m + ".") for m in ALLOWED_MODULES.get(group, ()))):
+                bad.append(f"{path} imports {mod}")
+    return bad
+
+
+def exception_violations(table: dict[str, set[str]]) -> list[str]:
+    """A module another group may import by exception (ALLOWED_MODULES) imports nothing from that group,
+    so the exception cannot close a cycle between the groups."""
+    bad = []
+    for group, modules in ALLOWED_MODULES.items():
+        for module in modules:
+            path = module.replace(".", "/") + ".py"
+            bad += [f"{path} imports {m}" for m in sorted(table.get(path, ())) if group_of(m) == group]
+    return bad
+
+
+def root_violations(table: dict[str, set[str]]) -> list[str]:
+    """The root (harness/*.py and harness/runtime/) imports only the root: no group, no workload; the
+    command line excepted."""
+    bad = []
+    for path, mods in table.items():
+        parts = path.split("/")
+        is_root = parts[0] == "harness" and (len(parts) == 2 or parts[1] == "runtime")
+        if not is_root or path in DISPATCHERS:
+            continue
+        bad += [f"{path} imports {m}" for m in sorted(mods)
+                if (group_of(m) or m.startswith("benchmarks")) and not _known(path, m)]
+    return bad
+
+
+def harness_to_benchmarks_violations(table: dict[str, set[str]]) -> list[str]:
+    """harness/ reaches a workload only through the registry (benchmarks.registry), never a package."""
+    bad = []
+    for path, mods in table.items():
+        if path.startswith("harness/"):
+            bad += [f"{path} imports {m}" for m in sorted(mods)
+                    if m.startswith("benchmarks") and m.split(".")[:2] != ["benchmarks", "registry"]]
+    return bad
+
+
+def benchmark_violations(table: dict[str, set[str]]) -> list[str]:
+    """A benchmarks/<name>/ package imports harness/ (not submission/ or the command line), its own package,
+    and benchmarks/lm when it is a decoder LLM; never another package or the registry. The registry imports
+    only the harness root."""
+    bad = []
+    for path, mods in table.items():
+        parts = path.split("/")
+        if parts[0] != "benchmarks":
+            continue
+        if len(parts) == 2:  # benchmarks/registry.py, benchmarks/__init__.py
+            bad += [f"{path} imports {m}" for m in sorted(mods)
+                    if m.startswith("benchmarks") or group_of(m) or m.startswith("harness.cli")]
+            continue
+        own = parts[1]
+        may = {own} | ({LM} if own in LM_PACKAGES else set())
+        for m in sorted(mods):
+            names = m.split(".")
+            if names[0] == "benchmarks" and (len(names) < 2 or names[1] not in may):
+                bad.append(f"{path} imports {m}")
+            elif names[0] == "harness" and (group_of(m) == "submission" or names[1:2] == ["cli"]):
+                bad.append(f"{path} imports {m}")
+    return bad
+
+
+def _module_of(path: str) -> str:
+    parts = path[:-3].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(table: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among the files' modules (lazy imports included): each strongly connected set of two or more."""
+    modules = {_module_of(p): mods for p, mods in table.items()}
+    graph = {m: {d if d in modules else d.rsplit(".", 1)[0] for d in deps} & set(modules) - {m}
+             for m, deps in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
 
 
 def test_groups_import_only_what_they_may():
-    bad = []
-    for group, allowed in ALLOWED.items():
-        for path in sorted((HARNESS / group).glob("*.py")):
-            for mod in imported_harness_modules(path):
-                target = group_of(mod)
-                if target and target != group and target not in allowed:
-                    bad.append(f"{path.relative_to(REPO)} imports {mod}")
-    for path in sorted((HARNESS / "runtime").glob("*.py")):
-        bad += [f"{path.relative_to(REPO)} imports {m}" for m in imported_harness_modules(path) if group_of(m)]
+    bad = group_violations(import_table(HARNESS))
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_modules_imported_by_exception_do_not_import_back():
+    bad = exception_violations(import_table(HARNESS))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_root_imports_only_the_root():
+    bad = root_violations(import_table(HARNESS))
+    assert not bad, "root modules importing above the root:\n" + "\n".join(bad)
+
+
+def test_harness_reaches_workloads_only_through_the_registry():
+    bad = harness_to_benchmarks_violations(import_table(HARNESS))
+    assert not bad, "\n".join(bad)
+
+
+def test_benchmark_packages_import_harness_their_own_package_and_lm_only():
+    bad = benchmark_violations(import_table(BENCHMARKS))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_in_harness_and_benchmarks():
+    cycles = import_cycles(import_table(HARNESS, BENCHMARKS))
+    assert not cycles, cycles
+
+
+def test_the_run_does_not_import_the_dry_run_back():
+    table = import_table(HARNESS)
+    assert any(m.startswith("harness.train.dryrun") for m in table["harness/train/run.py"])  # --dry_run
+    assert not any(m.startswith("harness.train.run") for m in table["harness/train/dryrun.py"])
+
+
+def test_each_rule_catches_a_planted_violation():
+    """The rules above on fake import lists: each flags exactly the planted edge and passes the clean one."""
+    planted = {
+        group_violations: {"harness/review/x.py": {"harness.train.loop.run_timed"},
+                           "harness/train/x.py": {"harness.plan.planner"}},
+        exception_violations: {"harness/plan/mfu.py": {"harness.train.dryrun.useful_train_flops"}},
+        root_violations: {"harness/errors.py": {"harness.train.run"},
+                          "harness/runtime/x.py": {"benchmarks.registry"}},
+        harness_to_benchmarks_violations: {"harness/train/x.py": {"benchmarks.resnet.workload.ResNetWorkload"}},
+        benchmark_violations: {"benchmarks/bert/x.py": {"benchmarks.resnet.model"},
+                               "benchmarks/resnet/y.py": {"benchmarks.lm.attention.Attention"},
+                               "benchmarks/ssd/z.py": {"harness.submission.package"},
+                               "benchmarks/registry.py": {"benchmarks.bert.workload"}},
+    }
+    clean = {
+        group_violations: {"harness/train/x.py": {"harness.plan.mfu.mfu_line", "harness.review.integrity"},
+                           "harness/plan/x.py": {"harness.train.dryrun"}},
+        exception_violations: {"harness/plan/mfu.py": {"harness.plan.system", "harness.errors"},
+                               "harness/plan/cost.py": {"harness.train.dryrun"}},
+        root_violations: {"harness/cli.py": {"harness.train.run"}, "harness/errors.py": {"harness.mlperf"}},
+        harness_to_benchmarks_violations: {"harness/train/x.py": {"benchmarks.registry"}},
+        benchmark_violations: {"benchmarks/bert/x.py": {"benchmarks.bert.model", "harness.train.workload"},
+                               "benchmarks/llama31_8b/y.py": {"benchmarks.lm.attention.Attention"},
+                               "benchmarks/registry.py": {"harness.errors.HarnessError"}},
+    }
+    for rule, table in planted.items():
+        assert len(rule(table)) == len(table), (rule.__name__, rule(table))
+        assert rule(clean[rule]) == [], (rule.__name__, rule(clean[rule]))
+    cycle = {"harness/train/run.py": {"harness.train.dryrun"},
+             "harness/train/dryrun.py": {"harness.train.run.run_rulesets"}, "harness/train/loop.py": set()}
+    assert import_cycles(cycle) == [["harness.train.dryrun", "harness.train.run"]]
+    assert import_cycles({**cycle, "harness/train/dryrun.py": {"harness.train.loop"}}) == []
 
 
 def test_the_top_level_is_small_and_the_groups_are_documented():

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.review.integrity import SSD_EVERY, SSD_V07_FIRST, ssd_rules_epochs
-from harness.train.loop import INDEX
+from harness.train.workload import INDEX
 from harness.nn.optim import TF1Momentum, warmup_step_decay_schedule
 from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm, Workload, epoch_schedule

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.train.loop import INDEX
+from harness.train.workload import INDEX
 from harness.mlperf import Logged
 from harness.nn.optim import Adam, rsqrt_warmup_schedule
 from harness.train.reference import ReferenceModel

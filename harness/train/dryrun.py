@@ -29,7 +29,10 @@ from harness.errors import HarnessError
 from harness.platforms import GPU_COUNT, device_memory, tpu_devices
 from harness.runtime.base import check_spatial_partition
 from harness.runtime.distribute import StrategyRuntime
-from harness.train.loop import COUNT, INDEX, MASK, CompiledSteps
+from harness.plan import mfu
+from harness.train.loop import CompiledSteps
+from harness.train.preflight import Checked, preflight
+from harness.train.workload import COUNT, INDEX, MASK
 from harness.train.xla_errors import xla_compile_error
 
 # -------------------------------------------------------------------------------------- the report
@@ -416,34 +419,24 @@ def eval_replica_fn(steps: CompiledSteps) -> tuple[Callable, str | None]:
                      "workload's eval_step plus the mask count is compiled")
 
 
-def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePlan]:
-    """The config's workload on the stand-in runtime, with the batch checks `run` makes."""
-    from benchmarks import registry
-
+def standin_checked(cfg: config_lib.Config) -> tuple[Checked, StandInRuntime, DevicePlan]:
+    """The config's workload on the stand-in runtime after the run's pre-log checks (`preflight`), with
+    its inputs described from the config."""
     plan = device_plan(cfg)
     runtime = StandInRuntime(cfg, plan)
-    workload = registry.get(cfg.workload)(cfg, runtime)
-    gbs, micro = cfg.schedule.global_batch_size, cfg.schedule.gradient_accumulation_steps
-    runtime.check_batch(gbs)
-    if gbs % (runtime.num_replicas * micro):
-        raise HarnessError(f"schedule.global_batch_size={gbs} does not split into {micro} micro-batches "
-                           f"(schedule.gradient_accumulation_steps) on each of {runtime.num_replicas} "
-                           f"replica(s); use a multiple of {runtime.num_replicas * micro}")
-    runtime.check_batch(cfg.schedule.eval_batch_size or gbs, "schedule.eval_batch_size")
-    closed = workload.closed_target(cfg.ruleset)
-    if cfg.submission.division == "closed" and cfg.schedule.target and cfg.schedule.target < closed:
-        raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
-                           f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
-    return workload, runtime, plan
+    return preflight(cfg, runtime, dry_run=True), runtime, plan
+
+
+def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePlan]:
+    """The config's workload on the stand-in runtime, checked as `run` checks it before its log."""
+    checked, runtime, plan = standin_checked(cfg)
+    return checked.workload, runtime, plan
 
 
 def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
     """What the workload's cost module counts as useful for one replica's train step (0: no cost module), so
     the report can show how much more the compiled step does (dense MoE dispatch, padding, recompute)."""
-    from benchmarks import registry
-
-    module = registry.cost_module(cfg.workload)
-    return 0.0 if module is None else module.model_cost(cfg).train_flops_per_sample * per_replica_batch
+    return mfu.train_flops_per_sample(cfg) * per_replica_batch
 
 
 # A model whose float32 weights and two optimizer slots would take more than this share of the host's memory
@@ -527,8 +520,6 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks). A model
     too big for this host is compiled smaller and extrapolated (`linear_stand_in`) where its workload allows."""
     from benchmarks import registry
-    from harness.train import run as run_lib
-    from harness.train import weights_init
 
     cfg = config_lib.load_config(config_path, overrides)
     workload_class = registry.get(cfg.workload)
@@ -536,10 +527,9 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     if stand_in and sizes and _too_big_for_host(cfg):
         return linear_stand_in(config_path, overrides, optimize, cfg, sizes,
                                getattr(workload_class, "DRY_RUN_PAIRS", ()))
-    workload, runtime, plan = standin_model(cfg)
-    train_spec, eval_spec, data_notes = workload.dry_run_inputs()
-    workload.eval_schedule()
-    weights_init.plan(workload, run_lib.run_rulesets(cfg), cfg.submission.division)
+    checked, runtime, plan = standin_checked(cfg)
+    workload = checked.workload
+    train_spec, eval_spec, data_notes = checked.dry_run_inputs
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
@@ -571,8 +561,8 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         eval_state=(whole(model_vars), per_device(model_vars)),
         gradients=(whole(trainable), per_device(trainable)))
     notes = list(plan.notes) + [
-        f"one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
-        f"(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
+        "one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
+        "(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
         "the warm-up's copy of the initial state is kept in host memory, not on the devices"]
     if plan.model_axis > 1:
         notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "

@@ -30,11 +30,8 @@ from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
-from harness.train.workload import SAMPLE, EvalPoint, LossTerm, Workload, tidy
+from harness.train.workload import COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload, tidy
 from harness.train.xla_errors import out_of_memory_error, xla_compile_error
-
-# Keys the loop adds to eval batches and outputs; a workload's eval outputs must not use them.
-MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
 
 
 @dataclasses.dataclass
@@ -385,150 +382,201 @@ def restore_snapshot(runtime: Runtime, saved: list[HostValue]) -> None:
         info.variable.assign(value)
 
 
+class RunObserver:
+    """What the timed run reports as it goes, from values already on the host: the progress lines and
+    TensorBoard scalars, loss-scale changes (float16) and the input-wait meter."""
+
+    def __init__(self, steps: CompiledSteps, progress: Progress, wait: InputWait, schedule: EvalSchedule) -> None:
+        self.steps, self.progress, self.wait, self.schedule = steps, progress, wait, schedule
+        self.gbs = steps.workload.cfg.schedule.global_batch_size
+        self.log_every = steps.workload.cfg.schedule.log_every_steps
+        self.scale_state = steps.loss_scale_state()  # read before run_start: no device read inside the run
+        self.input_wait = 0.0  # seconds of training time spent waiting for batches
+        self.waited = 0.0
+
+    def run_started(self) -> None:
+        self.waited = self.wait.total()
+
+    def train_chunk(self, done_steps: int, n: int, seconds: float, loss: float, lr: float, until_step: int) -> None:
+        """After a host call of `n` steps that took `seconds`, with `done_steps` done of the block's `until_step`."""
+        rate = n * self.gbs / seconds
+        # The pipeline's own meter (a host variable, read after the loss, so no extra sync): the
+        # loop has no clock of its own, which would tie each batch's fetch to the step before.
+        total = self.wait.total()  # read once: a wait landing between two reads would be lost
+        measured, self.waited = total - self.waited, total
+        chunk_wait = min(measured, seconds)
+        self.input_wait += chunk_wait
+        if self.scale_state is not None:
+            now = self.steps.loss_scale_state()
+            if now != self.scale_state:
+                logging.info("loss scale %g -> %g by step %d (%d step(s) skipped so far)",
+                             self.scale_state["scale"], now["scale"], done_steps, now["skipped_steps"])
+            self.scale_state = now
+        self.progress.train(done_steps, self.schedule.position(done_steps * self.gbs), loss, lr, rate,
+                            (until_step - done_steps) * self.gbs / rate,
+                            print_line=bool(self.log_every) and done_steps % self.log_every == 0,
+                            input_wait=min(chunk_wait / seconds, 1.0))
+
+    def evaluated(self, here: EvalPoint, loss: float, rate: float, metrics: dict[str, float], elapsed: float,
+                  train_time: float) -> None:
+        self.progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed,
+                           input_wait=min(self.input_wait / train_time, 1.0) if train_time > 0 else None)
+
+    def close(self, train_time: float, source: str) -> None:
+        self.progress.input_wait(self.input_wait / train_time if train_time > 0 else 0.0, source)
+        self.progress.close()
+
+
+@dataclasses.dataclass
+class Block:
+    """One training block's outcome."""
+    end: EvalPoint   # where it stopped: its eval point, or where a non-finite loss cut it short
+    loss: float      # the global loss of its last step
+    finite: bool     # every step's loss was finite
+    seconds: float
+
+
+def warm_up_and_restore(steps: CompiledSteps) -> None:
+    """Compiles both steps and runs each once on zeros, then puts every variable back, so the timed run
+    starts from the initial model. The copy waits in host memory: a device copy of every weight and
+    optimizer slot could exhaust the device."""
+    runtime, workload = steps.runtime, steps.workload
+    s = workload.cfg.schedule
+    saved = host_snapshot(runtime)
+    with first_call_errors_as_one_line(runtime, workload, "train"):
+        warm = steps.train_loop(iter(train_input(runtime, workload, s.global_batch_size, workload.cfg.seed,
+                                                 dummy=True)), tf.constant(1))
+        float(warm["loss"])
+    with first_call_errors_as_one_line(runtime, workload, "eval"):
+        steps.eval_step(iter(eval_input(runtime, workload, s.eval_batch_size or s.global_batch_size,
+                                        workload.cfg.seed, dummy=True)))
+    runtime.broadcast_from_chief(np.zeros(2))
+    restore_snapshot(runtime, saved)
+
+
+def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: RunObserver, prev: EvalPoint,
+                point: EvalPoint, done_steps: int) -> Block:
+    """block_start, the optimizer steps from `done_steps` to `point` (host calls of at most steps_per_loop
+    steps, cut at each log_every_steps line; stopped by a non-finite loss), block_stop."""
+    s, schedule = steps.workload.cfg.schedule, observer.schedule
+    first = schedule.first_epoch_num(prev)
+    log.start(K.BLOCK_START, metadata={"first_epoch_num": first,
+                                       "epoch_count": tidy(point.epoch_num - prev.epoch_num),
+                                       "samples_count": prev.samples})
+    t0 = time.time()
+    finite, loss = True, float("nan")
+    while done_steps < point.step:
+        n = min(s.steps_per_loop, point.step - done_steps)
+        if s.log_every_steps:
+            n = min(n, s.log_every_steps - done_steps % s.log_every_steps)
+        t_chunk = time.time()
+        out = steps.train_loop(iterator, tf.constant(n))
+        loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
+        done_steps += n
+        observer.train_chunk(done_steps, n, max(time.time() - t_chunk, 1e-9), loss, lr, point.step)
+        if not finite:
+            break
+    seconds = time.time() - t0
+    samples = done_steps * s.global_batch_size
+    end = point if finite else EvalPoint(done_steps, schedule.position(samples), samples)
+    log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": end.samples})
+    return Block(end, loss, finite, seconds)
+
+
+def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, schedule: EvalSchedule,
+                       here: EvalPoint) -> tuple[float, bool, dict[str, float] | None, int]:
+    """eval_start, the whole eval set, eval_accuracy, eval_stop: (score, target reached, the metrics (the
+    chief's; None elsewhere), examples counted). The chief judges; every host adopts its verdict, so all
+    stop at the same eval."""
+    runtime, workload = steps.runtime, steps.workload
+    log.start(K.EVAL_START, metadata={"epoch_num": here.epoch_num})
+    ebs = workload.cfg.schedule.eval_batch_size or workload.cfg.schedule.global_batch_size
+    metrics, counted = evaluate(steps, eval_data, eval_steps_for(workload.eval_samples, ebs))
+    if counted != workload.eval_samples:
+        raise HarnessError(f"eval counted {counted} examples but eval_samples is "
+                           f"{workload.eval_samples}: the eval data does not match the config")
+    verdict = np.zeros(2)
+    if metrics is not None:
+        verdict[:] = metrics[workload.METRIC], float(workload.reached_target(metrics))
+    score, reached = runtime.broadcast_from_chief(verdict).tolist()
+    # Sample-counted schedules also give samples_count, which rulesets 6.x require of eval_accuracy.
+    position = {"samples_count": here.samples} if schedule.unit == SAMPLE else {}
+    log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num, **position})
+    log.end(K.EVAL_STOP, metadata={"epoch_num": here.epoch_num})
+    return score, bool(reached), metrics, counted
+
+
+def stop_reason(workload: Workload, block: Block, reached: bool, score: float) -> tuple[str, str] | None:
+    """(status, reason) when the run ends at this eval: a non-finite loss aborts it, the target ends it."""
+    if not block.finite:
+        return "aborted", f"non-finite training loss ({block.loss}) at step {block.end.step}"
+    if reached:
+        return "success", f"reached {workload.METRIC} {score:.4f} {workload.target_relation} {workload.target}"
+    return None
+
+
 def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: Callable[[], None],
               progress: Progress | None = None, wait: InputWait | None = None) -> RunResult:
     """Initializes, warms up, then runs blocks of training and evaluation until target or budget.
 
-    Inputs are validated by the caller (harness.train.run.execute) before the log file is created.
+    Inputs are validated by the caller (harness.train.preflight) before the log file is created.
     """
-    cfg = workload.cfg
+    cfg, schedule, wait = workload.cfg, workload.eval_schedule(), wait or InputWait()
     gbs = cfg.schedule.global_batch_size
-    ebs = cfg.schedule.eval_batch_size or gbs
-    target = workload.target
-    schedule = workload.eval_schedule()
-    progress = progress or Progress(enabled=False)
-    log_every = cfg.schedule.log_every_steps
 
     log.event(K.CACHE_CLEAR, True)
     log.start(K.INIT_START)
     t_init = time.time()
     hparams_fn()
-
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
-    wait = wait or InputWait()
     dist_train = train_input(runtime, workload, gbs, cfg.seed, wait=wait)
-    dist_eval = eval_input(runtime, workload, ebs, cfg.seed)
-    num_eval_steps = eval_steps_for(workload.eval_samples, ebs)
-
-    # Compile and warm up on zeros, then put every variable back: the timed run starts from init. The
-    # copy waits in host memory: a device copy of every weight and optimizer slot could exhaust the device.
-    saved = host_snapshot(runtime)
-    with first_call_errors_as_one_line(runtime, workload, "train"):
-        warm = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed, dummy=True)),
-                                tf.constant(1))
-        float(warm["loss"])
-    with first_call_errors_as_one_line(runtime, workload, "eval"):
-        steps.eval_step(iter(eval_input(runtime, workload, ebs, cfg.seed, dummy=True)))
-    runtime.broadcast_from_chief(np.zeros(2))
-    restore_snapshot(runtime, saved)
-    del saved
+    dist_eval = eval_input(runtime, workload, cfg.schedule.eval_batch_size or gbs, cfg.seed)
+    warm_up_and_restore(steps)
     traces_at_start = dict(steps.traces)
-    scale_state = steps.loss_scale_state()
-
+    observer = RunObserver(steps, progress or Progress(enabled=False), wait, schedule)
     log.end(K.INIT_STOP)
     init_time = time.time() - t_init
+
     log.start(K.RUN_START)
     t_run = time.time()
     iterator = iter(dist_train)
     # A cached eval set repeats: one iterator across evals (the first eval fills the cache).
     eval_data = iter(dist_eval) if pipeline_config(cfg.data).cache_eval else dist_eval
-    input_wait, waited = 0.0, wait.total()
-
-    status, reason = "aborted", ""
+    observer.run_started()
     evals: list[dict[str, Any]] = []
     train_time = eval_time = 0.0
-    prev = EvalPoint(0, 0, 0)
-    done_steps = 0
+    prev, done_steps, stop = EvalPoint(0, 0, 0), 0, None
     for point in schedule.points:
-        first = schedule.first_epoch_num(prev)
-        log.start(K.BLOCK_START, metadata={"first_epoch_num": first,
-                                           "epoch_count": tidy(point.epoch_num - prev.epoch_num),
-                                           "samples_count": prev.samples})
-        t0 = time.time()
-        finite, loss = True, float("nan")
-        while done_steps < point.step:
-            n = min(cfg.schedule.steps_per_loop, point.step - done_steps)
-            if log_every:
-                n = min(n, log_every - done_steps % log_every)
-            t_chunk = time.time()
-            out = steps.train_loop(iterator, tf.constant(n))
-            loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
-            done_steps += n
-            chunk_time = max(time.time() - t_chunk, 1e-9)
-            rate = n * gbs / chunk_time
-            # The pipeline's own meter (a host variable, read after the loss, so no extra sync): the
-            # loop has no clock of its own, which would tie each batch's fetch to the step before.
-            total = wait.total()  # read once: a wait landing between two reads would be lost
-            measured, waited = total - waited, total
-            chunk_wait = min(measured, chunk_time)
-            input_wait += chunk_wait
-            if scale_state is not None:
-                now = steps.loss_scale_state()
-                if now != scale_state:
-                    logging.info("loss scale %g -> %g by step %d (%d step(s) skipped so far)",
-                                 scale_state["scale"], now["scale"], done_steps, now["skipped_steps"])
-                scale_state = now
-            progress.train(done_steps, schedule.position(done_steps * gbs), loss, lr, rate,
-                           (point.step - done_steps) * gbs / rate,
-                           print_line=bool(log_every) and done_steps % log_every == 0,
-                           input_wait=min(chunk_wait / chunk_time, 1.0))
-            if not finite:
-                break
-        block_time = time.time() - t0
-        train_time += block_time
-        here = point if finite else EvalPoint(done_steps, schedule.position(done_steps * gbs),
-                                               done_steps * gbs)
-        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": here.samples})
-
+        block = train_block(steps, iterator, log, observer, prev, point, done_steps)
+        here, done_steps, train_time = block.end, block.end.step, train_time + block.seconds
         t1 = time.time()
-        log.start(K.EVAL_START, metadata={"epoch_num": here.epoch_num})
-        metrics, counted = evaluate(steps, eval_data, num_eval_steps)
-        if counted != workload.eval_samples:
-            raise HarnessError(f"eval counted {counted} examples but eval_samples is "
-                               f"{workload.eval_samples}: the eval data does not match the config")
-        # The chief judges; every host adopts its verdict, so all stop at the same eval.
-        verdict = np.zeros(2)
-        if metrics is not None:
-            verdict[:] = metrics[workload.METRIC], float(workload.reached_target(metrics))
-        score, reached = runtime.broadcast_from_chief(verdict).tolist()
-        # Sample-counted schedules also give samples_count, which rulesets 6.x require of eval_accuracy.
-        position = {"samples_count": here.samples} if schedule.unit == SAMPLE else {}
-        log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num, **position})
-        log.end(K.EVAL_STOP, metadata={"epoch_num": here.epoch_num})
+        score, reached, metrics, counted = evaluate_and_judge(steps, eval_data, log, schedule, here)
         eval_time += time.time() - t1
         elapsed = time.time() - t_run
-        rate = (here.step - prev.step) * gbs / block_time if block_time > 0 else 0.0
+        rate = (here.step - prev.step) * gbs / block.seconds if block.seconds > 0 else 0.0
         metrics = metrics or {workload.METRIC: score}
         evals.append({"epoch_num": here.epoch_num, "score": score, "metrics": metrics,
-                      "elapsed_s": round(elapsed, 3), "counted": counted, "loss": loss,
+                      "elapsed_s": round(elapsed, 3), "counted": counted, "loss": block.loss,
                       "samples_per_s": round(rate, 1)})
-        progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed,
-                      input_wait=min(input_wait / train_time, 1.0) if train_time > 0 else None)
-        if not finite:
-            reason = f"non-finite training loss ({loss}) at step {done_steps}"
-            break
-        if reached:
-            status, reason = "success", f"reached {workload.METRIC} {score:.4f} {workload.target_relation} {target}"
+        observer.evaluated(here, block.loss, rate, metrics, elapsed, train_time)
+        stop = stop_reason(workload, block, reached, score)
+        if stop:
             break
         prev = here
-    else:
-        reason = (f"budget of {cfg.schedule.max_epochs:g} epochs spent; best {workload.METRIC} "
-                  f"{workload.best_score(e['score'] for e in evals):.4f}, target {workload.target_relation} {target}")
-
+    status, reason = stop or ("aborted", f"budget of {cfg.schedule.max_epochs:g} epochs spent; best "
+                              f"{workload.METRIC} {workload.best_score(e['score'] for e in evals):.4f}, "
+                              f"target {workload.target_relation} {workload.target}")
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run
-    progress.input_wait(input_wait / train_time if train_time > 0 else 0.0,
-                        f"data.source={getattr(cfg.data, 'source', '?')}")
-    progress.close()
+    observer.close(train_time, f"data.source={getattr(cfg.data, 'source', '?')}")
     if steps.traces != traces_at_start:
-        logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start,
-                        steps.traces)
+        logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start, steps.traces)
     samples = done_steps * gbs
-    return RunResult(status=status, reason=reason, target=target, evals=evals, init_time_s=init_time,
+    return RunResult(status=status, reason=reason, target=workload.target, evals=evals, init_time_s=init_time,
                      run_time_s=run_time, train_time_s=train_time, eval_time_s=eval_time, steps=done_steps,
                      samples=samples, epochs_done=samples / workload.train_samples,
                      samples_per_s=samples / train_time if train_time > 0 else 0.0,
                      traces=dict(steps.traces), converged_key=schedule.converged_key,
-                     loss_scale=steps.loss_scale_state(), input_wait_s=input_wait)
+                     loss_scale=steps.loss_scale_state(), input_wait_s=observer.input_wait)

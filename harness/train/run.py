@@ -10,11 +10,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from benchmarks import registry
 from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
-from harness.train import data_service, reference, remote_input, weights_init
+from harness.plan import mfu
+from harness.train import data_service, reference, weights_init
+from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
@@ -54,11 +55,6 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
     log.event("harness_data_source", workload.data_source)
 
 
-def run_rulesets(cfg: config_lib.Config) -> list[str]:
-    """The configured ruleset first, then every other `check_rulesets` entry: one log must pass them all."""
-    return [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
-
-
 def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
     """The run's directory; only the chief decides whether it is taken.
 
@@ -84,7 +80,14 @@ def check_log(path: str, rulesets: list[str], eval_every: float | None = None) -
 
 def execute(config_path: str, overrides: list[str], output_dir: str | None = None, dry_run: bool = False,
             json_path: str | None = None) -> int:
-    if dry_run:  # compiles on a stand-in replica: no runtime, data, run directory or log
+    """`mlperf-harness run`: one run top to bottom; the exit code (EXIT_*), or HarnessError for a config,
+    device or input that cannot make a valid run (before the log exists wherever it can be known then).
+
+    Config and runtime, then every pre-log check (`preflight`), then the run directory and the MLPerf log,
+    the timed loop, and on the chief the compliance gate and summary (`finish`). `dry_run` compiles on a
+    stand-in replica instead: no runtime, data, run directory or log.
+    """
+    if dry_run:
         from harness.train import dryrun
 
         return dryrun.main(config_path, overrides, json_path)
@@ -92,143 +95,99 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     if output_dir:
         cfg.output_dir = output_dir
     runtime = make_runtime(cfg.runtime, cfg.submission.platform)
-    platforms.check_platform_matches(runtime, cfg.submission.platform, cfg.submission.division,
-                                     cfg.runtime.allow_platform_mismatch)
-    workload = registry.get(cfg.workload)(cfg, runtime)
-    runtime.check_batch(cfg.schedule.global_batch_size)
-    gbs, micro = cfg.schedule.global_batch_size, cfg.schedule.gradient_accumulation_steps
-    if gbs % (runtime.num_replicas * micro):
-        raise HarnessError(f"schedule.global_batch_size={gbs} does not split into {micro} micro-batches "
-                           f"(schedule.gradient_accumulation_steps) on each of {runtime.num_replicas} "
-                           f"replica(s); use a multiple of {runtime.num_replicas * micro}")
-    runtime.check_batch(cfg.schedule.eval_batch_size or cfg.schedule.global_batch_size,
-                        "schedule.eval_batch_size")
-    closed = workload.closed_target(cfg.ruleset)
-    if cfg.submission.division == "closed" and cfg.schedule.target and cfg.schedule.target < closed:
-        raise HarnessError(f"schedule.target={cfg.schedule.target} is below the closed-division target {closed} "
-                           f"for ruleset {cfg.ruleset}; use submission.division=open for a lower target")
-    reference.check_closed_model(workload)
-    workload.validate()
-    data_service.validate(workload)
-    remote_input.check(workload, runtime, bool(pipeline_config(cfg.data).service.dispatcher))
-    schedule = workload.eval_schedule()
-    # A ruleset that names the reference model's tensors must find all of them in this model, now.
-    initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
-
+    checked = preflight(cfg, runtime)
+    workload = checked.workload
     chief = runtime.is_chief
     run_dir = new_run_dir(cfg, chief)
     log_path = os.path.join(run_dir, f"result_{cfg.seed}.txt")
     if chief:
         os.makedirs(run_dir, exist_ok=True)
         config_lib.dump_config(cfg, os.path.join(run_dir, "config.yaml"))
-    synthetic = " on SYNTHETIC data" if workload.is_synthetic else f" on {workload.data_source} data"
-    if chief:
+        synthetic = " on SYNTHETIC data" if workload.is_synthetic else f" on {workload.data_source} data"
         print(f"{cfg.workload}: {runtime.description}, global batch {cfg.schedule.global_batch_size}, "
               f"target {workload.target}{synthetic}", flush=True)
     log = MLPerfLog(log_path if chief else None)
-    wait = InputWait()
     try:
-        with data_service.StallGuard(wait, pipeline_config(cfg.data).service, log.path, cfg.seed):
-            result = run_timed(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, initialized),
-                               progress=Progress(chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard
-                                                 else None, schedule.unit, workload.METRIC, workload.target,
-                                                 workload.target_relation),
-                               wait=wait)
+        result = _timed_run(cfg, runtime, checked, log, run_dir)
     except BaseException as e:
         log.close()
         if chief and os.path.exists(log_path):
             # Keep what was written, under a name no tool mistakes for a result log.
             os.replace(log_path, os.path.join(run_dir, f"incomplete_result_{cfg.seed}.log"))
-        lost = (distribute.lost_peer_error(e, cfg.runtime.collective_timeout_s)
-                if runtime.kind == "multi_worker" else None)
-        if lost is not None:
-            raise lost from None
-        short_epoch = data_service.failure(e)
-        if short_epoch is not None:
-            raise short_epoch from None
-        bad_record = _data_assertion(str(e)) if isinstance(e, tf.errors.OpError) else None
-        if bad_record:
-            raise HarnessError(f"corrupt input data: {bad_record}") from None
-        if isinstance(e, tf.errors.DataLossError) or (isinstance(e, tf.errors.OpError)
-                                                      and _looks_like_bad_data(str(e))):
-            raise HarnessError(f"corrupt or unreadable input data: {_first_line(e)}") from None
+        error = _as_harness_error(e, cfg, runtime)
+        if error is not None:
+            raise error from None
         raise
     finally:
         runtime.shutdown()
     log.close()
     if not chief:
         return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
-    return finish(cfg, workload, runtime, result, run_dir, log_path)
+    return finish(cfg, checked, runtime, result, run_dir, log_path)
 
 
-SYSTEMS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan", "systems")
+def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPerfLog, run_dir: str) -> RunResult:
+    """The loop under the data service's stall guard, with progress lines (and TensorBoard when configured)."""
+    workload, wait = checked.workload, InputWait()
+    progress = Progress(runtime.is_chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
+                        checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation)
+    with data_service.StallGuard(wait, pipeline_config(cfg.data).service, log.path, cfg.seed):
+        # The submission keys come after init_start, so the loop calls back for them.
+        return run_timed(runtime, workload, log,
+                         lambda: log_submission_keys(log, cfg, workload, checked.initialized),
+                         progress=progress, wait=wait)
 
 
-def device_peak(cfg: config_lib.Config, runtime: Any) -> tuple[float, str]:
-    """(peak FLOP/s of one device, where it comes from): runtime.peak_tflops, else the plan system file whose
-    device_match names this device (a GPU's name, a TPU's submission.platform); (0, why) when none does.
-    Read as data: harness/train does not import harness/plan."""
-    import re
+def _as_harness_error(e: BaseException, cfg: config_lib.Config, runtime: Any) -> HarnessError | None:
+    """The one-line error for a run that failed for a reason a user can act on (a lost peer, a data-service
+    epoch cut short, corrupt or unreadable input data); None: re-raise `e` as it is."""
+    if runtime.kind == "multi_worker":
+        lost = distribute.lost_peer_error(e, cfg.runtime.collective_timeout_s)
+        if lost is not None:
+            return lost
+    short_epoch = data_service.failure(e)
+    if short_epoch is not None:
+        return short_epoch
+    bad_record = _data_assertion(str(e)) if isinstance(e, tf.errors.OpError) else None
+    if bad_record:
+        return HarnessError(f"corrupt input data: {bad_record}")
+    if isinstance(e, tf.errors.DataLossError) or (isinstance(e, tf.errors.OpError)
+                                                  and _looks_like_bad_data(str(e))):
+        return HarnessError(f"corrupt or unreadable input data: {_first_line(e)}")
+    return None
 
-    import yaml
 
-    if cfg.runtime.peak_tflops:
-        return cfg.runtime.peak_tflops * 1e12, "runtime.peak_tflops"
-    kind = runtime.device_type
-    if kind == "GPU":
+def device_name(cfg: config_lib.Config, runtime: Any) -> str:
+    """What names the run's device for its peak FLOP/s: a GPU's reported name, a TPU slice's
+    submission.platform; "" for other devices."""
+    if runtime.device_type == "GPU":
         gpus = tf.config.list_physical_devices("GPU")
-        name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "") if gpus else ""
-    elif kind == "TPU":
-        name = cfg.submission.platform
-    else:
-        return 0.0, f"no peak known for {kind} devices (set runtime.peak_tflops)"
-    for f in sorted(os.listdir(SYSTEMS_DIR)) if os.path.isdir(SYSTEMS_DIR) else []:
-        with open(os.path.join(SYSTEMS_DIR, f)) as fh:
-            data = yaml.safe_load(fh) or {}
-        match = data.get("device_match")
-        if f.endswith(".yaml") and match and name and re.search(match, name, re.IGNORECASE):
-            per_chip = float(data["peak_flops"])
-            # TPU v2/v3: TensorFlow sees each core as a device; v4 and later one device a chip (megacore)
-            cores = int(data.get("cores_per_chip", 1)) if re.search(r"v[23]\b|v[23]-", name) else 1
-            return per_chip / cores, f"harness/plan/systems/{f} ({name})"
-    return 0.0, f"no system file's device_match names {name or kind!r} (set runtime.peak_tflops)"
+        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "") if gpus else ""
+    if runtime.device_type == "TPU":
+        return cfg.submission.platform
+    return ""
 
 
-def model_flops(cfg: config_lib.Config, runtime: Any, samples_per_s: float) -> dict[str, Any]:
-    """Model FLOP/s (the cost module's useful train FLOPs a sample x train samples/s) and MFU (over the
-    devices' peak, where known): what MaxText and torchtitan print, in the same units as `plan`."""
-    from harness.train.dryrun import useful_train_flops
-
-    per_sample = useful_train_flops(cfg, 1)
-    out: dict[str, Any] = {"model_flops_per_sample": per_sample,
-                           "model_flops_per_s": per_sample * samples_per_s if per_sample else None}
-    peak, source = device_peak(cfg, runtime)
-    devices = platforms.devices_used(runtime)
-    out["peak_flops_per_s"] = peak * devices if peak else None
-    out["peak_source"] = source
-    out["mfu"] = (out["model_flops_per_s"] / out["peak_flops_per_s"]
-                  if out["model_flops_per_s"] and out["peak_flops_per_s"] else None)
-    out["mfu_devices"] = devices
-    return out
-
-
-def mfu_line(summary: dict[str, Any], synthetic: bool) -> str:
-    flops = summary.get("model_flops_per_s")
-    if not flops:
-        return f"model FLOP/s: not known ({summary['workload']} has no cost module)"
-    line = (f"model FLOP/s: {flops / 1e12:.4g} TFLOP/s ({summary['model_flops_per_sample'] / 1e9:.4g} GFLOP per "
-            f"sample x {summary['train_samples_per_s']:g} train samples/s"
-            + (", synthetic data" if synthetic else "") + ")")
-    if summary.get("mfu") is not None:
-        return line + (f"; MFU {100 * summary['mfu']:.2f}% of {summary['mfu_devices']} x "
-                       f"{summary['peak_flops_per_s'] / summary['mfu_devices'] / 1e12:g} TFLOP/s "
-                       f"[{summary['peak_source']}]")
-    return line + f"; MFU not known: {summary['peak_source']}"
-
-
-def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
+def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunResult, run_dir: str,
            log_path: str) -> int:
-    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=workload.eval_schedule().cadence)
+    """On the chief after the loop: the compliance gate (official checker per ruleset, integrity checks),
+    summary.json and the printed result; the exit code."""
+    workload = checked.workload
+    verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=checked.schedule.cadence)
+    summary = build_summary(cfg, workload, runtime, result, run_dir, log_path, verdicts, findings)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
+    if not summary["compliant"]:
+        return EXIT_NONCOMPLIANT
+    return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+
+
+def build_summary(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResult, run_dir: str,
+                  log_path: str, verdicts: dict[str, Verdict], findings: list[integrity.Finding]) -> dict[str, Any]:
+    """summary.json: the result, its timings and throughput, the verdicts, and what ran where (host,
+    versions, commit); compliant when every checker passed (an aborted run may miss only its target) and
+    no integrity error was found."""
     errors = [f for f in findings if f.severity == "error"]
     aborted = result.status != "success"
     compliant = all(v.passed or (aborted and v.only_target_missed) for v in verdicts.values()) and not errors
@@ -260,14 +219,20 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
                  "machine": platform.machine()},
         "harness_commit": sysinfo.harness_commit(),
     }
-    summary.update(model_flops(cfg, runtime, result.samples_per_s))
+    summary.update(mfu.model_flops(cfg, result.samples_per_s, platforms.devices_used(runtime),
+                                   runtime.device_type, device_name(cfg, runtime)))
     if result.loss_scale is not None:
         summary["loss_scale"] = {"final": result.loss_scale["scale"],
                                  "skipped_steps": result.loss_scale["skipped_steps"]}
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    return summary
 
-    tag = " [SYNTHETIC DATA: not a valid MLPerf result]" if workload.is_synthetic else ""
+
+def print_result(summary: dict[str, Any], result: RunResult, verdicts: dict[str, Verdict],
+                 findings: list[integrity.Finding], log_path: str, summary_path: str) -> None:
+    """The run's closing lines: status, time to train, each verdict, integrity, log, MFU, summary path."""
+    errors = [f for f in findings if f.severity == "error"]
+    synthetic = summary["synthetic_data"]
+    tag = " [SYNTHETIC DATA: not a valid MLPerf result]" if synthetic else ""
     print(f"run {result.status}: {result.reason}")
     print(f"time to train: {result.run_time_s:.1f} s ({result.run_time_s / 60:.2f} min), "
           f"{result.epochs_done:.2f} epochs, {result.samples_per_s:.1f} train samples/s, "
@@ -280,11 +245,8 @@ def finish(cfg: config_lib.Config, workload: Any, runtime: Any, result: RunResul
     print(f"integrity checks: {'PASS' if not errors else 'FAIL'}"
           + "".join(f"\n    {f.severity}: {f.message}" for f in findings))
     print(f"log: {log_path}")
-    print(mfu_line(summary, workload.is_synthetic))
-    print(f"summary: {os.path.join(run_dir, 'summary.json')}")
-    if not compliant:
-        return EXIT_NONCOMPLIANT
-    return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+    print(mfu.mfu_line(summary, synthetic))
+    print(f"summary: {summary_path}")
 
 
 def checker_version() -> str:

@@ -31,6 +31,10 @@ from harness.train.reference import ReferenceModel, lookup
 
 EPOCH, SAMPLE = "epoch", "sample"
 
+# Keys the loop adds to eval batches (MASK: 1 real, 0 padding; INDEX: position in the eval set, -1 for padding)
+# and to the summed outputs (COUNT: real examples); a workload's eval outputs must not use them.
+MASK, INDEX, COUNT = "eval_mask", "eval_index", "eval_count"
+
 
 # ------------------------------------------------------------------------------------ schedules
 
