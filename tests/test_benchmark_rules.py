@@ -1,0 +1,185 @@
+"""harness/benchmark_rules.py against the installed mlperf-logging's own files, the workloads against the
+records, and the user-visible answers that read them (`check`, `report`, `campaign`, `check --rcp`).
+
+Everything here but the workload-class test runs without TensorFlow; the `check` tests run the official
+compliance checker (a subprocess of mlperf_logging, not of the harness) on small hand-written logs."""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pytest
+import yaml
+
+from mlperf_logging import benchmark_meta
+from mlperf_logging import compliance_checker as checker_pkg
+from mlperf_logging.rcp_checker import rcp_checker
+
+from harness import benchmark_rules as rules
+from harness.errors import HarnessError
+
+CHECKER = os.path.dirname(checker_pkg.__file__)
+RCPS = os.path.dirname(rcp_checker.__file__)
+
+
+def _load(path: str) -> list[dict]:
+    with open(path) as f:
+        return yaml.load(f, Loader=yaml.BaseLoader)
+
+
+def _key_rule(entries: list[dict], name: str) -> dict | None:
+    return next((e["KEY"] for e in entries if "KEY" in e and e["KEY"]["NAME"] == name), None)
+
+
+def checker_accepts(ruleset: str, division: str) -> set[str]:
+    """Keys the division's common rules list whose per-benchmark file exists (a listed key without one
+    fails with FileNotFoundError, e.g. resnet in 4.1.0)."""
+    rule = _key_rule(_load(os.path.join(CHECKER, f"training_{ruleset}", f"{division}_common.yaml")),
+                     "submission_benchmark")
+    listed = re.findall(r"'(\w+)'", rule["CHECK"].split(" in ", 1)[1])
+    template = re.search(r"'(training_[\d.]+/\w+_)\{\}\.yaml'", rule["POST"]).group(1)
+    return {b for b in listed if os.path.exists(os.path.join(CHECKER, f"{template}{b}.yaml"))}
+
+
+def test_installed_checker_has_exactly_the_recorded_rulesets():
+    installed = sorted(d.removeprefix("training_") for d in os.listdir(CHECKER)
+                       if re.fullmatch(r"training_\d+\.\d+\.\d+", d))
+    assert installed[0] == "0.6.0"  # legacy line format only: not read by the harness
+    assert tuple(installed[1:]) == rules.RULESETS
+
+
+@pytest.mark.parametrize("division", ["closed", "open"])
+def test_each_ruleset_accepts_the_recorded_benchmarks(division):
+    for ruleset in rules.RULESETS:
+        recorded = {k for k, b in rules.BENCHMARKS.items()
+                    if ruleset in (b.closed if division == "closed" else b.open)}
+        assert recorded == checker_accepts(ruleset, division), ruleset
+
+
+def test_closed_rulesets_are_the_package_checkers_allowed_benchmarks():
+    for ruleset in rules.RULESETS:
+        allowed = set(benchmark_meta.get_allowed_benchmarks("training", ruleset))
+        assert {k for k, b in rules.BENCHMARKS.items() if ruleset in b.closed} == allowed, ruleset
+
+
+def test_required_runs_are_the_checkers():
+    counts = benchmark_meta.get_result_file_counts("training")
+    for key, b in rules.BENCHMARKS.items():
+        assert b.runs == counts[key], key
+        if key in rcp_checker.submission_runs["training"]:
+            assert b.runs == rcp_checker.submission_runs["training"][key], key
+    assert rules.runs_required("llama31_8b") == 10 and rules.runs_required("nope") is None
+
+
+def test_rcp_availability_is_the_rcp_checkers_files():
+    for key, b in rules.BENCHMARKS.items():
+        shipped = tuple(r for r in b.closed
+                        if os.path.exists(os.path.join(RCPS, f"training_{r}", f"rcps_{key}.json")))
+        assert b.rcp == shipped, key
+
+
+def _closed_check(key: str, ruleset: str) -> tuple[str, dict]:
+    """The closed eval_accuracy ATLEAST_ONE_CHECK and the checker state its BEGIN blocks set up."""
+    entries = _load(os.path.join(CHECKER, f"training_{ruleset}", f"closed_{key}.yaml"))
+    state: dict = {}
+    for e in entries:
+        if "BEGIN" in e and "s.update" in e["BEGIN"]["CODE"]:
+            exec(e["BEGIN"]["CODE"], {"math": math}, {"s": state})
+    rule = _key_rule(entries, "eval_accuracy") or _key_rule(entries, "aggregated_eval_accuracy")
+    return rule["ATLEAST_ONE_CHECK"], state
+
+
+def _passes(check: str, state: dict, value, gbs: int = 1024) -> bool:
+    s = dict(state, global_batch_size=gbs)
+    return bool(eval(check, {"math": math}, {"v": {"value": value, "metadata": {}}, "s": s}))
+
+
+def test_closed_targets_are_the_checkers_bounds():
+    """At the target (a hair past it for a strict bound) the checker's own expression passes; a step
+    short of it, it fails: a record that drifted from the checker fails here."""
+    checked = 0
+    for key, b in rules.BENCHMARKS.items():
+        for ruleset in b.closed:
+            check, state = _closed_check(key, ruleset)
+            target = b.targets[ruleset]
+            if target.value is None:  # more than one number: each of the text's bounds is the checker's
+                for number in re.findall(r"\d+\.\d+|\d+", target.text):
+                    assert re.search(rf"\b{re.escape(number)}\b", check), (key, ruleset, number)
+                continue
+            gbs_cases = [(4096, target.small_batch[1]), (target.small_batch[0], target.value)] \
+                if target.small_batch else [(1024, target.value)]
+            for gbs, want in gbs_cases:
+                assert rules.closed_target(key, ruleset, gbs) == want
+                toward = 1 if b.higher_is_better else -1
+                hair, step = want * (1 + toward * 1e-9), want * (1 - toward * 1e-3)
+                assert _passes(check, state, hair, gbs), (key, ruleset, gbs, want)
+                assert not _passes(check, state, step, gbs), (key, ruleset, gbs, want)
+                checked += 1
+    assert checked > 80
+
+
+def test_eval_units_follow_the_checkers_eval_accuracy_metadata():
+    for key, b in rules.BENCHMARKS.items():
+        rule = _key_rule(_load(os.path.join(CHECKER, f"training_{b.newest}", f"closed_{key}.yaml")), "eval_accuracy")
+        if rule and "'samples_count' in v['metadata']" in str(rule.get("CHECK")):
+            assert b.unit == rules.SAMPLE, key
+
+
+def test_lookups_and_refusals():
+    assert rules.newest_ruleset("llama31_8b") == "6.1.0" and rules.newest_ruleset("resnet") == "4.0.0"
+    assert rules.newest_ruleset("ssd") == "4.1.0" and rules.default_ruleset("ssd") == "4.1.0"
+    assert rules.default_ruleset("ssd", ["max_samples"]) == "1.1.0"  # an SSD-ResNet34 log
+    assert rules.closed_target("ssd", "1.1.0") == 0.23 and rules.closed_target("ssd", "2.0.0") == 0.34
+    assert rules.reaches("gpt_oss_20b", 3.3, 3.34) and not rules.reaches("bert", 0.71, 0.72)
+    with pytest.raises(HarnessError, match="'nope' is not an MLPerf training benchmark"):
+        rules.record("nope")
+    with pytest.raises(HarnessError, match="ruleset 4.0.0 has no closed llama31_8b benchmark"):
+        rules.closed_target("llama31_8b", "4.0.0")
+    with pytest.raises(HarnessError, match="no single target"):
+        rules.closed_target("maskrcnn", "3.1.0")
+
+
+def test_cadences():
+    assert rules.cadence("ssd", "0.7.0", 32).positions(70) == [40, 50, 55, 60, 65, 70]
+    assert rules.cadence("ssd", "1.0.0", 32).positions(45) == [40]
+    assert rules.cadence("ssd", "1.1.0", 32).positions(20) == [5, 10, 15, 20]
+    assert rules.cadence("ssd", "2.0.0", 32) is None  # RetinaNet
+    assert rules.bert_eval_every(448) == 150_000 and rules.bert_eval_every(8192) == 225_000
+    v07 = rules.cadence("bert", "0.7.0", 448)
+    assert (v07.first, v07.every, v07.exact) == (3_000_000, 500_000, False)
+    resnet = rules.cadence("resnet", "4.0.0", 1024)
+    assert resnet.first_choices == (1, 2, 3, 4) and resnet.positions(13, first=1) == [1, 5, 9, 13]
+    assert rules.lm_eval_every(1024) == 12288 and rules.lm_eval_every(5000) == 15000
+    assert rules.cadence("llama31_8b", "6.1.0", 1024).every == 12288
+
+
+# --------------------------------------------------------------------------------- the workloads
+
+def test_every_workload_has_a_record_and_its_closed_target():
+    from benchmarks import registry
+
+    for name in registry.names():
+        cls = registry.get(name)
+        rec = rules.record(cls.MLPERF_KEY)
+        assert set(cls.RULESETS) <= set(rec.closed), name
+        assert cls.HIGHER_IS_BETTER == rec.higher_is_better, name
+        for ruleset in cls.RULESETS:
+            for gbs in (256, 8192):
+                wl = object.__new__(cls)  # closed_target reads only the config's batch
+                wl.cfg = _Cfg(gbs)
+                assert wl.closed_target(ruleset) == rules.closed_target(rec.key, ruleset, gbs), (name, ruleset)
+    lm = {n: registry.get(n) for n in ("llama31_8b", "gpt_oss_20b")}
+    assert [_target(lm["llama31_8b"], r) for r in ("5.1.0", "6.0.0", "6.1.0")] == [3.3] * 3
+    assert [_target(lm["gpt_oss_20b"], r) for r in ("6.0.0", "6.1.0")] == [3.34] * 2
+
+
+class _Cfg:
+    def __init__(self, gbs: int) -> None:
+        self.schedule = type("S", (), {"global_batch_size": gbs})()
+
+
+def _target(cls, ruleset: str) -> float:
+    wl = object.__new__(cls)
+    wl.cfg = _Cfg(1024)
+    return wl.closed_target(ruleset)
