@@ -54,6 +54,20 @@ class Cadence:
         out = [start + k * self.every for k in range(count)]
         return [int(p) if float(p).is_integer() else p for p in out if p not in self.skip]
 
+    @property
+    def largest_gap(self) -> float:
+        """The widest spacing between two of the rules' evals (SSD 0.7.0: 10, from 40 to 50)."""
+        grid = self.positions(self.first + (len(self.skip) + 2) * self.every)
+        return max(b - a for a, b in zip(grid, grid[1:]))
+
+    def text(self) -> str:
+        """The schedule as the rules word it: 'every 5 epochs' or '40, 50, 55, ... epochs'."""
+        unit = f"{self.unit}s"
+        if self.first == self.every and not self.skip:
+            return f"every {self.every:,g} {unit}"
+        grid = self.positions(self.first + (len(self.skip) + 2) * self.every)[:3]
+        return f"{', '.join(f'{p:,g}' for p in grid)}, ... {unit}"
+
 
 RESNET_EVAL_EVERY = 4  # epochs, first at epoch 1-4: "every 4 epochs with offset 0 or 1 or 2 or 3"
 BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7: "starting at 3M samples, then every 500K"
