@@ -183,3 +183,188 @@ def _target(cls, ruleset: str) -> float:
     wl = object.__new__(cls)
     wl.cfg = _Cfg(1024)
     return wl.closed_target(ruleset)
+
+
+# ------------------------------------------------------------------ logs of benchmarks and what reads them
+
+LM_CLOSED = {  # what the closed llama31_8b / gpt_oss_20b checker files fix (5.1.0-6.1.0)
+    "global_batch_size": 1024, "max_sequence_length": 8192, "opt_name": "adamw",
+    "opt_base_learning_rate": 8e-4, "opt_end_learning_rate": 8e-5, "opt_learning_rate_warmup_steps": 16,
+    "opt_learning_rate_decay_steps": 1_200_000 - 16, "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+    "opt_adamw_beta_1": 0.9, "opt_adamw_beta_2": 0.95, "opt_adamw_epsilon": 1e-05, "opt_adamw_weight_decay": 0.1,
+    "opt_gradient_clip_norm": 1.0, "gradient_accumulation_steps": 1, "max_steps": 1_200_000,
+    # 6.1.0's mandatory disclosure (earlier rulesets take them as optional)
+    "lowest_numerical_precision_in_linear": "bfloat16", "lowest_numerical_precision_in_attn": "bfloat16",
+    "lowest_numerical_precision_in_comm": "bfloat16", "tensor_parallelism": 1, "pipeline_parallelism": 1,
+    "context_parallelism": 1, "expert_parallelism": 1, "micro_batch_size": 1, "config_filename": "hand.yaml",
+}
+SSD_CLOSED = {  # SSD-ResNet34, closed 0.7.0-1.1.0 but the weights_initialization events of 1.1.0
+    "global_batch_size": 1024, "model_bn_span": 32, "opt_learning_rate_warmup_factor": 0,
+    "opt_learning_rate_warmup_steps": 1, "opt_weight_decay": 0.0005, "opt_base_learning_rate": 0.1,
+    "max_samples": 1, "opt_learning_rate_decay_boundary_epochs": [40, 50], "gradient_accumulation_steps": 1,
+}
+
+
+def write_log(path: str, benchmark: str, hparams: dict, evals: list[tuple[int, float]], unit: str,
+              train_samples: int, eval_samples: int, seed: int = 1) -> str:
+    """A small log as a harness run writes it (mllog through harness.mlperf), evaluating at `evals`:
+    (position in `unit`s, score)."""
+    from harness.mlperf import MLPerfLog
+
+    log = MLPerfLog(path)
+    for key, value in (("submission_org", "hand"), ("submission_platform", "cpu"),
+                       ("submission_division", "closed"), ("submission_benchmark", benchmark)):
+        log.event(key, value)
+    log.event("cache_clear", True)
+    log.start("init_start")
+    for key, value in hparams.items():
+        log.event(key, value)
+    log.event("seed", seed)
+    log.event("train_samples", train_samples)
+    log.event("eval_samples", eval_samples)
+    log.end("init_stop")
+    log.start("run_start")
+    done = 0
+    for position, score in evals:
+        if unit == rules.SAMPLE:
+            log.start("block_start", metadata={"samples_count": done})
+            log.end("block_stop", metadata={"samples_count": position})
+            where = {"samples_count": position}
+        else:
+            log.start("block_start", metadata={"first_epoch_num": done + 1, "epoch_count": position - done})
+            log.end("block_stop", metadata={"first_epoch_num": done + 1})
+            where = {"epoch_num": position}
+        log.start("eval_start", metadata=where)
+        log.event("eval_accuracy", score, metadata=where)
+        log.end("eval_stop", metadata=where)
+        done = position
+    log.end("run_stop", metadata={"status": "success"})
+    log.close()
+    return path
+
+
+def lm_log(folder, key: str, last: float) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return write_log(os.path.join(folder, "result_1.txt"), key, LM_CLOSED, [(12288, 4.1), (24576, last)],
+                     rules.SAMPLE, train_samples=10_000_000, eval_samples=1024)
+
+
+@pytest.mark.parametrize("key, last", [("llama31_8b", 3.29), ("gpt_oss_20b", 3.33)])
+def test_check_without_ruleset_passes_a_decoder_lm_log_under_its_newest_ruleset(tmp_path, key, last):
+    from conftest import cli_in_process
+
+    path = lm_log(tmp_path, key, last)
+    proc = cli_in_process("check", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "official compliance checker, ruleset 6.1.0: PASS" in proc.stdout
+    assert "integrity checks: PASS" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_check_without_ruleset_takes_the_runs_own_ruleset(tmp_path):
+    from conftest import cli_in_process
+
+    path = lm_log(tmp_path, "llama31_8b", 3.29)
+    with open(tmp_path / "config.yaml", "w") as f:
+        yaml.safe_dump({"workload": "llama31_8b", "ruleset": "5.1.0"}, f)
+    proc = cli_in_process("check", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "official compliance checker, ruleset 5.1.0: PASS" in proc.stdout and "6.1.0" not in proc.stdout
+    with open(tmp_path / "summary.json", "w") as f:  # summary.json wins: the ruleset the run was checked under
+        f.write('{"ruleset": "6.0.0"}')
+    assert "ruleset 6.0.0: PASS" in cli_in_process("check", path).stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--ruleset", "4.0.0"], "ruleset 4.0.0 has no closed llama31_8b benchmark"),
+    (["--ruleset", "9.9.9"], "ruleset '9.9.9' is not one the harness reads"),
+])
+def test_check_refuses_a_ruleset_without_the_benchmark_in_one_line(tmp_path, args, fragment):
+    from conftest import cli_in_process
+
+    proc = cli_in_process("check", lm_log(tmp_path, "llama31_8b", 3.29), *args)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and fragment in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "official compliance checker" not in proc.stdout
+
+
+def test_check_refuses_an_unknown_benchmark_in_one_line(tmp_path):
+    from conftest import cli_in_process
+
+    path = write_log(str(tmp_path / "result_1.txt"), "ncf", {"global_batch_size": 8}, [(1, 0.5)], rules.EPOCH,
+                     train_samples=10, eval_samples=10)
+    proc = cli_in_process("check", path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "'ncf': not an MLPerf training benchmark" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_report_shows_a_decoder_lm_logs_quality_target(tmp_path):
+    from harness.review import report
+
+    lm_log(tmp_path / "logs", "llama31_8b", 3.29)
+    path = report.write_report([str(tmp_path / "logs")], str(tmp_path / "out"), quiet=True)
+    with open(path) as f:
+        text = f.read()
+    assert "Quality target: <= 3.3 (closed, ruleset 6.1.0)" in text
+    assert "target_not_reached" not in text
+
+
+def test_report_flags_a_success_short_of_a_lower_is_better_target(tmp_path):
+    from harness.review import report
+
+    lm_log(tmp_path / "logs", "gpt_oss_20b", 3.5)
+    with open(report.write_report([str(tmp_path / "logs")], str(tmp_path / "out"), quiet=True)) as f:
+        text = f.read()
+    assert "Quality target: <= 3.34" in text and "does not reach target <= 3.34" in text
+
+
+def test_campaign_without_runs_takes_the_records_run_count(tmp_path, monkeypatch, capsys):
+    from harness.submission import campaign
+
+    config = tmp_path / "llama.yaml"
+    config.write_text("workload: llama31_8b\n")
+    calls = []
+
+    def refused(config_path, overrides, rec, campaign_dir, console_path):
+        calls.append(rec.seed)
+        with open(console_path, "w") as f:
+            f.write("error: stand-in refusal\n")
+        return campaign.EXIT_BAD_INPUT
+
+    monkeypatch.setattr(campaign, "_run_one", refused)
+    with pytest.raises(HarnessError, match="stand-in refusal"):
+        campaign.main(str(config), [], runs=0, campaign_dir=str(tmp_path / "c"))
+    assert "10 run(s)" in capsys.readouterr().out and calls == [1]
+    assert campaign.default_runs("gpt_oss_20b") == 10 and campaign.default_runs("ssd") == 5
+
+
+def ssd_log(folder, seed: int = 1) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return write_log(os.path.join(folder, f"result_{seed}.txt"), "ssd", SSD_CLOSED, [(40, 0.2), (50, 0.231)],
+                     rules.EPOCH, train_samples=117266, eval_samples=5000, seed=seed)
+
+
+def test_check_rcp_accepts_ssd_under_its_default_ruleset(tmp_path):
+    from conftest import cli_in_process
+
+    path = ssd_log(tmp_path)
+    proc = cli_in_process("check", "--rcp", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RCP check: ssd, ruleset 1.1.0, global batch 1024" in proc.stdout
+    assert f"{path}: 50.00 epochs" in proc.stdout
+    # The RCP entry at this batch names the hyperparameters that differ, lists compared item by item.
+    assert "opt_base_learning_rate: RCP 0.8" in proc.stdout and "decay_boundary_epochs" not in proc.stdout
+
+
+def test_package_and_check_agree_on_a_logs_ruleset(tmp_path):
+    from harness.review import checklog, logparse
+    from harness.submission import package
+
+    path = ssd_log(tmp_path)
+    events = logparse.parse_log(path)
+    assert package.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.1.0"
+    with open(tmp_path / "config.yaml", "w") as f:
+        yaml.safe_dump({"workload": "ssd", "ruleset": "1.0.0"}, f)
+    assert package.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.0.0"
+    lm = lm_log(tmp_path / "lm", "llama31_8b", 3.29)
+    assert package.load_run(lm).ruleset == checklog.rulesets_for(lm, logparse.parse_log(lm), [])[1][0] == "6.1.0"

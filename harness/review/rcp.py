@@ -54,6 +54,16 @@ def logged_key(rcp_key: str, logged: dict[str, Any]) -> str | None:
     return next((k for k in candidates if k in logged), None)
 
 
+def _same(got: Any, want: Any) -> bool:
+    """Logged and RCP values agree: numbers to 1e-9 relative, lists (SSD's decay boundaries) item by item."""
+    if isinstance(got, list) or isinstance(want, list):
+        return (isinstance(got, list) and isinstance(want, list) and len(got) == len(want)
+                and all(_same(g, w) for g, w in zip(got, want)))
+    if isinstance(want, str) or isinstance(got, str):
+        return got == want
+    return abs(float(got) - float(want)) <= 1e-9 * max(1.0, abs(float(want)))
+
+
 def hparam_mismatches(entry: dict[str, Any], logged: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
     """Hyperparameters of an RCP entry that the logged values do not match (missing ones included)."""
     out = []
@@ -65,9 +75,7 @@ def hparam_mismatches(entry: dict[str, Any], logged: dict[str, Any], skip: tuple
             out.append(f"{key}: RCP {want!r}, not logged")
             continue
         got = logged[name]
-        same = (got == want if isinstance(want, str) or isinstance(got, str)
-                else abs(float(got) - float(want)) <= 1e-9 * max(1.0, abs(float(want))))
-        if not same:
+        if not _same(got, want):
             out.append(f"{key}: RCP {want!r}, logged {name}={got!r}")
     return out
 
