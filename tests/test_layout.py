@@ -15,7 +15,8 @@ HARNESS = REPO / "harness"
 # group -> groups it may import (the root: config, errors, mlperf, sysinfo, runtime, is always allowed)
 ALLOWED = {"nn": set(), "review": set(), "train": {"nn", "review"}, "submission": {"review"},
            "plan": {"review", "train"}}
-ROOT_MODULES = {"__init__", "__main__", "cli", "config", "errors", "mlperf", "platforms", "sysinfo", "runtime"}
+ROOT_MODULES = {"__init__", "__main__", "cli", "config", "errors", "mlperf", "platforms", "sysinfo", "runtime",
+                "benchmark_rules"}
 
 
 def imported_harness_modules(path) -> set[str]:
@@ -50,7 +51,7 @@ def test_groups_import_only_what_they_may():
 def test_the_top_level_is_small_and_the_groups_are_documented():
     top = {p.stem for p in HARNESS.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert top - set(ALLOWED) <= ROOT_MODULES, top - set(ALLOWED) - ROOT_MODULES
-    assert len([m for m in top if m not in ALLOWED and m != "__init__"]) <= 8
+    assert len([m for m in top if m not in ALLOWED and m != "__init__"]) <= 9
     for group in ALLOWED:
         doc = ast.get_docstring(ast.parse((HARNESS / group / "__init__.py").read_text()))
         assert doc and "import" in doc, f"harness/{group}/__init__.py must say what it holds and may import"
