@@ -166,12 +166,18 @@ def test_every_workload_has_a_record_and_its_closed_target():
         assert cls.HIGHER_IS_BETTER == rec.higher_is_better, name
         for ruleset in cls.RULESETS:
             for gbs in (256, 8192):
-                wl = object.__new__(cls)  # closed_target reads only the config's batch
-                wl.cfg = _Cfg(gbs)
-                assert wl.closed_target(ruleset) == rules.closed_target(rec.key, ruleset, gbs), (name, ruleset)
+                assert _instance(cls, gbs).closed_target(ruleset) == rules.closed_target(rec.key, ruleset, gbs), \
+                    (name, ruleset, gbs)
     lm = {n: registry.get(n) for n in ("llama31_8b", "gpt_oss_20b")}
     assert [_target(lm["llama31_8b"], r) for r in ("5.1.0", "6.0.0", "6.1.0")] == [3.3] * 3
     assert [_target(lm["gpt_oss_20b"], r) for r in ("6.0.0", "6.1.0")] == [3.34] * 2
+    # The base class alone gives the decoder LMs the same: their own target and direction members can go.
+    from harness.train.workload import Workload
+
+    for cls in lm.values():
+        for ruleset in cls.RULESETS:
+            assert Workload.closed_target(_instance(cls), ruleset) == _target(cls, ruleset)
+        assert cls.__dict__["HIGHER_IS_BETTER"] is False  # set on the class itself from its record
 
 
 class _Cfg:
@@ -179,10 +185,15 @@ class _Cfg:
         self.schedule = type("S", (), {"global_batch_size": gbs})()
 
 
-def _target(cls, ruleset: str) -> float:
+def _instance(cls, gbs: int = 1024):
+    """A workload object with only the config's batch: all closed_target reads (no model, no runtime)."""
     wl = object.__new__(cls)
-    wl.cfg = _Cfg(1024)
-    return wl.closed_target(ruleset)
+    wl.cfg = _Cfg(gbs)
+    return wl
+
+
+def _target(cls, ruleset: str) -> float:
+    return _instance(cls).closed_target(ruleset)
 
 
 # ------------------------------------------------------------------ logs of benchmarks and what reads them
