@@ -162,17 +162,20 @@ class Benchmark:
 def _bench(key: str, targets: list[tuple[tuple[str, ...], Target]], higher: bool, runs: int,
            rcp: tuple[str, ...] = (), open_: tuple[str, ...] | None = None,
            variants: tuple[Variant, ...] = (), **extra: Any) -> Benchmark:
-    """A record from (rulesets, target) spans; `open_` defaults to the closed rulesets."""
-    by_ruleset = {r: t for rulesets, t in targets for r in rulesets}
+    """A record from (rulesets, target) spans; a target's text defaults to its bound with the relation;
+    `open_` defaults to the closed rulesets."""
+    relation = ">=" if higher else "<="
+    by_ruleset = {r: t if t.text else dataclasses.replace(t, text=f"{relation} {t.value:g}")
+                  for rulesets, t in targets for r in rulesets}
     closed = tuple(r for r in RULESETS if r in by_ruleset)
     return Benchmark(key, variants or (Variant(key, closed),), closed if open_ is None else open_, by_ruleset,
                      higher, runs, rcp, **extra)
 
 
-def _at(rulesets: tuple[str, ...], value: float | None, higher: bool = True, text: str = "",
+def _at(rulesets: tuple[str, ...], value: float | None, text: str = "",
         small_batch: tuple[int, float] | None = None) -> list[tuple[tuple[str, ...], Target]]:
-    """One target over `rulesets`; `text` defaults to the bound with its relation."""
-    return [(rulesets, Target(value, text or f"{'>=' if higher else '<='} {value:g}", small_batch))]
+    """One target over `rulesets`."""
+    return [(rulesets, Target(value, text, small_batch))]
 
 
 _ALL = [
@@ -193,24 +196,24 @@ _ALL = [
     _bench("minigo", _at(span("0.7.0", "2.1.0"), 0.5), True, 10),
     _bench("dlrm", _at(span("0.7.0", "2.1.0"), 0.8025), True, 5, span("1.0.0", "2.1.0")),
     _bench("dlrm_dcnv2", _at(span("3.0.0", "6.0.0"), 0.80275), True, 10, span("3.0.0", "6.0.0")),
-    _bench("rnnt", _at(span("1.0.0", "3.1.0"), 0.058, False), False, 10, span("1.0.0", "3.1.0")),
+    _bench("rnnt", _at(span("1.0.0", "3.1.0"), 0.058), False, 10, span("1.0.0", "3.1.0")),
     _bench("unet3d", _at(span("1.0.0", "4.0.0"), 0.908), True, 40, span("1.0.0", "4.0.0")),
-    _bench("gpt3", _at(span("3.0.0", "4.1.0"), 2.69, False), False, 3, span("3.0.0", "4.1.0"),
+    _bench("gpt3", _at(span("3.0.0", "4.1.0"), 2.69), False, 3, span("3.0.0", "4.1.0"),
            open_=span("4.0.0", "4.1.0")),
     _bench("stable_diffusion", _at(span("3.1.0", "5.0.0"), None, text="FID <= 90 and CLIP >= 0.15"), True, 10,
            span("3.1.0", "5.0.0"), unit=SAMPLE),
     _bench("gnn", _at(span("4.0.0", "4.1.0"), 0.72), True, 10, span("4.0.0", "4.1.0")),
     _bench("rgat", _at(span("5.0.0", "5.1.0"), 0.72), True, 10, span("5.0.0", "5.1.0")),
-    _bench("llama2_70b_lora", _at(span("4.0.0", "6.1.0"), 0.925, False), False, 10, span("4.0.0", "6.1.0"),
+    _bench("llama2_70b_lora", _at(span("4.0.0", "6.1.0"), 0.925), False, 10, span("4.0.0", "6.1.0"),
            open_=span("5.0.0", "6.1.0"), unit=SAMPLE),
-    _bench("llama31_405b", _at(span("5.0.0", "6.0.0"), 5.6, False), False, 3, span("5.0.0", "6.0.0"),
+    _bench("llama31_405b", _at(span("5.0.0", "6.0.0"), 5.6), False, 3, span("5.0.0", "6.0.0"),
            unit=SAMPLE),
-    _bench("llama31_8b", _at(span("5.1.0", "6.1.0"), 3.3, False), False, 10, span("5.1.0", "6.1.0"),
+    _bench("llama31_8b", _at(span("5.1.0", "6.1.0"), 3.3), False, 10, span("5.1.0", "6.1.0"),
            unit=SAMPLE, cadence=_lm_cadence),
-    _bench("flux1", _at(span("5.1.0", "6.1.0"), 0.586, False), False, 10, span("5.1.0", "6.1.0"), unit=SAMPLE),
-    _bench("gpt_oss_20b", _at(span("6.0.0", "6.1.0"), 3.34, False), False, 10, span("6.0.0", "6.1.0"),
+    _bench("flux1", _at(span("5.1.0", "6.1.0"), 0.586), False, 10, span("5.1.0", "6.1.0"), unit=SAMPLE),
+    _bench("gpt_oss_20b", _at(span("6.0.0", "6.1.0"), 3.34), False, 10, span("6.0.0", "6.1.0"),
            unit=SAMPLE, cadence=_lm_cadence),
-    _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6, False), False, 3, span("6.0.0", "6.1.0"),
+    _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
            unit=SAMPLE),
     _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
     _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE),
