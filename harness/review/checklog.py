@@ -16,12 +16,12 @@ def rulesets_for(path: str, events: list[logparse.LogEvent], given: list[str]) -
         raise HarnessError(f"{path}: {'no submission_benchmark' if benchmark is None else repr(benchmark)}: "
                            f"not an MLPerf training benchmark (known: {', '.join(rules.names())})")
     if given:
-        chosen, origin = list(given), "--ruleset"
+        chosen, origin = list(given), "given"
     else:
         run_files = logparse.read_run_files(path)
         named = any(source and source.get("ruleset") for source in run_files)
         chosen = [logparse.log_ruleset(path, events, run_files)]
-        origin = "the run's summary.json / config.yaml" if named else f"the newest {benchmark} ruleset"
+        origin = "the run's, from summary.json / config.yaml" if named else "the benchmark's newest for this log"
     for r in chosen:
         try:
             rules.check_accepts(benchmark, r, division if division in ("closed", "open") else None)
@@ -38,7 +38,7 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
     for path in paths:
         events = logparse.parse_log(path)
         benchmark, chosen, origin = rulesets_for(path, events, rulesets)
-        print(f"{path} (benchmark {benchmark}; ruleset from {origin})")
+        print(f"{path} (benchmark {benchmark}; ruleset {', '.join(chosen)}: {origin})")
         for r in chosen:
             v = run_compliance_checker(path, r)
             print(f"  official compliance checker, ruleset {r}: {v.label}")
