@@ -84,8 +84,8 @@ flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile 
                   "under XLA on a stand-in replica; print sizes, FLOPs and memory; no data, no log")
 flags.DEFINE_string("report_json", None, "run --dry_run: also write the compile report to this JSON file "
                     "(plan --model_cost reads it)")
-flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: one ruleset chosen "
-                          "for the log's benchmark, printed with the verdict)")
+flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the run's own, from "
+                          "summary.json / config.yaml beside the log, else the benchmark's newest)")
 flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
                   "against the RCP mean for their batch size, with the official RCP checker's verdict")
 flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "

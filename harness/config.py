@@ -18,12 +18,10 @@ from typing import Any
 
 import yaml
 
+from harness.benchmark_rules import RULESETS
 from harness.errors import HarnessError
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0", "5.1.0",
-            "6.0.0", "6.1.0")
 
 
 def field(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, min: float | None = None,

@@ -11,13 +11,14 @@ import pytest
 import tensorflow as tf
 
 from harness import config as config_lib
+from harness.benchmark_rules import bert_eval_every as mlperf_eval_every
 from harness.train import loop
 from harness.errors import HarnessError
 from harness.runtime import InputContext, make_runtime
 
 from benchmarks.bert import checkpoint, tfrecord_writer
 from benchmarks.bert.data import SyntheticSource, TFRecordSource
-from benchmarks.bert.workload import BertWorkload, mlperf_eval_every
+from benchmarks.bert.workload import BertWorkload
 
 from conftest import REPO, cli_in_process, stderr_error_lines
 

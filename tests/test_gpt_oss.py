@@ -21,7 +21,8 @@ from benchmarks.lm.config import DataConfig
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 from harness.train import remote_input
-from harness.review import logparse, report, scoring
+from harness import benchmark_rules
+from harness.review import logparse, report
 
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
@@ -242,8 +243,8 @@ def test_a_bad_indexed_file_is_one_error_line_from_the_cli(tmp_path):
 # ------------------------------------------------------------------------------- lower is better
 
 def test_review_tools_treat_log_perplexity_as_lower_is_better():
-    assert logparse.TARGETS["gpt_oss_20b"] == 3.34 and "gpt_oss_20b" in logparse.LOWER_IS_BETTER
-    assert scoring.N_REQUIRED["gpt_oss_20b"] == 10
+    rec = benchmark_rules.record("gpt_oss_20b")
+    assert rec.targets["6.0.0"].value == 3.34 and not rec.higher_is_better and rec.runs == 10
     s = logparse.RunSummary(path="x", benchmark="gpt_oss_20b", target=3.34, status="success")
     s.evals = [(16, 3.9, 0.0), (32, 3.3, 1.0)]
     assert report._target_check(report.Run(s, [], [])) is None

@@ -25,7 +25,8 @@ ALLOWED = {"nn": set(), "review": set(), "train": {"nn", "review"}, "submission"
            "plan": {"review", "train"}}
 # group -> single modules of other groups it may import besides: the run's MFU line is computed in plan's units.
 ALLOWED_MODULES = {"train": {"harness.plan.mfu"}}
-ROOT_MODULES = {"__init__", "__main__", "cli", "config", "errors", "mlperf", "platforms", "sysinfo", "runtime"}
+ROOT_MODULES = {"__init__", "__main__", "cli", "config", "errors", "mlperf", "platforms", "sysinfo", "runtime",
+                "benchmark_rules"}
 # The command line sits above every group: it dispatches each subcommand to its group (lazily).
 DISPATCHERS = {"harness/cli.py", "harness/__main__.py"}
 # Known edges against a rule, each with its reason; a new one fails the test.
@@ -257,7 +258,7 @@ def test_each_rule_catches_a_planted_violation():
 def test_the_top_level_is_small_and_the_groups_are_documented():
     top = {p.stem for p in HARNESS.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert top - set(ALLOWED) <= ROOT_MODULES, top - set(ALLOWED) - ROOT_MODULES
-    assert len([m for m in top if m not in ALLOWED and m != "__init__"]) <= 8
+    assert len([m for m in top if m not in ALLOWED and m != "__init__"]) <= 9
     for group in ALLOWED:
         doc = ast.get_docstring(ast.parse((HARNESS / group / "__init__.py").read_text()))
         assert doc and "import" in doc, f"harness/{group}/__init__.py must say what it holds and may import"

@@ -9,7 +9,8 @@ import pytest
 from harness.errors import HarnessError
 from harness.review.logparse import parse_lines, parse_log, summarize
 from harness.review.report import find_logs, main, plot_convergence, write_report
-from harness.review.scoring import N_REQUIRED, olympic_score
+from harness.benchmark_rules import runs_required
+from harness.review.scoring import olympic_score
 
 pytestmark = pytest.mark.quick
 
@@ -90,7 +91,8 @@ def test_olympic_two_failed_runs_gives_no_score():
 
 
 def test_olympic_run_count_note_and_requirements():
-    assert N_REQUIRED == {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10, "gpt_oss_20b": 10}
+    assert [runs_required(b) for b in ("resnet", "ssd", "bert", "transformer", "gpt_oss_20b", "llama31_8b")] \
+        == [5, 5, 10, 10, 10, 10]
     score = olympic_score(summaries([(10, "success"), (11, "success"), (12, "success"), (13, "success")]))
     assert score.score_min == pytest.approx(11.5) and "4 run(s) given; resnet requires 5" in score.note
     bert = olympic_score(summaries([(m, "success") for m in range(20, 30)], benchmark="bert"))

@@ -18,7 +18,7 @@ from harness.runtime import make_runtime
 from benchmarks.ssd import boxes
 from benchmarks.ssd.data import count_images_with_boxes
 from benchmarks.ssd.tfrecord_writer import write_synthetic
-from harness.review.integrity import ssd_rules_epochs
+from harness.benchmark_rules import cadence
 
 from benchmarks.ssd import data as ssd_data
 from benchmarks.ssd.config import ModelConfig
@@ -40,9 +40,9 @@ def refused(tmp_path, overrides: list[str], match: str, config: str = SMOKE) -> 
 # ----------------------------------------------------------------------------------- the rules
 
 def test_rules_eval_epochs_per_ruleset():
-    assert ssd_rules_epochs("0.7.0", 70) == [40, 50, 55, 60, 65, 70]
-    assert ssd_rules_epochs("1.0.0", 45) == [40]
-    assert ssd_rules_epochs("1.1.0", 20) == [5, 10, 15, 20]
+    assert cadence("ssd", "0.7.0", 32).positions(70) == [40, 50, 55, 60, 65, 70]
+    assert cadence("ssd", "1.0.0", 32).positions(45) == [40]
+    assert cadence("ssd", "1.1.0", 32).positions(20) == [5, 10, 15, 20]
 
 
 def test_ruleset_2_and_later_is_refused_as_another_benchmark(tmp_path):

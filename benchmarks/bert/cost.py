@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from harness import benchmark_rules as rules
 from harness.plan.cost import ModelCost
 
 CONVERGE_UNIT = "samples"
@@ -49,18 +50,15 @@ def model_cost(cfg) -> ModelCost:
 def eval_every_samples(cfg, global_batch: int) -> int:
     if cfg.data.eval_every_samples:
         return cfg.data.eval_every_samples
-    from benchmarks.bert.workload import mlperf_eval_every
-
-    return mlperf_eval_every(global_batch)
+    return rules.bert_eval_every(global_batch)
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
     """Eval points in samples through the first at or past `upto`: 0.7.0 evaluates from 3M samples every
     500K, later rulesets every eval_every_samples (the MLPerf formula)."""
     if cfg.ruleset.startswith("0.7"):
-        from benchmarks.bert.workload import V07_EVAL_EVERY, V07_FIRST_EVAL
-
-        first, every = V07_FIRST_EVAL, V07_EVAL_EVERY
+        rule = rules.cadence("bert", cfg.ruleset, global_batch)
+        first, every = int(rule.first), int(rule.every)
     else:
         first = every = eval_every_samples(cfg, global_batch)
     n = max(0, int(math.ceil((upto - first) / every - 1e-9))) + 1

@@ -8,6 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 from harness.nn.optim import LAMB
 from harness.train.reference import ReferenceModel
@@ -15,15 +16,6 @@ from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_sche
 
 from benchmarks.bert import tensor_names, checkpoint, config, data
 from benchmarks.bert.model import Bert
-
-
-# Training rules v0.7 for BERT: "Starting at 3M samples, then every 500K samples".
-V07_FIRST_EVAL, V07_EVAL_EVERY = 3_000_000, 500_000
-
-
-def mlperf_eval_every(global_batch: int) -> int:
-    """The MLPerf BERT cadence: floor(0.05 * (230.23 * gbs + 3,000,000) / 25,000) * 25,000 samples."""
-    return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000)) * 25_000
 
 
 def lamb_schedule(base_lr: float, end_lr: float, warmup_steps: int, start_warmup_step: int,
@@ -65,18 +57,13 @@ class BertWorkload(Workload):
         self.source = data.make_source(cfg.data, cfg.model.vocab_size)
         self.model: Bert | None = None
 
-    def closed_target(self, ruleset: str) -> float:
-        if ruleset == "0.7.0":
-            return 0.712 if self.cfg.schedule.global_batch_size < 8192 else 0.706
-        return 0.720
-
     def reference_model(self) -> ReferenceModel:
         return REFERENCE_MODEL
 
     # ----------------------------------------------------------------------------- schedule
     @property
     def eval_every_samples(self) -> int:
-        return self.cfg.data.eval_every_samples or mlperf_eval_every(self.cfg.schedule.global_batch_size)
+        return self.cfg.data.eval_every_samples or rules.bert_eval_every(self.cfg.schedule.global_batch_size)
 
     def total_steps(self) -> int:
         s = self.cfg.schedule
@@ -86,11 +73,12 @@ class BertWorkload(Workload):
         return self.cfg.optimizer.train_steps or self.total_steps()
 
     def eval_cadence_samples(self) -> tuple[int, int]:
-        """(first eval, spacing) in samples: `data.eval_every_samples`, else the ruleset's rule (0.7.0: from
-        3M samples, every 500K; 1.0+: every FLOOR(0.05 * (230.23 * gbs + 3M), 25K) samples)."""
-        if self.cfg.data.eval_every_samples == 0 and self.cfg.ruleset == "0.7.0":
-            return V07_FIRST_EVAL, V07_EVAL_EVERY
-        return self.eval_every_samples, self.eval_every_samples
+        """(first eval, spacing) in samples: `data.eval_every_samples`, else the ruleset's rule (the record's
+        cadence: 0.7.0 from 3M samples, every 500K; 1.0+ every FLOOR(0.05 * (230.23 * gbs + 3M), 25K))."""
+        if self.cfg.data.eval_every_samples:
+            return self.eval_every_samples, self.eval_every_samples
+        rule = rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, self.cfg.schedule.global_batch_size)
+        return int(rule.first), int(rule.every)
 
     def eval_schedule(self) -> EvalSchedule:
         """An eval at the first step boundary at or past each cadence mark, and at the budget; positions

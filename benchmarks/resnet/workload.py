@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 from harness.nn.optim import LARS, SGDMomentum, poly_warmup_schedule
 from harness.train.reference import ReferenceModel
@@ -37,9 +38,6 @@ class ResNetWorkload(Workload):
         self.bn_group = runtime.batch_norm_group(cfg.model.bn_span, self.replica_batch)
         self.bn_span = self.bn_group * self.replica_batch
 
-    def closed_target(self, ruleset: str) -> float:
-        return 0.759
-
     def reference_model(self) -> ReferenceModel:
         return REFERENCE_MODEL
 
@@ -49,22 +47,27 @@ class ResNetWorkload(Workload):
         self.source.validate()
 
     def check_closed_eval_schedule(self) -> None:
-        """Training rules for closed ResNet: an eval every 4 epochs, the first after 1, 2, 3 or 4 epochs
-        (offset 1-3, or 0 for 4), and a budget that ends on that cadence (as the reference rounds it)."""
+        """Training rules for closed ResNet (the record's cadence): an eval every 4 epochs, the first after 1,
+        2, 3 or 4 epochs (offset 1-3, or 0 for 4), and a budget that ends on that cadence (as the reference
+        rounds it)."""
         s = self.cfg.schedule
+        rule = rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, s.global_batch_size)
+        every, offsets = rule.every, tuple(int(c) % int(rule.every) for c in rule.first_choices)
+        shown = ", ".join(str(o) for o in sorted(offsets))
         fix = "; or set submission.division=open"
         if s.eval_epochs:
-            raise HarnessError(f"closed ResNet evaluates every 4 epochs: use schedule.eval_every_epochs=4 and "
-                               f"eval_offset_epochs 0-3, not schedule.eval_epochs{fix}")
-        if s.eval_every_epochs != 4 or s.eval_offset_epochs not in (0, 1, 2, 3):
-            raise HarnessError(f"closed ResNet evaluates every 4 epochs from epoch 1-4: schedule.eval_every_epochs="
-                               f"{s.eval_every_epochs:g} and eval_offset_epochs={s.eval_offset_epochs:g} must be 4 "
-                               f"and one of 0, 1, 2, 3{fix}")
-        first = s.eval_offset_epochs or 4
-        if s.max_epochs < first or (s.max_epochs - first) % 4:
-            below = first + 4 * math.floor(max(s.max_epochs - first, 0) / 4)
+            raise HarnessError(f"closed ResNet evaluates every {every:g} epochs: use schedule.eval_every_epochs="
+                               f"{every:g} and eval_offset_epochs {min(offsets)}-{max(offsets)}, not "
+                               f"schedule.eval_epochs{fix}")
+        if s.eval_every_epochs != every or s.eval_offset_epochs not in offsets:
+            raise HarnessError(f"closed ResNet evaluates every {every:g} epochs from epoch {min(rule.first_choices):g}-"
+                               f"{max(rule.first_choices):g}: schedule.eval_every_epochs={s.eval_every_epochs:g} and "
+                               f"eval_offset_epochs={s.eval_offset_epochs:g} must be {every:g} and one of {shown}{fix}")
+        first = s.eval_offset_epochs or every
+        if s.max_epochs < first or (s.max_epochs - first) % every:
+            below = first + every * math.floor(max(s.max_epochs - first, 0) / every)
             raise HarnessError(f"closed ResNet: schedule.max_epochs={s.max_epochs:g} is off the eval cadence "
-                               f"(evals at {first:g}, {first + 4:g}, ...); use {below:g} or {below + 4:g}{fix}")
+                               f"(evals at {first:g}, {first + every:g}, ...); use {below:g} or {below + every:g}{fix}")
 
     # ----------------------------------------------------------------------------- schedule
     def steps_per_epoch(self) -> float:

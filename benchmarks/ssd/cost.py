@@ -65,7 +65,7 @@ def model_cost(cfg) -> ModelCost:
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
     """The rules' eval epochs (1.0.0: 40, 50, 55, ...) through the first at or past `upto`."""
-    from harness.review.integrity import ssd_rules_epochs
+    from harness import benchmark_rules as rules
 
-    every = ssd_rules_epochs(cfg.ruleset, max(upto, 40) + 20)
+    every = rules.cadence("ssd", cfg.ruleset, global_batch).positions(max(upto, 40) + 20)
     return [e for e in every if e < upto - 1e-9] + [e for e in every if e >= upto - 1e-9][:1]

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
-from harness.review.integrity import SSD_EVERY, SSD_V07_FIRST, ssd_rules_epochs
+from harness import benchmark_rules as rules
 from harness.train.workload import INDEX
 from harness.nn.optim import TF1Momentum, warmup_step_decay_schedule
 from harness.train.reference import ReferenceModel
@@ -63,9 +63,6 @@ class SSDWorkload(Workload):
                                                   m.aspect_ratios)
         self._ground_truth = None
 
-    def closed_target(self, ruleset: str) -> float:
-        return 0.23
-
     def reference_model(self) -> ReferenceModel:
         return REFERENCE_MODEL
 
@@ -90,9 +87,14 @@ class SSDWorkload(Workload):
     def eval_schedule(self):
         s = self.cfg.schedule
         if self.cfg.submission.division == "closed":
-            epochs = ssd_rules_epochs(self.cfg.ruleset, s.max_epochs)
-            return epoch_schedule(epochs, self.train_samples, s.global_batch_size, None)
+            return epoch_schedule(self.rules_epochs(), self.train_samples, s.global_batch_size, None)
         return super().eval_schedule()
+
+    def rules_epochs(self) -> list[float]:
+        """The epochs closed SSD evaluates at under the configured ruleset, up to the budget (the record's
+        cadence: 0.7.0/1.0.0 at 40, 50, 55, ...; 1.1.0 every 5)."""
+        s = self.cfg.schedule
+        return rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, s.global_batch_size).positions(s.max_epochs)
 
     # -------------------------------------------------------------------------------- validation
     def validate(self) -> None:
@@ -116,12 +118,13 @@ class SSDWorkload(Workload):
         """Closed SSD: the rules' eval epochs, decay boundaries [40, 50] * (1 + k/10), a logged warmup."""
         s, o = self.cfg.schedule, self.cfg.optimizer
         fix = "; or set submission.division=open"
+        rule = rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, s.global_batch_size)
         if s.eval_epochs:
-            raise HarnessError(f"closed SSD evaluates at the rules' epochs (0.7.0/1.0.0: 40, 50, 55, ...; 1.1.0: "
-                               f"every 5): drop schedule.eval_epochs{fix}")
-        rules = ssd_rules_epochs(self.cfg.ruleset, s.max_epochs)
-        if not rules or abs(rules[-1] - s.max_epochs) > 1e-9:
-            near = rules[-1] if rules else (SSD_V07_FIRST if not self.cfg.ruleset.startswith("1.1") else SSD_EVERY)
+            raise HarnessError(f"closed SSD evaluates at the rules' epochs (ruleset {self.cfg.ruleset}: "
+                               f"{rule.text()}): drop schedule.eval_epochs{fix}")
+        epochs = self.rules_epochs()
+        if not epochs or abs(epochs[-1] - s.max_epochs) > 1e-9:
+            near = epochs[-1] if epochs else rule.first
             raise HarnessError(f"closed SSD (ruleset {self.cfg.ruleset}): schedule.max_epochs={s.max_epochs:g} is "
                                f"not one of the rules' eval epochs; use {near:g}{fix}")
         b = o.decay_boundary_epochs

@@ -52,9 +52,6 @@ class TransformerWorkload(Workload):
     def eval_cfg(self) -> config.EvalConfig:
         return self.cfg.section("eval")
 
-    def closed_target(self, ruleset: str) -> float:
-        return 0.25
-
     def reference_model(self) -> ReferenceModel:
         return REFERENCE_MODEL
 

@@ -1,22 +1,44 @@
 """`mlperf-harness check`: the official compliance checker plus the harness's integrity checks, on any log."""
 from __future__ import annotations
 
+from harness import benchmark_rules as rules
 from harness.review import integrity, logparse
 from harness.errors import HarnessError
 from harness.mlperf import run_compliance_checker
 
-# The newest ruleset each benchmark has a closed config for (transformer stopped at 0.7.0).
-DEFAULT_RULESET = {"resnet": "4.0.0", "bert": "4.0.0", "ssd": "0.7.0", "transformer": "0.7.0"}
+
+def rulesets_for(path: str, events: list[logparse.LogEvent], given: list[str]) -> tuple[str | None, list[str], str]:
+    """(benchmark, rulesets to check, where they came from); HarnessError for a benchmark no ruleset knows
+    or a ruleset that does not accept it (the checker would only fail with a traceback)."""
+    benchmark = next((str(e.value) for e in events if e.key == "submission_benchmark"), None)
+    division = next((str(e.value) for e in events if e.key == "submission_division"), None)
+    if rules.get(benchmark) is None:
+        raise HarnessError(f"{path}: {'no submission_benchmark' if benchmark is None else repr(benchmark)}: "
+                           f"not an MLPerf training benchmark (known: {', '.join(rules.names())})")
+    if given:
+        chosen, origin = list(given), "given"
+    else:
+        run_files = logparse.read_run_files(path)
+        named = any(source and source.get("ruleset") for source in run_files)
+        chosen = [logparse.log_ruleset(path, events, run_files)]
+        origin = "the run's, from summary.json / config.yaml" if named else "the benchmark's newest for this log"
+    for r in chosen:
+        try:
+            rules.check_accepts(benchmark, r, division if division in ("closed", "open") else None)
+        except HarnessError as e:
+            raise HarnessError(f"{path}: {e}") from None
+    return benchmark, chosen, origin
 
 
 def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int:
     """Exit 0 when every log passes every check, 1 otherwise."""
+    if not paths:
+        raise HarnessError("no logs given")
     ok = True
     for path in paths:
         events = logparse.parse_log(path)
-        benchmark = next((e.value for e in events if e.key == "submission_benchmark"), None)
-        chosen = rulesets or [DEFAULT_RULESET.get(str(benchmark), "4.0.0")]
-        print(f"{path} (benchmark {benchmark})")
+        benchmark, chosen, origin = rulesets_for(path, events, rulesets)
+        print(f"{path} (benchmark {benchmark}; ruleset {', '.join(chosen)}: {origin})")
         for r in chosen:
             v = run_compliance_checker(path, r)
             print(f"  official compliance checker, ruleset {r}: {v.label}")
@@ -24,13 +46,11 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
                 print(f"      {e}")
             ok = ok and v.passed
         findings = integrity.check_integrity(events, eval_every=eval_every)
-        for r in chosen:  # each ruleset's eval schedule (closed ResNet / BERT logs)
+        for r in chosen:  # each ruleset's eval schedule (closed logs of benchmarks with a recorded cadence)
             findings += integrity.check_eval_schedule(events, r)
         errors = [f for f in findings if f.severity == "error"]
         print(f"  integrity checks: {'PASS' if not errors else 'FAIL'}")
         for f in findings:
             print(f"      {f.severity}: [{f.code}] {f.message}")
         ok = ok and not errors
-    if not paths:
-        raise HarnessError("no logs given")
     return 0 if ok else 1

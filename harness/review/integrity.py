@@ -16,6 +16,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from harness import benchmark_rules as rules
 from harness.review.logparse import LogEvent, RunSummary, eval_position
 
 MAX_EXAMPLES = 3  # per problem kind, so a broken log does not drown the report
@@ -180,23 +181,6 @@ def _check_eval_pairs(events: list[LogEvent]) -> list[Finding]:
     return bad
 
 
-def bert_eval_interval(global_batch: int) -> int:
-    """Rules >= 1.0: eval_interval_samples = FLOOR(0.05 * (230.23 * GBS + 3,000,000), 25,000)."""
-    return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000) * 25_000)
-
-
-BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7 rules: "Starting at 3M samples, then every 500K"
-RESNET_EVERY = 4  # "Every 4 epochs with offset 0 or 1 or 2 or 3" (every ruleset)
-SSD_V07_FIRST, SSD_EVERY = 40, 5  # 0.7/1.0: "epochs=40, 50, 55, 60, ..."; 1.1: "Every 5 epochs"
-
-
-def ssd_rules_epochs(ruleset: str, upto: float) -> list[int]:
-    """The SSD rules' eval epochs up to `upto` (0.7.0 and 1.0.0 skip 45)."""
-    if ruleset.startswith("1.1"):
-        return list(range(SSD_EVERY, int(upto) + 1, SSD_EVERY))
-    return [e for e in [SSD_V07_FIRST, *range(50, int(upto) + 1, SSD_EVERY)] if e <= upto]
-
-
 def _value(events: list[LogEvent], key: str) -> object:
     e = _first(events, key)
     return None if e is None else e.value
@@ -210,31 +194,29 @@ def _samples_before(events: list[LogEvent], acc: LogEvent) -> float | None:
 
 
 def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
-    """Closed ResNet, BERT and SSD (0.7.0-1.1.0) logs must evaluate on the rules' schedule for `ruleset`.
+    """A closed log must evaluate on the rules' schedule for `ruleset` (its benchmark's recorded cadence).
 
     From 1.0 the rules require "the same frequency" as the reference, "rounded up to the nearest batch
-    size" (training_rules.adoc); v0.7 asked for "at least as frequently". ResNet: every 4 epochs, the
-    first at epoch 1-4 (offset 0-3); every eval at or after the end of the epoch it is logged for (checked
-    when block_stop carries samples_count). BERT (positions in samples): from 1.0 every
-    FLOOR(0.05*(230.23*GBS+3e6), 25000) samples from that interval on; in v0.7 from 3M samples at most
-    500K apart. SSD: 1.0 at epochs 40, 50, 55, ...; 1.1 every 5; v0.7 by 40, then at most 10 apart (held
-    loosely: Google's accepted logs evaluate every ~5.2 epochs). An off-schedule final eval is an error when
-    the run claims success there. A log that says it ran on synthetic data (`harness_data_source`) is a smoke test, never a result: warnings only.
+    size" (training_rules.adoc); v0.7 asked for "at least as frequently", so there the cadence's positions
+    are the latest allowed ones. Epoch cadences with a choice of first eval (ResNet: epoch 1-4) are held to
+    their spacing, and every eval to come at or after the end of the epoch it is logged for (when block_stop
+    carries samples_count); other epoch cadences (SSD) to the rules' list of epochs; sample cadences (BERT,
+    the decoder LMs) to k * spacing, rounded up by less than a batch. An off-schedule final eval is an error
+    when the run claims success there. A log that says it ran on synthetic data (`harness_data_source`) is a
+    smoke test, never a result: warnings only. Benchmarks without a recorded cadence are not checked.
     """
     if _value(events, "submission_division") != "closed":
         return []
     benchmark = _value(events, "submission_benchmark")
+    gbs = _value(events, "global_batch_size")
+    batch = int(gbs) if isinstance(gbs, (int, float)) and not isinstance(gbs, bool) and gbs > 0 else 0
     accs = [e for e in events if e.key == "eval_accuracy" and eval_position(e) is not None]
-    if benchmark == "ssd" and not ruleset.startswith(("0.", "1.")):
-        return []  # from 2.0.0 the key is RetinaNet, whose cadence this does not know
-    if benchmark not in ("resnet", "bert", "ssd") or not accs:
+    cadence = rules.cadence(str(benchmark), ruleset, batch or 1)
+    if cadence is None or not accs:
         return []
-    v07 = ruleset.startswith("0.")
     run_stop = _first(events, "run_stop")
     success = run_stop is not None and run_stop.metadata.get("status") == "success"
-    gbs = _value(events, "global_batch_size")
     bad: list[Finding] = []
-
     synthetic = _value(events, "harness_data_source") == "synthetic"
 
     def flag(acc: LogEvent, why: str) -> None:
@@ -244,13 +226,44 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
                            f"ruleset {ruleset})"))
 
     positions = [float(eval_position(a)) for a in accs]
-    if benchmark == "resnet":
-        if positions[0] > RESNET_EVERY or positions[0] < 1:
-            flag(accs[0], f"is the first eval; the first must come at epoch 1-{RESNET_EVERY} (offset 0-3)")
+    every = cadence.every
+    if cadence.unit == rules.EPOCH and cadence.first_choices:
+        lo, hi = min(cadence.first_choices), max(cadence.first_choices)
+        if positions[0] > hi or positions[0] < lo:
+            flag(accs[0], f"is the first eval; the first must come at epoch {lo:g}-{hi:g} (offset 0-{hi - 1:g})")
         for prev, cur, acc in zip(positions, positions[1:], accs[1:]):
             step = cur - prev
-            if (step > RESNET_EVERY + 1e-6) if v07 else not _close(step, RESNET_EVERY):
-                flag(acc, f"is {step:g} epochs after the previous one; the rules evaluate every {RESNET_EVERY}")
+            if (step > every + 1e-6) if not cadence.exact else not _close(step, every):
+                flag(acc, f"is {step:g} epochs after the previous one; the rules evaluate every {every:g}")
+    elif cadence.unit == rules.EPOCH:
+        if not cadence.exact:
+            # "At least as frequently", held loosely: Google's accepted v0.7 SSD logs evaluate every ~5.2 real
+            # epochs. The first eval by the rules' first, then never further apart than the rules' widest gap.
+            for prev, cur, acc in zip([0.0] + positions, positions, accs):
+                limit = cadence.first if prev == 0.0 else prev + cadence.largest_gap
+                if cur > limit + 1e-6:
+                    flag(acc, f"comes {cur - prev:g} epochs after the previous eval; v0.7 evaluates at least at "
+                              f"epochs {cadence.text().removesuffix(' epochs')}")
+        else:
+            want_all = cadence.positions(max(positions))
+            for k, (acc, pos) in enumerate(zip(accs, positions)):
+                want = want_all[k] if k < len(want_all) else None
+                if want is None or abs(pos - want) > 1e-6:
+                    flag(acc, f"is eval {k + 1}; the rules put it at epoch {want if want is not None else '-'} "
+                              f"({cadence.text()})")
+    elif not cadence.exact:
+        if positions[0] > cadence.first + batch:
+            flag(accs[0], f"is the first eval; v0.7 evaluates from {cadence.first:,g} samples")
+        for prev, cur, acc in zip(positions, positions[1:], accs[1:]):
+            if cur - prev > every + batch:
+                flag(acc, f"is {cur - prev:g} samples after the previous one; v0.7 evaluates at least "
+                          f"every {every:,g}")
+    elif batch:
+        for k, (acc, pos) in enumerate(zip(accs, positions), start=1):
+            if not (k * every - 1e-6 <= pos < k * every + batch):
+                flag(acc, f"is eval {k}; the rules put it at {k * every:,g} samples (every {every:,g} at "
+                          f"batch {batch}, rounded up to a batch)")
+    if cadence.unit == rules.EPOCH and cadence.first_choices:
         train_samples = _value(events, "train_samples")
         if isinstance(train_samples, (int, float)):
             for acc, pos in zip(accs, positions):
@@ -258,37 +271,6 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
                 if done is not None and done < pos * train_samples - 1e-6:
                     flag(acc, f"ran after {done:g} samples, before epoch {pos:g} ends "
                               f"({pos * train_samples:g} samples); evals may only be rounded up")
-    elif benchmark == "ssd":
-        if v07:
-            # "At least as frequently" as 40, 50, 55, ..., held loosely: Google's accepted v0.7 logs evaluate
-            # every ~5.2 real epochs. The first eval by epoch 40, then never more than 10 epochs apart.
-            for prev, cur, acc in zip([0.0] + positions, positions, accs):
-                limit = SSD_V07_FIRST if prev == 0.0 else prev + 10
-                if cur > limit + 1e-6:
-                    flag(acc, f"comes {cur - prev:g} epochs after the previous eval; v0.7 evaluates at least at "
-                              f"epochs 40, 50, 55, ...")
-        else:
-            rules = ssd_rules_epochs(ruleset, max(positions))
-            for k, (acc, pos) in enumerate(zip(accs, positions)):
-                want = rules[k] if k < len(rules) else None
-                if want is None or abs(pos - want) > 1e-6:
-                    flag(acc, f"is eval {k + 1}; the rules put it at epoch {want if want is not None else '-'} "
-                              f"({'every 5 epochs' if ruleset.startswith('1.1') else '40, 50, 55, ...'})")
-    else:
-        slack = float(gbs) if isinstance(gbs, (int, float)) and gbs > 0 else 0.0
-        if v07:
-            if positions[0] > BERT_V07_FIRST + slack:
-                flag(accs[0], f"is the first eval; v0.7 evaluates from {BERT_V07_FIRST:,} samples")
-            for prev, cur, acc in zip(positions, positions[1:], accs[1:]):
-                if cur - prev > BERT_V07_EVERY + slack:
-                    flag(acc, f"is {cur - prev:g} samples after the previous one; v0.7 evaluates at least "
-                              f"every {BERT_V07_EVERY:,}")
-        elif slack:
-            every = bert_eval_interval(int(gbs))
-            for k, (acc, pos) in enumerate(zip(accs, positions), start=1):
-                if not (k * every - 1e-6 <= pos < k * every + slack):
-                    flag(acc, f"is eval {k}; the rules put it at {k * every:,} samples (every {every:,} at "
-                              f"batch {int(gbs)}, rounded up to a batch)")
     if len(bad) > MAX_EXAMPLES:
         extra = len(bad) - MAX_EXAMPLES
         bad = bad[:MAX_EXAMPLES] + [Finding(bad[-1].severity, "eval_schedule",
@@ -296,8 +278,6 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
     return bad
 
 
-# Logged MLPerf keys the rules fix for a closed run (the reference dataset), whoever wrote the log.
-CLOSED_FIXED_KEYS = {"bert": {"max_sequence_length": 512}}
 MODEL_KEY = "harness_model"  # the harness's model disclosure (harness.train.reference)
 
 
@@ -322,7 +302,7 @@ def _model_same(a: object, b: object) -> bool:
 def check_closed_model(events: list[LogEvent]) -> list[Finding]:
     """A closed log on real data must come from the reference model, as far as the log shows it.
 
-    Errors: a logged key the rules fix for the closed division (CLOSED_FIXED_KEYS) with another value; a
+    Errors: a logged key the rules fix for the closed division (the record's `closed_fixed`) with another value; a
     harness log (it names its `harness_data_source`) whose model disclosure (`harness_model`: the run's
     settings beside the reference's) differs, or that has none (written before the harness checked models,
     so nothing shows the model was the reference). Synthetic-data logs are smoke tests and are not judged;
@@ -335,7 +315,8 @@ def check_closed_model(events: list[LogEvent]) -> list[Finding]:
         return []
     findings: list[Finding] = []
     benchmark = str(_value(events, "submission_benchmark"))
-    for key, want in CLOSED_FIXED_KEYS.get(benchmark, {}).items():
+    record = rules.get(benchmark)
+    for key, want in (record.closed_fixed if record else {}).items():
         e = _first(events, key)
         if e is not None and not _model_same(e.value, want):
             findings.append(Finding("error", "closed_fixed_key",
@@ -365,7 +346,7 @@ def check_integrity(events: list[LogEvent], eval_every: float | None = None,
                     ruleset: str | None = None) -> list[Finding]:
     """All single-log checks; an empty list means nothing suspicious was found.
 
-    With a `ruleset`, closed ResNet/BERT logs are also held to that ruleset's eval schedule.
+    With a `ruleset`, closed logs are also held to their benchmark's eval schedule under it (check_eval_schedule).
     """
     findings = (_check_run_markers(events) + _check_time_order(events)
                 + _check_cadence(events, eval_every) + _check_eval_pairs(events) + check_closed_model(events))

@@ -13,32 +13,17 @@ The pre-0.7 ``:::MLL <time> key: value`` format is not read.
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import yaml
+
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
 MARKER = ":::MLLOG"
-
-# Closed-division quality targets (eval_accuracy must reach them). bert is 0.720 from 1.0 on; for
-# ruleset 0.7.0 it was 0.712 (gbs < 8192). A log does not say its ruleset, so callers that know
-# better pass an override (report.write_report(targets=...)).
-TARGETS: dict[str, float] = {
-    "resnet": 0.759,
-    "bert": 0.720,
-    "transformer": 0.25,
-    "ssd": 0.23,  # SSD-ResNet34 (rulesets 0.6-1.1); RetinaNet (2.0+) would be 0.340
-    "gpt_oss_20b": 3.34,  # validation log perplexity: lower is better
-}
-# Benchmarks whose eval_accuracy is a loss: a run reaches its target at or BELOW it (the 6.x LLMs).
-LOWER_IS_BETTER: frozenset[str] = frozenset({"gpt_oss_20b", "llama31_8b", "llama31_405b", "deepseekv3_671b"})
-
-
-def reaches(benchmark: str | None, value: float, target: float) -> bool:
-    """Whether an eval_accuracy value reaches `target` for `benchmark` (>=, or <= for a loss)."""
-    return value <= target if benchmark in LOWER_IS_BETTER else value >= target
-targets = TARGETS  # lower-case alias of TARGETS (nothing in the repository reads it)
 
 
 @dataclass
@@ -128,6 +113,7 @@ class RunSummary:
     eval_time_s: float | None = None
     throughput: float | None = None
     target: float | None = None
+    ruleset: str | None = None  # the ruleset `target` is taken from
     run_start_ms: float | None = None
     run_stop_ms: float | None = None
     init_stop_ms: float | None = None
@@ -222,9 +208,50 @@ def _block_samples(start: LogEvent, stop: LogEvent, train_samples: float | None)
     return None
 
 
-def summarize(events: list[LogEvent], path: str, targets: dict[str, float] | None = None) -> RunSummary:
-    """Reduce one run's events to a RunSummary; missing keys leave fields None, never raise."""
-    table = TARGETS if targets is None else {**TARGETS, **targets}
+def _load(path: str, reader: Any) -> dict | None:
+    try:
+        with open(path) as f:
+            data = reader(f)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_run_files(log_path: str) -> tuple[dict | None, dict | None]:
+    """The summary.json and config.yaml a harness run writes beside its log (None where absent)."""
+    folder = os.path.dirname(os.path.abspath(log_path))
+    return (_load(os.path.join(folder, "summary.json"), json.load),
+            _load(os.path.join(folder, "config.yaml"), yaml.safe_load))
+
+
+def log_ruleset(path: str, events: list[LogEvent],
+                run_files: tuple[dict | None, dict | None] | None = None) -> str | None:
+    """The ruleset to judge a log by: the one its run named (summary.json, else config.yaml beside it), else
+    the benchmark's default for the model the log shows; None for a benchmark no ruleset knows.
+    `run_files`: those two files when the caller has read them already."""
+    for source in run_files if run_files is not None else read_run_files(path):
+        if source and source.get("ruleset"):
+            return str(source["ruleset"])
+    benchmark = _str_or_none(_first(events, "submission_benchmark"))
+    if rules.get(benchmark) is None:
+        return None
+    return rules.default_ruleset(benchmark, {e.key for e in events})
+
+
+def closed_target(benchmark: str | None, ruleset: str | None, global_batch: int | None) -> float | None:
+    """The closed target of `benchmark` under `ruleset`, or None where there is none to show."""
+    try:
+        return rules.closed_target(str(benchmark), str(ruleset), global_batch)
+    except HarnessError:
+        return None
+
+
+def summarize(events: list[LogEvent], path: str, targets: dict[str, float] | None = None,
+              ruleset: str | None = None) -> RunSummary:
+    """Reduce one run's events to a RunSummary; missing keys leave fields None, never raise.
+
+    The target is `targets[benchmark]` when given, else the closed target under `ruleset` (default: the
+    log's own, `log_ruleset`)."""
     benchmark = _str_or_none(_first(events, "submission_benchmark"))
     summary = RunSummary(
         path=path,
@@ -232,12 +259,16 @@ def summarize(events: list[LogEvent], path: str, targets: dict[str, float] | Non
         division=_str_or_none(_first(events, "submission_division")),
         org=_str_or_none(_first(events, "submission_org")),
         platform=_str_or_none(_first(events, "submission_platform")),
-        target=table.get(benchmark) if benchmark else None,
     )
     seed = _first(events, "seed")
     summary.seed = _as_int(seed.value) if seed else None
     gbs = _first(events, "global_batch_size")
     summary.global_batch_size = _as_int(gbs.value) if gbs else None
+    if targets and benchmark in targets:
+        summary.target = targets[benchmark]
+    elif rules.get(benchmark) is not None:
+        summary.ruleset = ruleset or log_ruleset(path, events)
+        summary.target = closed_target(benchmark, summary.ruleset, summary.global_batch_size)
 
     run_start, run_stop = _first(events, "run_start"), _last(events, "run_stop")
     summary.run_start_ms = run_start.time_ms if run_start else None

@@ -16,10 +16,10 @@ import os
 import tempfile
 from typing import Any
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
 USAGE = "training"
-RCP_BENCHMARKS = ("resnet", "bert")
 
 
 def rcp_path(benchmark: str, ruleset: str) -> str:
@@ -54,6 +54,16 @@ def logged_key(rcp_key: str, logged: dict[str, Any]) -> str | None:
     return next((k for k in candidates if k in logged), None)
 
 
+def _same(got: Any, want: Any) -> bool:
+    """Logged and RCP values agree: numbers to 1e-9 relative, lists (SSD's decay boundaries) item by item."""
+    if isinstance(got, list) or isinstance(want, list):
+        return (isinstance(got, list) and isinstance(want, list) and len(got) == len(want)
+                and all(_same(g, w) for g, w in zip(got, want)))
+    if isinstance(want, str) or isinstance(got, str):
+        return got == want
+    return abs(float(got) - float(want)) <= 1e-9 * max(1.0, abs(float(want)))
+
+
 def hparam_mismatches(entry: dict[str, Any], logged: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
     """Hyperparameters of an RCP entry that the logged values do not match (missing ones included)."""
     out = []
@@ -65,9 +75,7 @@ def hparam_mismatches(entry: dict[str, Any], logged: dict[str, Any], skip: tuple
             out.append(f"{key}: RCP {want!r}, not logged")
             continue
         got = logged[name]
-        same = (got == want if isinstance(want, str) or isinstance(got, str)
-                else abs(float(got) - float(want)) <= 1e-9 * max(1.0, abs(float(want))))
-        if not same:
+        if not _same(got, want):
             out.append(f"{key}: RCP {want!r}, logged {name}={got!r}")
     return out
 
@@ -97,7 +105,7 @@ class RcpReport:
 
     @property
     def unit(self) -> str:
-        return "samples" if self.benchmark == "bert" else "epochs"
+        return "samples" if rules.record(self.benchmark).unit == rules.SAMPLE else "epochs"
 
 
 def result_logs(paths: list[str]) -> list[str]:
@@ -124,8 +132,9 @@ def _olympic(values: list[float]) -> float:
 
 def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     """Reads the logs with mlperf-logging's RCP reader and runs its RCP test on them (pruned RCPs, as the
-    package checker does). The test needs at least 3 runs (MLPerf asks for 5 ResNet / 10 BERT runs);
-    with fewer, only the positions are reported."""
+    package checker does) under `ruleset` (default: the first log's, as `check` picks it). The test needs
+    at least 3 runs (MLPerf asks for the benchmark's result count); with fewer, only the positions are
+    reported."""
     from mlperf_logging.rcp_checker import rcp_checker as official
 
     from harness.review import logparse
@@ -133,11 +142,13 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     logs = result_logs(paths)
     first = logparse.parse_log(logs[0])
     benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
-    if benchmark not in RCP_BENCHMARKS:
-        raise HarnessError(f"{logs[0]}: benchmark {benchmark!r} has no RCPs here (supported: "
-                           f"{', '.join(RCP_BENCHMARKS)})")
-    ruleset = ruleset or "4.0.0"
-    load_rcps(benchmark, ruleset)  # a clear error for rulesets without RCPs
+    rec = rules.record(benchmark)
+    ruleset = ruleset or logparse.log_ruleset(logs[0], first)
+    if not rules.has_rcp(benchmark, ruleset):
+        with_rcps = ", ".join(rec.rcp) or "none"
+        raise HarnessError(f"{logs[0]}: MLPerf has no reference convergence points for {benchmark} under ruleset "
+                           f"{ruleset} (rulesets with {benchmark} RCPs: {with_rcps}); pass one with --ruleset")
+    load_rcps(benchmark, ruleset)
     runs, batches, logged = [], set(), {}
     for path in logs:
         not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
@@ -169,8 +180,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     olympic = _olympic(values) if len(values) >= 3 else None
     if len(runs) < 3:
         verdict = "n/a"
-        detail = (f"the RCP test needs at least 3 runs (MLPerf: "
-                  f"{official.submission_runs[USAGE][benchmark]}); positions only")
+        detail = f"the RCP test needs at least 3 runs (MLPerf: {rec.runs}); positions only"
     else:
         verdict, detail = _official_verdict(logs, ruleset)
     return RcpReport(benchmark, ruleset, batch, runs, name or "none at this batch", rcp_mean, fastest, olympic,

@@ -23,7 +23,8 @@ from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
 from harness.review.integrity import Finding, check_integrity, check_seeds
-from harness.review.logparse import LOWER_IS_BETTER, TARGETS, LogEvent, RunSummary, parse_log, reaches, summarize
+from harness import benchmark_rules as rules
+from harness.review.logparse import LogEvent, RunSummary, parse_log, summarize
 from harness.review.scoring import OlympicScore, olympic_score
 
 LOG_SUFFIXES = (".txt", ".log")
@@ -155,7 +156,7 @@ def _display_paths(paths: list[str]) -> dict[str, str]:
     return {p: os.path.relpath(os.path.abspath(p), base) for p in paths}
 
 
-def _load(paths: list[str], targets: dict[str, float]) -> tuple[list[Run], list[str]]:
+def _load(paths: list[str], targets: dict[str, float] | None) -> tuple[list[Run], list[str]]:
     runs: list[Run] = []
     skipped: list[str] = []
     for p in paths:
@@ -219,23 +220,37 @@ def _score_lines(score: OlympicScore, names: dict[str, str]) -> list[str]:
 def _target_check(run: Run) -> Finding | None:
     s = run.summary
     if s.status == "success" and s.target is not None and s.last_accuracy is not None \
-            and not reaches(s.benchmark, s.last_accuracy, s.target):
-        needed = "<=" if s.benchmark in LOWER_IS_BETTER else ">="
+            and not rules.reaches(s.benchmark, s.last_accuracy, s.target):
+        needed = rules.relation(s.benchmark)
         return Finding("warning", "target_not_reached",
                        f"status success but last eval_accuracy {s.last_accuracy:.4f} does not reach target "
                        f"{needed} {s.target:g}")
     return None
 
 
+def _set_target(rs: ResultSet) -> float | None:
+    """The result set's target: its first run's (runs of one set share a benchmark and, normally, a ruleset)."""
+    return next((r.summary.target for r in rs.runs if r.summary.target is not None), None)
+
+
+def _target_line(rs: ResultSet) -> str:
+    target = _set_target(rs)
+    if target is None:
+        return "Quality target: unknown"
+    first = next(r.summary for r in rs.runs if r.summary.target is not None)
+    where = f" (closed, ruleset {first.ruleset})" if first.ruleset else ""
+    return f"Quality target: {rules.relation(first.benchmark)} {target:g}{where}"
+
+
 def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, quiet: bool = False) -> str:
     """Write report.md (+ PNGs) for the logs under ``inputs``; returns the report path.
 
-    ``targets`` overrides the closed quality targets per benchmark (e.g. {'bert': 0.712} for
-    ruleset 0.7.0). Raises HarnessError when no input yields a readable MLPerf log.
+    Each log's quality target is its benchmark's closed target under the log's ruleset (the run's
+    summary.json / config.yaml beside it, else the benchmark's newest); ``targets`` overrides it per
+    benchmark (e.g. {'bert': 0.712}). Raises HarnessError when no input yields a readable MLPerf log.
     """
-    table = {**TARGETS, **(targets or {})}
     paths = find_logs(inputs)
-    runs, skipped = _load(paths, table)
+    runs, skipped = _load(paths, targets)
     if not runs:
         detail = f" ({skipped[0]})" if skipped else ""
         raise HarnessError(f"no readable MLPerf result logs in {', '.join(inputs) or 'no inputs'}{detail}")
@@ -252,7 +267,7 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
         for f in rs.seed_findings:
             for p, n in names.items():
                 f.message = f.message.replace(p, n)
-        target = table.get(rs.key[0])
+        target = _set_target(rs)
         fig = plot_convergence([r.summary for r in rs.runs], target, f"{rs.label} convergence",
                                [names[r.summary.path] for r in rs.runs])
         rs.plot_path = os.path.join(out_dir, f"convergence_{_safe_name('_'.join(k for k in rs.key if k))}.png")
@@ -268,8 +283,7 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
     md.append("")
     for rs in sets:
         md += [f"## {rs.label}", ""]
-        target = table.get(rs.key[0])
-        md.append(f"Quality target: {target:g}" if target is not None else "Quality target: unknown")
+        md.append(_target_line(rs))
         md.append("")
         md += _run_table(rs, names)
         md.append("")

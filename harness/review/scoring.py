@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from harness import benchmark_rules as rules
 from harness.review.logparse import RunSummary
-
-N_REQUIRED: dict[str, int] = {"resnet": 5, "ssd": 5, "bert": 10, "transformer": 10, "gpt_oss_20b": 10}
 
 
 @dataclass
@@ -40,7 +39,7 @@ def olympic_score(runs: list[RunSummary], benchmark: str | None = None) -> Olymp
     """Score one result set; score_min is None (with ``reason``) when the rules give no score."""
     if benchmark is None:
         benchmark = next((r.benchmark for r in runs if r.benchmark), None)
-    n_required = N_REQUIRED.get(benchmark) if benchmark else None
+    n_required = rules.runs_required(benchmark)
     result = OlympicScore(benchmark=benchmark, score_min=None, n_runs=len(runs), n_required=n_required)
     if n_required is not None and len(runs) != n_required:
         result.note = f"{len(runs)} run(s) given; {benchmark} requires {n_required}"

@@ -23,6 +23,7 @@ from typing import Any
 
 from absl import logging
 
+from harness import benchmark_rules as rules
 from harness import config as config_lib
 from harness.review import logparse, scoring
 from harness.errors import HarnessError
@@ -65,9 +66,10 @@ def _check_overrides(overrides: list[str]) -> None:
 
 def default_runs(workload: str) -> int:
     """The benchmark's MLPerf result count (workload names are their MLPerf keys)."""
-    if workload not in scoring.N_REQUIRED:
+    n = rules.runs_required(workload)
+    if n is None:
         raise HarnessError(f"no MLPerf run count known for workload {workload!r}; pass --runs N")
-    return scoring.N_REQUIRED[workload]
+    return n
 
 
 def _load_campaign(path: str) -> dict | None:

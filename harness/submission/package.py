@@ -32,14 +32,13 @@ from typing import Any
 import yaml
 from absl import logging
 
+from harness import benchmark_rules as rules
 from harness.review import integrity, logparse, scoring
 from harness import sysinfo
 from harness.errors import HarnessError
 from harness.mlperf import Verdict, run_compliance_checker
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_RULESET = {"transformer": "0.7.0"}  # every other benchmark: 4.0.0
-RCP_BENCHMARKS = ("resnet", "bert", "ssd")
 # Config keys that legitimately differ between the runs of one result set.
 PER_RUN_KEYS = ("seed", "run_id", "output_dir", "check_rulesets", "data.data_dir")
 STATUS_STRINGS_4 = {"onprem": "Available on-premise", "cloud": "Available cloud",
@@ -67,10 +66,8 @@ class Run:
 
     @property
     def ruleset(self) -> str | None:
-        for source in (self.run_json, self.config):
-            if source and source.get("ruleset"):
-                return str(source["ruleset"])
-        return None
+        """The run's own ruleset, else its benchmark's default for this log (as `check` picks it)."""
+        return logparse.log_ruleset(self.log, self.events, (self.run_json, self.config))
 
 
 @dataclasses.dataclass
@@ -88,15 +85,6 @@ def _load_json(path: str) -> dict | None:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
-        return None
-
-
-def _load_yaml(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, yaml.YAMLError):
         return None
 
 
@@ -158,11 +146,10 @@ def _campaign_logs(folder: str, campaign: dict, notes: list[str]) -> list[str]:
 
 def load_run(log: str) -> Run:
     events = logparse.parse_log(log)
-    folder = os.path.dirname(os.path.abspath(log))
+    run_json, config = logparse.read_run_files(log)
     data_source = next((str(e.value) for e in events if e.key == "harness_data_source"), None)
-    return Run(log=log, events=events, summary=logparse.summarize(events, log),
-               run_json=_load_json(os.path.join(folder, "summary.json")),
-               config=_load_yaml(os.path.join(folder, "config.yaml")), data_source=data_source)
+    return Run(log=log, events=events, summary=logparse.summarize(events, log), run_json=run_json,
+               config=config, data_source=data_source)
 
 
 # ------------------------------------------------------------------------------------------ refusals
@@ -206,7 +193,7 @@ def check_runs(runs: list[Run], system: str | None) -> tuple[str, str]:
         raise HarnessError(f"refusing to package: {_names(missing)} log(s) no submission_benchmark")
     benchmark = _one_value(runs, "benchmarks", lambda r: r.summary.benchmark,
                            "A result set is one benchmark: package each benchmark separately.")
-    n_required = scoring.N_REQUIRED.get(benchmark)
+    n_required = rules.runs_required(benchmark)
     if n_required is not None and len(runs) != n_required:
         raise HarnessError(f"refusing to package: {len(runs)} {benchmark} run(s) given; MLPerf training "
                            f"requires exactly {n_required} (run `mlperf-harness campaign CONFIG --runs "
@@ -227,8 +214,9 @@ def check_runs(runs: list[Run], system: str | None) -> tuple[str, str]:
     if system is None:
         _one_value(runs, "submission platforms", lambda r: r.summary.platform,
                    "Name the system with --system if they are the same machine.")
-    ruleset = _one_value(runs, "rulesets", lambda r: r.ruleset or DEFAULT_RULESET.get(benchmark, "4.0.0"),
+    ruleset = _one_value(runs, "rulesets", lambda r: r.ruleset,
                          "Runs checked under different rulesets cannot form one package.")
+    rules.check_accepts(benchmark, ruleset, runs[0].summary.division)
     _check_same_config(runs)
     return benchmark, ruleset
 
@@ -512,10 +500,9 @@ def run_system_desc_checker(path: str, ruleset: str, logs_dir: str) -> Check:
 
 
 def run_rcp_checker(bench_dir: str, benchmark: str, ruleset: str, logs_dir: str) -> Check:
-    if int(ruleset.split(".")[0]) < 1:
-        return Check("rcp_checker", "n/a", f"ruleset {ruleset} has no reference convergence points")
-    if benchmark not in RCP_BENCHMARKS:
-        return Check("rcp_checker", "n/a", f"MLPerf has no RCPs for {benchmark}")
+    if not rules.has_rcp(benchmark, ruleset):
+        return Check("rcp_checker", "n/a", f"MLPerf has no reference convergence points for {benchmark} under "
+                     f"ruleset {ruleset}")
     log = os.path.join(logs_dir, "rcp_checker.log")
     rc, out = _tool(["mlperf_logging.rcp_checker", bench_dir, "--rcp_usage", "training", "--rcp_version",
                      ruleset, "--log_output", os.path.join(logs_dir, "rcp_checker.detail.log")], log)

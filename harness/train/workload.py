@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Iterable
 import numpy as np
 import tensorflow as tf
 
+from harness import benchmark_rules as rules
 from harness.config import Config
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext, Runtime
@@ -144,8 +145,15 @@ class Workload(abc.ABC):
     SECTIONS: ClassVar[dict[str, type]]
     # The metric `eval_finalize` returns that is logged as eval_accuracy and judged against the target.
     METRIC: ClassVar[str] = "accuracy"
-    # Whether a larger METRIC is better (accuracy, BLEU, mAP) or a smaller one (a validation loss).
+    # Whether a larger METRIC is better (accuracy, BLEU, mAP) or a smaller one (a validation loss): the
+    # benchmark record's, set for each class that names its MLPERF_KEY (harness.benchmark_rules).
     HIGHER_IS_BETTER: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        record = rules.get(cls.__dict__.get("MLPERF_KEY"))
+        if record is not None:
+            cls.HIGHER_IS_BETTER = record.higher_is_better
 
     def __init__(self, cfg: Config, runtime: Runtime) -> None:
         self.cfg = cfg
@@ -153,9 +161,10 @@ class Workload(abc.ABC):
         self.optimizer: Any = None  # a harness.nn.optim.Optimizer, set by build()
 
     # ------------------------------------------------------------------------ facts about the run
-    @abc.abstractmethod
     def closed_target(self, ruleset: str) -> float:
-        """The closed-division quality target for this ruleset."""
+        """The closed-division quality target for this ruleset: the benchmark record's, at the configured
+        global batch where the target depends on it (BERT 0.7.0)."""
+        return rules.closed_target(self.MLPERF_KEY, ruleset, self.cfg.schedule.global_batch_size)
 
     @property
     def target(self) -> float:

@@ -1,0 +1,314 @@
+"""One record per MLPerf training benchmark: what the rules and the installed checker say about it.
+
+Every per-benchmark fact the harness needs outside a workload lives here once: the rulesets whose closed and
+open divisions accept the key, the closed quality target per ruleset, whether a higher or a lower score is
+better, how many runs a result set needs, where a closed run evaluates, which rulesets ship reference
+convergence points (RCPs), and the newest ruleset. Workloads (`closed_target`, eval cadence), the review
+tools (`check`, `report`, the RCP check, scoring) and the submission tools (`campaign`, `package`) read it.
+
+Plain Python on purpose: `harness/review/` reads any log, including those of benchmarks the harness does
+not run, without importing TensorFlow or a workload. The facts follow mlperf-logging 4.1.68's own files
+(`compliance_checker/training_<ruleset>/`, `benchmark_meta.py`, `rcp_checker/training_<ruleset>/`);
+tests/test_benchmark_rules.py holds every record against them. Rulesets start at 0.7.0: 0.6.0's parser
+reads only the legacy line format, which mllog does not write.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable, Mapping
+
+from harness.errors import HarnessError
+
+RULESETS = ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0", "5.1.0",
+            "6.0.0", "6.1.0")
+EPOCH, SAMPLE = "epoch", "sample"
+
+
+def span(first: str, last: str) -> tuple[str, ...]:
+    """The rulesets from `first` to `last`, both included."""
+    return RULESETS[RULESETS.index(first):RULESETS.index(last) + 1]
+
+
+# --------------------------------------------------------------------------------------- eval cadence
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """Where a closed run evaluates under one ruleset: at `first`, then every `every` (in `unit`s).
+
+    `first_choices`: the positions the first eval may take (ResNet: epoch 1, 2, 3 or 4); `skip`: grid
+    positions the rules leave out (SSD 0.7.0/1.0.0: 40, 50, 55, ...); `exact` False: v0.7's "at least as
+    frequently", so the positions are latest allowed ones, not fixed ones.
+    """
+    unit: str
+    first: float
+    every: float
+    first_choices: tuple[float, ...] = ()
+    skip: tuple[float, ...] = ()
+    exact: bool = True
+
+    def positions(self, upto: float, first: float | None = None) -> list[float]:
+        """The rules' eval positions up to `upto`, starting at `first` (default: `self.first`)."""
+        start = self.first if first is None else first
+        count = int(math.floor((upto - start) / self.every + 1e-9)) + 1 if upto >= start else 0
+        out = [start + k * self.every for k in range(count)]
+        return [int(p) if float(p).is_integer() else p for p in out if p not in self.skip]
+
+    @property
+    def largest_gap(self) -> float:
+        """The widest spacing between two of the rules' evals (SSD 0.7.0: 10, from 40 to 50)."""
+        grid = self.positions(self.first + (len(self.skip) + 2) * self.every)
+        return max(b - a for a, b in zip(grid, grid[1:]))
+
+    def text(self) -> str:
+        """The schedule as the rules word it: 'every 5 epochs' or '40, 50, 55, ... epochs'."""
+        unit = f"{self.unit}s"
+        if self.first == self.every and not self.skip:
+            return f"every {self.every:,g} {unit}"
+        grid = self.positions(self.first + (len(self.skip) + 2) * self.every)[:3]
+        return f"{', '.join(f'{p:,g}' for p in grid)}, ... {unit}"
+
+
+RESNET_EVAL_EVERY = 4  # epochs, first at epoch 1-4: "every 4 epochs with offset 0 or 1 or 2 or 3"
+BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7: "starting at 3M samples, then every 500K"
+SSD_FIRST, SSD_EVERY, SSD_V10_SKIP = 40, 5, 45  # 0.7.0/1.0.0: epochs 40, 50, 55, ...; 1.1.0: every 5
+LM_EVAL_SAMPLES = 12_288  # the decoder LMs: every 12,288 samples, rounded up to whole batches
+
+
+def bert_eval_every(global_batch: int) -> int:
+    """Rules >= 1.0: FLOOR(0.05 * (230.23 * gbs + 3,000,000), 25,000) samples between evals."""
+    return int(math.floor(0.05 * (230.23 * global_batch + 3_000_000) / 25_000)) * 25_000
+
+
+def lm_eval_every(global_batch: int) -> int:
+    """llama31_8b and gpt_oss_20b: every 12,288 samples, or ceil(12288 / gbs) * gbs when gbs does not divide it."""
+    return math.ceil(LM_EVAL_SAMPLES / global_batch) * global_batch
+
+
+def _resnet_cadence(ruleset: str, global_batch: int) -> Cadence:
+    every = RESNET_EVAL_EVERY
+    return Cadence(EPOCH, every, every, first_choices=tuple(range(1, every + 1)), exact=ruleset != "0.7.0")
+
+
+def _bert_cadence(ruleset: str, global_batch: int) -> Cadence:
+    if ruleset == "0.7.0":
+        return Cadence(SAMPLE, BERT_V07_FIRST, BERT_V07_EVERY, exact=False)
+    every = bert_eval_every(global_batch)
+    return Cadence(SAMPLE, every, every)
+
+
+def _ssd_cadence(ruleset: str, global_batch: int) -> Cadence | None:
+    if ruleset == "1.1.0":
+        return Cadence(EPOCH, SSD_EVERY, SSD_EVERY)
+    if ruleset in ("0.7.0", "1.0.0"):
+        return Cadence(EPOCH, SSD_FIRST, SSD_EVERY, skip=(SSD_V10_SKIP,), exact=ruleset != "0.7.0")
+    return None  # from 2.0.0 the key is RetinaNet, whose cadence is not recorded here
+
+
+def _lm_cadence(ruleset: str, global_batch: int) -> Cadence:
+    every = lm_eval_every(global_batch)
+    return Cadence(SAMPLE, every, every)
+
+
+# ------------------------------------------------------------------------------------------ records
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A closed quality target: `value` (the bound eval_accuracy must reach), or None when the checker
+    judges more than one number (`text` says what); `small_batch` = (gbs, target below that batch)."""
+    value: float | None
+    text: str
+    small_batch: tuple[int, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One model a key has named: `ssd` was SSD-ResNet34 to 1.1.0 and RetinaNet from 2.0.0. `marker`: a
+    hyperparameter key only this model's logs carry, which tells a log's variant when nothing else does."""
+    model: str
+    rulesets: tuple[str, ...]
+    marker: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """Everything the harness knows about one MLPerf training benchmark key."""
+    key: str
+    variants: tuple[Variant, ...]  # oldest first; their rulesets together are `closed`
+    open: tuple[str, ...]  # rulesets whose open division accepts the key
+    targets: Mapping[str, Target]  # closed target per closed ruleset
+    higher_is_better: bool
+    runs: int  # result logs a result set needs (the checker states one count per key)
+    rcp: tuple[str, ...]  # closed rulesets that ship RCPs for the key
+    unit: str = EPOCH  # what eval positions count: epochs or training samples
+    cadence: Callable[[str, int], Cadence | None] | None = None  # (ruleset, gbs) -> where closed runs evaluate
+    closed_fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # logged keys closed runs must hold
+
+    @property
+    def closed(self) -> tuple[str, ...]:
+        """Rulesets whose closed division accepts the key, oldest first."""
+        return tuple(r for r in RULESETS if any(r in v.rulesets for v in self.variants))
+
+    @property
+    def newest(self) -> str:
+        return self.closed[-1]
+
+    @property
+    def rulesets(self) -> tuple[str, ...]:
+        """Rulesets that accept the key in either division."""
+        return tuple(r for r in RULESETS if r in self.closed or r in self.open)
+
+
+def _bench(key: str, targets: list[tuple[tuple[str, ...], Target]], higher: bool, runs: int,
+           rcp: tuple[str, ...] = (), open_: tuple[str, ...] | None = None,
+           variants: tuple[Variant, ...] = (), **extra: Any) -> Benchmark:
+    """A record from (rulesets, target) spans; a target's text defaults to its bound with the relation;
+    `open_` defaults to the closed rulesets."""
+    relation = ">=" if higher else "<="
+    by_ruleset = {r: t if t.text else dataclasses.replace(t, text=f"{relation} {t.value:g}")
+                  for rulesets, t in targets for r in rulesets}
+    closed = tuple(r for r in RULESETS if r in by_ruleset)
+    return Benchmark(key, variants or (Variant(key, closed),), closed if open_ is None else open_, by_ruleset,
+                     higher, runs, rcp, **extra)
+
+
+def _at(rulesets: tuple[str, ...], value: float | None, text: str = "",
+        small_batch: tuple[int, float] | None = None) -> list[tuple[tuple[str, ...], Target]]:
+    """One target over `rulesets`."""
+    return [(rulesets, Target(value, text, small_batch))]
+
+
+_ALL = [
+    _bench("resnet", _at(span("0.7.0", "4.0.0"), 0.759), True, 5, span("1.0.0", "4.0.0"), cadence=_resnet_cadence),
+    _bench("bert", _at(("0.7.0",), 0.706, text=">= 0.712 below global batch 8192, else >= 0.706",
+                       small_batch=(8192, 0.712)) + _at(span("1.0.0", "5.0.0"), 0.720),
+           True, 10, span("1.0.0", "5.0.0"), unit=SAMPLE, cadence=_bert_cadence,
+           closed_fixed={"max_sequence_length": 512}),
+    _bench("transformer", _at(("0.7.0",), 0.25), True, 10),
+    _bench("gnmt", _at(("0.7.0",), 0.24), True, 10),
+    _bench("ssd", _at(span("0.7.0", "1.1.0"), 0.23) + _at(span("2.0.0", "4.1.0"), 0.34), True, 5,
+           span("1.0.0", "4.1.0"), cadence=_ssd_cadence,
+           variants=(Variant("SSD-ResNet34", span("0.7.0", "1.1.0"), marker="max_samples"),
+                     Variant("RetinaNet", span("2.0.0", "4.1.0")))),
+    _bench("retinanet", _at(span("5.0.0", "5.1.0"), 0.34), True, 5, span("5.0.0", "5.1.0")),
+    _bench("maskrcnn", _at(span("0.7.0", "3.1.0"), None, text="BBOX >= 0.377 and SEGM >= 0.339"), True, 5,
+           span("1.0.0", "3.1.0")),
+    _bench("minigo", _at(span("0.7.0", "2.1.0"), 0.5), True, 10),
+    _bench("dlrm", _at(span("0.7.0", "2.1.0"), 0.8025), True, 5, span("1.0.0", "2.1.0")),
+    _bench("dlrm_dcnv2", _at(span("3.0.0", "6.0.0"), 0.80275), True, 10, span("3.0.0", "6.0.0")),
+    _bench("rnnt", _at(span("1.0.0", "3.1.0"), 0.058), False, 10, span("1.0.0", "3.1.0")),
+    _bench("unet3d", _at(span("1.0.0", "4.0.0"), 0.908), True, 40, span("1.0.0", "4.0.0")),
+    _bench("gpt3", _at(span("3.0.0", "4.1.0"), 2.69), False, 3, span("3.0.0", "4.1.0"),
+           open_=span("4.0.0", "4.1.0")),
+    _bench("stable_diffusion", _at(span("3.1.0", "5.0.0"), None, text="FID <= 90 and CLIP >= 0.15"), True, 10,
+           span("3.1.0", "5.0.0"), unit=SAMPLE),
+    _bench("gnn", _at(span("4.0.0", "4.1.0"), 0.72), True, 10, span("4.0.0", "4.1.0")),
+    _bench("rgat", _at(span("5.0.0", "5.1.0"), 0.72), True, 10, span("5.0.0", "5.1.0")),
+    _bench("llama2_70b_lora", _at(span("4.0.0", "6.1.0"), 0.925), False, 10, span("4.0.0", "6.1.0"),
+           open_=span("5.0.0", "6.1.0"), unit=SAMPLE),
+    _bench("llama31_405b", _at(span("5.0.0", "6.0.0"), 5.6), False, 3, span("5.0.0", "6.0.0"),
+           unit=SAMPLE),
+    _bench("llama31_8b", _at(span("5.1.0", "6.1.0"), 3.3), False, 10, span("5.1.0", "6.1.0"),
+           unit=SAMPLE, cadence=_lm_cadence),
+    _bench("flux1", _at(span("5.1.0", "6.1.0"), 0.586), False, 10, span("5.1.0", "6.1.0"), unit=SAMPLE),
+    _bench("gpt_oss_20b", _at(span("6.0.0", "6.1.0"), 3.34), False, 10, span("6.0.0", "6.1.0"),
+           unit=SAMPLE, cadence=_lm_cadence),
+    _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
+           unit=SAMPLE),
+    _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
+    _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE),
+]
+BENCHMARKS: dict[str, Benchmark] = {b.key: b for b in _ALL}
+
+
+# ------------------------------------------------------------------------------------------ lookups
+
+def names() -> list[str]:
+    return sorted(BENCHMARKS)
+
+
+def record(key: str | None) -> Benchmark:
+    """The record of benchmark `key`; HarnessError (one line) when no ruleset knows it."""
+    if key not in BENCHMARKS:
+        what = "names no benchmark" if key is None else f"{key!r} is not an MLPerf training benchmark"
+        raise HarnessError(f"{what} (mlperf-logging's rulesets {RULESETS[0]}-{RULESETS[-1]} know: "
+                           f"{', '.join(names())})")
+    return BENCHMARKS[key]
+
+
+def get(key: str | None) -> Benchmark | None:
+    """The record of `key`, or None (a log of something else)."""
+    return BENCHMARKS.get(key) if key is not None else None
+
+
+def newest_ruleset(key: str) -> str:
+    return record(key).newest
+
+
+def default_ruleset(key: str, logged_keys: Iterable[str] = ()) -> str:
+    """The ruleset to check a log against when its run says none: the newest one of the model the log shows
+    (a variant's marker key among `logged_keys`), else the benchmark's newest."""
+    rec = record(key)
+    logged = set(logged_keys)
+    for variant in rec.variants:
+        if variant.marker and variant.marker in logged:
+            return variant.rulesets[-1]
+    return rec.newest
+
+
+def check_accepts(key: str | None, ruleset: str, division: str | None = None) -> Benchmark:
+    """The record of `key` when `ruleset` accepts it (in `division`, when given); HarnessError otherwise."""
+    rec = record(key)
+    if ruleset not in RULESETS:
+        raise HarnessError(f"ruleset {ruleset!r} is not one the harness reads ({', '.join(RULESETS)})")
+    accepted = rec.open if division == "open" else rec.closed if division == "closed" else rec.rulesets
+    if ruleset not in accepted:
+        where = f"{division} " if division in ("closed", "open") else ""
+        raise HarnessError(f"ruleset {ruleset} has no {where}{key} benchmark; {key} is in rulesets "
+                           f"{', '.join(accepted) or 'none'}")
+    return rec
+
+
+def closed_target(key: str, ruleset: str, global_batch: int | None = None) -> float:
+    """The closed-division target of `key` under `ruleset` (at `global_batch` where the target depends on it)."""
+    rec = check_accepts(key, ruleset, "closed")
+    target = rec.targets[ruleset]
+    if target.value is None:
+        raise HarnessError(f"closed {key} ({ruleset}) has no single target: {target.text}")
+    if target.small_batch and global_batch is not None and global_batch < target.small_batch[0]:
+        return target.small_batch[1]
+    return target.value
+
+
+def target_text(key: str, ruleset: str) -> str:
+    return record(key).targets[ruleset].text
+
+
+def reaches(key: str | None, value: float, target: float) -> bool:
+    """Whether `value` reaches `target` for `key` (>=, or <= where a lower score is better)."""
+    rec = get(key)
+    return value >= target if rec is None or rec.higher_is_better else value <= target
+
+
+def relation(key: str | None) -> str:
+    rec = get(key)
+    return ">=" if rec is None or rec.higher_is_better else "<="
+
+
+def runs_required(key: str | None) -> int | None:
+    rec = get(key)
+    return rec.runs if rec else None
+
+
+def has_rcp(key: str | None, ruleset: str) -> bool:
+    rec = get(key)
+    return rec is not None and ruleset in rec.rcp
+
+
+def cadence(key: str | None, ruleset: str, global_batch: int) -> Cadence | None:
+    """Where a closed `key` run evaluates under `ruleset`, or None when the record states no cadence."""
+    rec = get(key)
+    if rec is None or rec.cadence is None or ruleset not in rec.closed:
+        return None
+    return rec.cadence(ruleset, global_batch)
+
