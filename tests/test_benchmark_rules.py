@@ -19,6 +19,8 @@ from mlperf_logging.rcp_checker import rcp_checker
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
+pytestmark = pytest.mark.quick
+
 CHECKER = os.path.dirname(checker_pkg.__file__)
 RCPS = os.path.dirname(rcp_checker.__file__)
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers import decoder_golden
 
+pytestmark = pytest.mark.quick
+
 with open(decoder_golden.GOLDEN) as f:
     GOLDEN = json.load(f)
 

@@ -9,6 +9,8 @@ import pytest
 from harness.plan import mfu
 from harness.plan import system as systems
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize("kind, name, peak, source", [
     ("GPU", "NVIDIA A100-SXM4-40GB", 312e12, "harness/plan/systems/dgx-a100.yaml (NVIDIA A100-SXM4-40GB)"),

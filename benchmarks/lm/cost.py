@@ -1,7 +1,7 @@
 """What the decoder LMs (llama31_8b, gpt_oss_20b) share in their `mlperf-harness plan` cost: everything but
 their blocks' counts. Each workload's cost.py counts its attention and feed-forward, `decoder_macs_and_params`
 the rest, and calls `decoder_model_cost`; both evaluate on the rules' cadence (`eval_positions`, on
-`data.mlperf_eval_every`).
+`harness/benchmark_rules.py:lm_eval_every`).
 
 Bytes, stated once: gradients are all-reduced (reduce-scattered under FSDP) in float32, the variables' dtype;
 tensor parallelism all-reduces bfloat16 activations; FSDP all-gathers the float32 variables (the mesh runtime
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from harness import benchmark_rules as rules
 from harness.plan.cost import ModelCost
 
 CONVERGE_UNIT = "samples"  # the RCP tables count rows (samples) to converge
@@ -70,8 +71,6 @@ def decoder_model_cost(cfg, workload: str, macs_per_row: float, params: int, sou
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
     """Eval points in samples (every `data.eval_every_samples`, else the rules' cadence) through the first at
     or past `upto`."""
-    from benchmarks.lm.data import mlperf_eval_every  # imports TensorFlow: only when a plan asks
-
-    every = cfg.data.eval_every_samples or mlperf_eval_every(global_batch)
+    every = cfg.data.eval_every_samples or rules.lm_eval_every(global_batch)
     n = max(1, int(math.ceil(upto / every - 1e-9)))
     return [every * (i + 1) for i in range(n)]

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -169,8 +168,3 @@ class Source:
                 self._eval = self.language.rows(1, c.eval_samples, self.row)
             return tf.data.Dataset.from_tensor_slices(self._eval)
         return self._indexed_dataset(c.eval_prefix, c.eval_samples)
-
-
-def mlperf_eval_every(global_batch: int) -> int:
-    """The rules' cadence: every 12,288 samples, or ceil(12288 / gbs) * gbs when gbs does not divide it."""
-    return math.ceil(12288 / global_batch) * global_batch

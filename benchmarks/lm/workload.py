@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel, lookup
@@ -35,12 +36,11 @@ CLOSED_OPTIMIZER = (("max_steps", 1_200_000), ("beta_1", 0.9), ("beta_2", 0.95),
 
 
 class DecoderLMWorkload(Workload):
-    """What gpt_oss_20b and llama31_8b share; a subclass sets NAME, MLPERF_KEY, RULESETS, SECTIONS,
-    CLOSED_TARGET and REFERENCE_MODEL and implements `make_model`."""
+    """What gpt_oss_20b and llama31_8b share; a subclass sets NAME, MLPERF_KEY, RULESETS, SECTIONS and
+    REFERENCE_MODEL and implements `make_model` (the closed target and its direction come from the benchmark's
+    record in harness/benchmark_rules.py)."""
 
     METRIC = "log perplexity"
-    HIGHER_IS_BETTER = False
-    CLOSED_TARGET: ClassVar[float]
     EOD_MASK_LOSS: ClassVar[bool] = True   # no loss where the input is EOD (Megatron's eod_mask_loss)
     REFERENCE_MODEL: ClassVar[ReferenceModel]
     # Model sizes a runtime layout may split over devices: config key -> named dimension. Each must divide
@@ -51,9 +51,6 @@ class DecoderLMWorkload(Workload):
         super().__init__(cfg, runtime)
         self.source = data.Source(cfg.data, cfg.model.vocab_size)
         self.model: Any = None
-
-    def closed_target(self, ruleset: str) -> float:
-        return self.CLOSED_TARGET
 
     @property
     def train_samples(self) -> int:
@@ -66,7 +63,7 @@ class DecoderLMWorkload(Workload):
     # ------------------------------------------------------------------------------------ schedule
     @property
     def eval_every_samples(self) -> int:
-        return self.cfg.data.eval_every_samples or data.mlperf_eval_every(self.cfg.schedule.global_batch_size)
+        return self.cfg.data.eval_every_samples or rules.lm_eval_every(self.cfg.schedule.global_batch_size)
 
     def eval_schedule(self) -> EvalSchedule:
         """An eval every `eval_every_samples` up to the budget (and at the budget)."""
@@ -86,9 +83,10 @@ class DecoderLMWorkload(Workload):
         if self.cfg.submission.division == "closed" and d.source == "indexed" and d.train_samples:
             rows = self.source.indexed_rows(d.train_prefix)
             if d.train_samples != rows:
-                raise HarnessError(f"closed {self.NAME}: data.train_samples={d.train_samples} but "
-                                   f"{os.path.join(d.data_dir, d.train_prefix)} holds {rows} rows of {d.seq_length + 1} "
-                                   f"tokens; set data.train_samples=0 (counted from the files)")
+                path = os.path.join(d.data_dir, d.train_prefix)
+                raise HarnessError(f"closed {self.NAME}: data.train_samples={d.train_samples} but {path} holds "
+                                   f"{rows} rows of {d.seq_length + 1} tokens; set data.train_samples=0 (counted "
+                                   "from the files)")
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
         self.validate_config()

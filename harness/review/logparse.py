@@ -92,8 +92,8 @@ class RunSummary:
     which). ``throughput`` is training samples per second inside logged blocks:
     ``sum(block samples) / sum(block_stop - block_start)`` over matched block pairs, where a block's
     samples are stop minus start ``samples_count`` when both are logged, else ``epoch_count *
-    train_samples``, else the start's ``samples_count``; None when the log lacks what the formula needs. It ignores time outside blocks, so it
-    is a training-loop rate, not samples / time-to-train.
+    train_samples``, else the start's ``samples_count``; None when the log lacks what the formula needs. It
+    ignores time outside blocks, so it is a training-loop rate, not samples / time-to-train.
     """
 
     path: str

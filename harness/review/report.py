@@ -4,8 +4,9 @@ Input: log files and/or directories (searched recursively). Output in ``out_dir`
 and one convergence PNG per result set. A result set is what MLPerf scores together: the runs
 sharing the logged (benchmark, org, platform) and, for logs inside a submission tree
 (``.../results/<system>/<benchmark>/result_N.txt``), the same <system> directory, because
-different systems can log the same platform string (e.g. Google's v0.7 TF and JAX submissions). Plots use matplotlib's Agg canvas directly
-(no pyplot, no display), so this works on headless machines and leaves global state alone.
+different systems can log the same platform string (e.g. Google's v0.7 TF and JAX submissions). Plots use
+matplotlib's Agg canvas directly (no pyplot, no display), so this works on headless machines and leaves global
+state alone.
 """
 
 from __future__ import annotations

@@ -631,7 +631,8 @@ def main(inputs: list[str], out_dir: str, system: str | None = None, system_fiel
         "global_batch_size": runs[0].summary.global_batch_size,
         "checks": [dataclasses.asdict(c) for c in checks],
         "rcp_passed": next(c.verdict == "PASS" for c in checks if c.name == "rcp_checker"),
-        "olympic_score_min": score.score_min, "result_summarizer_score_min": official_score, "system_fields_unknown": unknown, "notes": notes,
+        "olympic_score_min": score.score_min, "result_summarizer_score_min": official_score,
+        "system_fields_unknown": unknown, "notes": notes,
     }
     with open(os.path.join(out_dir, "package_report.json"), "w") as f:
         json.dump(report, f, indent=2)

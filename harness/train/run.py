@@ -67,7 +67,8 @@ def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
     return path
 
 
-def check_log(path: str, rulesets: list[str], eval_every: float | None = None) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
+def check_log(path: str, rulesets: list[str],
+              eval_every: float | None = None) -> tuple[dict[str, Verdict], list[integrity.Finding]]:
     """The official checker for each ruleset plus the harness's own integrity checks."""
     verdicts = {r: run_compliance_checker(path, r) for r in rulesets}
     events = logparse.parse_log(path)
