@@ -298,3 +298,12 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
     assert "together" in report.stand_in[0] and report.compile_seconds["train"] == 5.0
     additive = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR)
     assert additive.params < params(full)  # what the stand-in printed before the pair's compile
+
+
+def test_a_model_compiled_smaller_is_checked_at_its_own_sizes(monkeypatch):
+    """The dry run of a model too big for the host compiles it at smaller sizes, but the run's pre-log checks
+    see the config as given: a vocabulary of 1001 does not split over a model axis of 2 (the stand-ins'
+    512 and 1024 would), here as in `run`."""
+    monkeypatch.setattr(dryrun, "HOST_MEMORY_SHARE", 0.0)  # every model counts as too big for the host
+    with pytest.raises(HarnessError, match="vocab_size"):
+        dryrun.compile_report("configs/llama31_8b/smoke-mesh.yaml", ["model.vocab_size=1001"], optimize=False)

@@ -524,10 +524,12 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     cfg = config_lib.load_config(config_path, overrides)
     workload_class = registry.get(cfg.workload)
     sizes = getattr(workload_class, "DRY_RUN_LINEAR", None)
+    # The pre-log checks run on the config as given, also when the model is compiled at smaller sizes below:
+    # a size that does not split over the layout is refused here as `run` would refuse it.
+    checked, runtime, plan = standin_checked(cfg)
     if stand_in and sizes and _too_big_for_host(cfg):
         return linear_stand_in(config_path, overrides, optimize, cfg, sizes,
                                getattr(workload_class, "DRY_RUN_PAIRS", ()))
-    checked, runtime, plan = standin_checked(cfg)
     workload = checked.workload
     train_spec, eval_spec, data_notes = checked.dry_run_inputs
     with runtime.scope():
