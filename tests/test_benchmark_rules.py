@@ -287,6 +287,27 @@ def test_check_without_ruleset_takes_the_runs_own_ruleset(tmp_path):
     assert "ruleset 6.0.0: PASS" in cli_in_process("check", path).stdout
 
 
+def test_check_without_ruleset_checks_every_ruleset_the_run_gated_on(tmp_path):
+    """A run with `check_rulesets` gated its log on several rulesets; `check` re-checks them all, and refuses
+    run files of another benchmark than the log's."""
+    from conftest import cli_in_process
+
+    path = lm_log(tmp_path, "llama31_8b", 3.29)
+    with open(tmp_path / "config.yaml", "w") as f:
+        yaml.safe_dump({"workload": "llama31_8b", "ruleset": "5.1.0", "check_rulesets": ["6.0.0", "6.1.0"]}, f)
+    out = cli_in_process("check", path).stdout
+    assert all(f"official compliance checker, ruleset {r}: PASS" in out for r in ("5.1.0", "6.0.0", "6.1.0")), out
+    with open(tmp_path / "summary.json", "w") as f:  # the verdicts the run recorded name its rulesets
+        f.write('{"benchmark": "llama31_8b", "ruleset": "6.0.0", "compliance": {"6.0.0": {}, "6.1.0": {}}}')
+    out = cli_in_process("check", path).stdout
+    assert "ruleset 6.0.0: PASS" in out and "ruleset 6.1.0: PASS" in out and "5.1.0" not in out, out
+    with open(tmp_path / "summary.json", "w") as f:
+        f.write('{"benchmark": "gpt_oss_20b", "ruleset": "6.0.0"}')
+    proc = cli_in_process("check", path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "gpt_oss_20b run" in errors[0], proc.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--ruleset", "4.0.0"], "ruleset 4.0.0 has no closed llama31_8b benchmark"),
     (["--ruleset", "9.9.9"], "ruleset '9.9.9' is not one the harness reads"),

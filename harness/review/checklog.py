@@ -7,6 +7,9 @@ from harness.errors import HarnessError
 from harness.mlperf import run_compliance_checker
 
 
+DEFAULTED = "the benchmark's newest for this log"
+
+
 def rulesets_for(path: str, events: list[logparse.LogEvent], given: list[str]) -> tuple[str | None, list[str], str]:
     """(benchmark, rulesets to check, where they came from); HarnessError for a benchmark no ruleset knows
     or a ruleset that does not accept it (the checker would only fail with a traceback)."""
@@ -19,9 +22,15 @@ def rulesets_for(path: str, events: list[logparse.LogEvent], given: list[str]) -
         chosen, origin = list(given), "given"
     else:
         run_files = logparse.read_run_files(path)
-        named = any(source and source.get("ruleset") for source in run_files)
-        chosen = [logparse.log_ruleset(path, events, run_files)]
-        origin = "the run's, from summary.json / config.yaml" if named else "the benchmark's newest for this log"
+        ran = logparse.run_benchmark(run_files)
+        if ran is not None and ran != benchmark:
+            raise HarnessError(f"{path}: the log is {benchmark} but the summary.json beside it is of a {ran} run; "
+                               f"name the ruleset with --ruleset")
+        chosen = logparse.run_rulesets(run_files)
+        origin = "the run's, from summary.json / config.yaml"
+        if not chosen:
+            chosen = [logparse.log_ruleset(path, events, run_files)]
+            origin = DEFAULTED
     for r in chosen:
         try:
             rules.check_accepts(benchmark, r, division if division in ("closed", "open") else None)
@@ -44,6 +53,11 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
             print(f"  official compliance checker, ruleset {r}: {v.label}")
             for e in v.errors[:10]:
                 print(f"      {e}")
+            model = next((v for v in rules.record(benchmark).variants if r in v.rulesets), None)
+            others = [x for x in model.rulesets if x != r] if model else []
+            if not v.passed and origin == DEFAULTED and others:
+                print(f"      (no ruleset named by the run; the benchmark is also in {', '.join(others)}: "
+                      f"--ruleset picks one)")
             ok = ok and v.passed
         findings = integrity.check_integrity(events, eval_every=eval_every)
         for r in chosen:  # each ruleset's eval schedule (closed logs of benchmarks with a recorded cadence)

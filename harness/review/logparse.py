@@ -238,6 +238,28 @@ def log_ruleset(path: str, events: list[LogEvent],
     return rules.default_ruleset(benchmark, {e.key for e in events})
 
 
+def run_rulesets(run_files: tuple[dict | None, dict | None]) -> list[str]:
+    """Every ruleset the run gated its log on, its own first (summary.json's `compliance` verdicts, else
+    config.yaml's `ruleset` and `check_rulesets`); empty when neither file names one."""
+    summary, cfg = run_files
+    own = next((str(src["ruleset"]) for src in run_files if src and src.get("ruleset")), None)
+    if own is None:
+        return []
+    if summary and isinstance(summary.get("compliance"), dict) and summary["compliance"]:
+        more = [str(r) for r in summary["compliance"]]
+    elif cfg and isinstance(cfg.get("check_rulesets"), list):
+        more = [str(r) for r in cfg["check_rulesets"]]
+    else:
+        more = []
+    return [own] + [r for r in dict.fromkeys(more) if r != own]
+
+
+def run_benchmark(run_files: tuple[dict | None, dict | None]) -> str | None:
+    """The MLPerf benchmark the run files beside a log say they ran (summary.json's `benchmark`)."""
+    summary, _ = run_files
+    return str(summary["benchmark"]) if summary and summary.get("benchmark") else None
+
+
 def closed_target(benchmark: str | None, ruleset: str | None, global_batch: int | None) -> float | None:
     """The closed target of `benchmark` under `ruleset`, or None where there is none to show."""
     try:
