@@ -9,7 +9,7 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, normal
+from harness.nn.layers import Block, normal, silu
 from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
@@ -175,7 +175,7 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 i = after(i, outs[-1])
             gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_gate, i))
             up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_up, i))
-            outs.append(tf.einsum("bjch,bjhm->bjcm", tf.nn.silu(gate) * up, tf.gather(w_down, i)))
+            outs.append(tf.einsum("bjch,bjhm->bjcm", silu(gate) * up, tf.gather(w_down, i)))
             gates.append(gate)
             ups.append(up)
 
@@ -185,7 +185,7 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 i = after(i, last)
                 with tf.GradientTape() as tape:
                     tape.watch([gate, up])
-                    hidden = tf.nn.silu(gate) * up
+                    hidden = silu(gate) * up
                 dhidden = tf.einsum("bjcm,bjhm->bjch", dy, tf.gather(w_down, i))
                 dgate, dup = tape.gradient(hidden, [gate, up], output_gradients=dhidden)
                 dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(w_gate, i))
@@ -295,7 +295,7 @@ class MoE(Block):
         xe = self.runtime.place(xe, ("experts", None, None, None, None))
         gate = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_gate, dt))
         up = tf.einsum("ebgcm,emh->ebgch", xe, tf.cast(self.w_up, dt))
-        ye = tf.einsum("ebgch,ehm->ebgcm", tf.nn.silu(gate) * up, tf.cast(self.w_down, dt))
+        ye = tf.einsum("ebgch,ehm->ebgcm", silu(gate) * up, tf.cast(self.w_down, dt))
         ye = self.runtime.place(ye, (None, "batch", None, None, None))
         return tf.einsum("bgsec,ebgcm->bgsm", tf.cast(r.combine, dt), ye)
 
