@@ -166,9 +166,10 @@ def test_expert_blocks_in_chunks_keep_one_chunks_weight_copies_under_xla():
     assert whole > copies and chunked < whole - copies, (whole, chunked, copies)
 
 
-def _constant_custom_gradient_inputs(fn) -> list[str]:
-    """The constants a traced `fn` feeds to its custom gradients (IdentityN ops) as operands."""
-    graph = tf.function(fn).get_concrete_function(tf.TensorSpec([4, 8], tf.float32)).graph
+def _constant_custom_gradient_inputs(fn, *args) -> list[str]:
+    """The constants `fn` traced on `args` (default: one [4, 8] float32) feeds to its custom gradients
+    (IdentityN ops) as operands."""
+    graph = tf.function(fn).get_concrete_function(*(args or [tf.TensorSpec([4, 8], tf.float32)])).graph
     return [t.name for op in graph.get_operations() if op.type == "IdentityN"
             for t in op.inputs if t.op.type == "Const"]
 
@@ -192,3 +193,7 @@ def test_experts_silu_is_tf_nn_silu_with_no_constant_operand():
         np.testing.assert_array_equal(g, w)
     assert _constant_custom_gradient_inputs(silu) == []
     assert _constant_custom_gradient_inputs(tf.nn.silu)  # the check sees the beta it guards against
+    # The expert blocks' forward and backward passes, chunked, call no custom gradient with a constant.
+    xs, index, ws = _expert_blocks_case(blocks=4)
+    assert _constant_custom_gradient_inputs(lambda *a: _expert_blocks_grads(a[0], a[1], list(a[2:]), 2),
+                                            xs, index, *ws) == []
