@@ -11,6 +11,7 @@ the compile.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import glob
 import json
 import os
@@ -87,6 +88,9 @@ def test_every_shipped_config_is_run_as_shipped_by_exactly_one_test():
             overridden = [a for a in call.args if isinstance(a, ast.Starred)
                           or (isinstance(a, ast.Constant) and a.value == "--set")]
             assert not overridden, f"{test_file}:{function} runs {config} with --set: not as shipped"
+    compiled = ("reference.yaml", "gpu-*.yaml", "tpu-*.yaml")  # the names tests/dry_run_shared.py compiles
+    uncompiled = [c for c in shipped("hardware") if not any(fnmatch.fnmatch(os.path.basename(c), p) for p in compiled)]
+    assert not uncompiled, f"no test compiles {uncompiled} (tests/dry_run_shared.py takes {compiled})"
     assert set(REFUSED) <= set(shipped("hardware"))
 
 
