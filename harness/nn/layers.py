@@ -237,8 +237,8 @@ def silu(x: tf.Tensor) -> tf.Tensor:
     A custom gradient is an IdentityN over its outputs and inputs. DTensor's SPMD expansion re-creates
     that op after whichever operand it finds last, comparing positions across blocks; inside the train
     loop (a while loop), tf.nn.silu's beta constant is hoisted out of the loop body and can win, moving
-    the op out of the loop: "operand #0 does not dominate this use". Every input here is computed in the
-    loop."""
+    the op out of the loop: "operand #0 does not dominate this use". Here the only operands are x and the
+    result, both computed where the model calls silu."""
     def grad(dy: tf.Tensor) -> tf.Tensor:
         with tf.control_dependencies([dy]):  # recomputed, not kept from the forward pass
             sig = tf.sigmoid(x)
