@@ -106,8 +106,9 @@ SHARED_WORKER = {
 # The files (or groups) that take longest, longest first: the workers start them first so that none of them
 # starts last and leaves the other workers idle at the end (the rest keep their order). Serial seconds per
 # file on 2 cores under load ~8: 540, 420, 330, 300, 245, 240, 220, 200, 185, then 120 and less.
-LONGEST_FIRST = ["step cases", "test_ruleset_matrix.py", "test_transformer.py", "test_data_service.py",
-                 "test_e2e_resnet.py", "dry runs", "test_multi_worker.py", "test_ssd.py", "test_llama31_8b.py"]
+LONGEST_FIRST = ["test_shipped_configs.py", "step cases", "test_ruleset_matrix.py", "test_transformer.py",
+                 "test_data_service.py", "test_e2e_resnet.py", "dry runs", "test_multi_worker.py", "test_ssd.py",
+                 "test_llama31_8b.py"]
 
 
 def _scope(nodeid: str) -> str:

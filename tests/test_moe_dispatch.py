@@ -162,3 +162,36 @@ def test_expert_blocks_in_chunks_keep_one_chunks_weight_copies_under_xla():
     copies = 2 * 8 * 3 * 8 * 64 * 4                      # every block's copy of its expert's 3 matrices, float32
     whole, chunked = planned_bytes(0), planned_bytes(2)
     assert whole > copies and chunked < whole - copies, (whole, chunked, copies)
+
+
+def _constant_custom_gradient_inputs(fn, *args) -> list[str]:
+    """The constants `fn` traced on `args` (default: one [4, 8] float32) feeds to its custom gradients
+    (IdentityN ops) as operands."""
+    graph = tf.function(fn).get_concrete_function(*(args or [tf.TensorSpec([4, 8], tf.float32)])).graph
+    return [t.name for op in graph.get_operations() if op.type == "IdentityN"
+            for t in op.inputs if t.op.type == "Const"]
+
+
+def test_experts_silu_is_tf_nn_silu_with_no_constant_operand():
+    """The experts' silu (harness.nn.layers.silu) gives tf.nn.silu's values and gradients bit for bit, and its
+    custom gradient takes no constant: in a train loop a constant operand (tf.nn.silu's beta) is hoisted out
+    of the loop, and DTensor's expansion of the custom gradient's IdentityN can then move the op out of the
+    loop too ("operand #0 does not dominate this use": smoke-mesh.yaml on a 2x2 mesh without FSDP)."""
+    from harness.nn.layers import silu
+
+    x = tf.random.stateless_normal([64, 33], seed=[3, 4]) * 4
+    dy = tf.random.stateless_normal([64, 33], seed=[5, 6])
+    got, want = [], []
+    for fn, out in ((silu, got), (tf.nn.silu, want)):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        out += [y.numpy(), tape.gradient(y, x, output_gradients=dy).numpy()]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert _constant_custom_gradient_inputs(silu) == []
+    assert _constant_custom_gradient_inputs(tf.nn.silu)  # the check sees the beta it guards against
+    # The expert blocks' forward and backward passes, chunked, call no custom gradient with a constant.
+    xs, index, ws = _expert_blocks_case(blocks=4)
+    assert _constant_custom_gradient_inputs(lambda *a: _expert_blocks_grads(a[0], a[1], list(a[2:]), 2),
+                                            xs, index, *ws) == []

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from harness import config as config_lib
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.train.run import execute
@@ -274,16 +275,12 @@ def test_mesh_that_does_not_divide_heads_is_one_clear_line(tmp_out):
 
 # The smoke's beam-search evals of 400 sentences cost more than its training; 100 (one decode batch) still
 # give a BLEU well above the target after the 2 epochs the run trains (0.59 measured, target 0.25).
-SMOKE_EVAL_SAMPLES = 100
-
-
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("transformer_smoke"))
-    # oneDNN's kernels forced on, whatever this CPU's default: they refuse some shapes the default ones take.
-    proc = run_cli("run", SMOKE, "--output_dir", out,
-                   *sets(data__eval_samples=SMOKE_EVAL_SAMPLES, schedule__eval_batch_size=SMOKE_EVAL_SAMPLES),
-                   env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
+    # As shipped (tests/test_shipped_configs.py counts on it). oneDNN's kernels forced on, whatever this
+    # CPU's default: they refuse some shapes the default ones take.
+    proc = run_cli("run", SMOKE, "--output_dir", out, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
     return proc, read_summary(out, "transformer")
 
 
@@ -294,7 +291,8 @@ def test_smoke_reaches_bleu_target_with_a_compliant_log(smoke_run):
     assert summary["evals"][-1]["metrics"]["bleu"] >= 0.25
     assert summary["compliance"]["0.7.0"]["verdict"] == "PASS"
     assert not [f for f in summary["integrity"] if f["severity"] == "error"]
-    assert all(e["counted"] == SMOKE_EVAL_SAMPLES for e in summary["evals"])
+    eval_samples = config_lib.load_config(SMOKE).data.eval_samples
+    assert all(e["counted"] == eval_samples for e in summary["evals"])
     with open(summary["log"]) as f:
         text = f.read()
     assert '"key": "max_sequence_length", "value": 32' in text and '"method": "discard"' in text

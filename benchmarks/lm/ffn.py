@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, normal
+from harness.nn.layers import Block, normal, silu
 from harness.runtime.base import Runtime
 
 
 def swiglu_hidden(gate: tf.Tensor, up: tf.Tensor) -> tf.Tensor:
-    """The hidden units from the gate and up projections: silu(gate) * up."""
-    return tf.nn.silu(gate) * up
+    """The hidden units from the gate and up projections: silu(gate) * up (harness.nn.layers.silu: no constant
+    operand in its custom gradient, which a DTensor mesh can move out of the train loop)."""
+    return silu(gate) * up
 
 
 def swiglu(x: tf.Tensor, w_gate: tf.Tensor, w_up: tf.Tensor, w_down: tf.Tensor, up_equation: str,

@@ -229,6 +229,24 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None) -> tf.Tensor:
     return tf.nn.experimental.stateless_dropout(x, rate, seed)
 
 
+@tf.custom_gradient
+def silu(x: tf.Tensor) -> tf.Tensor:
+    """x * sigmoid(x): tf.nn.silu's values and gradient (sigmoid recomputed in the backward pass, so only
+    x is kept), without its constant `beta` operand.
+
+    A custom gradient is an IdentityN over its outputs and inputs. DTensor's SPMD expansion re-creates
+    that op after whichever operand it finds last, comparing positions across blocks; inside the train
+    loop (a while loop), tf.nn.silu's beta constant is hoisted out of the loop body and can win, moving
+    the op out of the loop: "operand #0 does not dominate this use". Here the only operands are x and the
+    result, both computed where the model calls silu."""
+    def grad(dy: tf.Tensor) -> tf.Tensor:
+        with tf.control_dependencies([dy]):  # recomputed, not kept from the forward pass
+            sig = tf.sigmoid(x)
+        return dy * (sig * (1.0 + x * (1.0 - sig)))
+
+    return x * tf.sigmoid(x), grad
+
+
 NEG_INF = -1e9  # additive attention bias of a masked key (exp underflows to exactly 0 in float32)
 
 
