@@ -1,18 +1,13 @@
 """Llama 3.1 8B pretraining (MLPerf llama31_8b, rulesets 5.1.0-6.1.0: one closed checker file, gpt_oss_20b's but
 for the target 3.3; 6.1.0's disclosure keys logged in all three): the decoder LMs' workload and stack
-(benchmarks/lm/) as NeMo's `Llama31Config8B` sets them. Grouped-query attention with Llama 3.1's RoPE
-scaling, full causal attention over the whole row (the reference resets no mask at documents), a dense
-SwiGLU feed-forward, every position trained and scored; every weight normal(init_stddev) but the attention
-output and down projections (Megatron's scaled output-layer init)."""
+(benchmarks/lm/) with the Llama block (benchmarks/lm/llama.py) as NeMo's `Llama31Config8B` sets them:
+grouped-query attention with Llama 3.1's RoPE scaling, every position trained and scored."""
 from __future__ import annotations
 
-from harness.errors import HarnessError
 from harness.train.reference import ReferenceModel
 
 from benchmarks.llama31_8b import config
-from benchmarks.lm.attention import Attention
-from benchmarks.lm.decoder import Decoder
-from benchmarks.lm.ffn import SwiGLU
+from benchmarks.lm.llama import LLAMA_SPLIT_DIMS, Llama
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # Llama 3.1 8B as the MLPerf reference builds it (NeMo's Llama31Config8B).
@@ -22,17 +17,6 @@ REFERENCE_MODEL = ReferenceModel("Llama 3.1 8B", {
     "model.rope_scaling_factor": 8.0, "model.rope_low_freq_factor": 1.0, "model.rope_high_freq_factor": 4.0,
     "model.rope_original_context": 8192, "model.norm_epsilon": 1e-5, "model.init_stddev": 0.02,
     "model.output_init_stddev": 0.0})
-
-
-class Llama(Decoder):
-    def attention(self, path: str, layer: int) -> Attention:
-        c = self.cfg  # full causal attention: the window is the row, one dense block
-        return Attention(self.runtime, path, self.seed, c, window=self.seq, block=self.seq,
-                         rope_scaling=c.rope_scaling(), output_stddev=c.output_stddev())
-
-    def ffn(self, path: str, layer: int) -> SwiGLU:
-        c = self.cfg
-        return SwiGLU(self.runtime, path, self.seed, c.hidden_size, c.ffn_hidden, c.init_stddev, c.output_stddev())
 
 
 class LlamaWorkload(DecoderLMWorkload):
@@ -46,13 +30,10 @@ class LlamaWorkload(DecoderLMWorkload):
     # The dry run of a model too big for the host compiles 1 and 2 layers and vocabularies of 512 and 1024
     # at full width and extrapolates (harness.train.dryrun.linear_stand_in).
     DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.vocab_size": (512, 1024)}
-    SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, "model.ffn_hidden": "ff"}
+    SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, **LLAMA_SPLIT_DIMS}
 
     def validate_model(self) -> None:
-        m = self.cfg.model
-        if m.rope_scaling_factor and m.rope_high_freq_factor <= m.rope_low_freq_factor:
-            raise HarnessError(f"model.rope_high_freq_factor={m.rope_high_freq_factor:g} must exceed "
-                               f"model.rope_low_freq_factor={m.rope_low_freq_factor:g} (Llama 3.1 RoPE scaling)")
+        self.cfg.model.validate()
 
     def make_model(self) -> Llama:
         return Llama(self.runtime, "llama", self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)

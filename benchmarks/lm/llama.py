@@ -1,0 +1,62 @@
+"""The Llama decoder block family (Llama 2 and 3.x): grouped-query attention over the whole row with RoPE
+(Llama 3.1's frequency scaling optional), a dense SwiGLU feed-forward, every weight normal(init_stddev) but the
+attention output and down projections (Megatron's scaled output-layer init). A Llama benchmark is its config
+defaults plus this block."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from harness.config import field
+from harness.errors import HarnessError
+from harness.nn.layers import RopeScaling
+
+from benchmarks.lm.attention import Attention
+from benchmarks.lm.config import DecoderModelConfig
+from benchmarks.lm.decoder import Decoder
+from benchmarks.lm.ffn import SwiGLU
+
+
+@dataclasses.dataclass
+class LlamaModelConfig(DecoderModelConfig):  # the decoder's fields (defaults: Llama 3.1 8B's), then Llama's
+    ffn_hidden: int = field(14336, min=1, doc="SwiGLU hidden units")
+    rope_scaling_factor: float = field(8.0, min=0.0, doc="Llama 3.1 RoPE scaling (rope_type llama3); 0 = off")
+    rope_low_freq_factor: float = field(1.0, min=0.0)
+    rope_high_freq_factor: float = field(4.0, min=0.0)
+    rope_original_context: int = field(8192, min=1, doc="original_max_position_embeddings of the scaling")
+    output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
+                                      "down projections; 0 = init_stddev / sqrt(2 * num_layers), Megatron's scaled "
+                                      "init (output_layer_init_method), which the reference keeps")
+
+    def output_stddev(self) -> float:
+        return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
+
+    def rope_scaling(self) -> RopeScaling | None:
+        if not self.rope_scaling_factor:
+            return None
+        return RopeScaling(self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                           self.rope_original_context)
+
+    def validate(self) -> None:
+        """What the block needs of the config beyond its split sizes (DecoderLMWorkload.SPLIT_DIMS)."""
+        if self.rope_scaling_factor and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise HarnessError(f"model.rope_high_freq_factor={self.rope_high_freq_factor:g} must exceed "
+                               f"model.rope_low_freq_factor={self.rope_low_freq_factor:g} (Llama 3.1 RoPE scaling)")
+
+
+# The sizes of the block a layout may split, beside the decoder's own (DecoderLMWorkload.SPLIT_DIMS).
+LLAMA_SPLIT_DIMS = {"model.ffn_hidden": "ff"}
+
+
+class Llama(Decoder):
+    """Full causal attention (the window is the row, one dense block: the reference resets no mask at
+    documents) and a dense SwiGLU in every layer."""
+
+    def attention(self, path: str, layer: int) -> Attention:
+        c = self.cfg
+        return Attention(self.runtime, path, self.seed, c, window=self.seq, block=self.seq,
+                         rope_scaling=c.rope_scaling(), output_stddev=c.output_stddev())
+
+    def ffn(self, path: str, layer: int) -> SwiGLU:
+        c = self.cfg
+        return SwiGLU(self.runtime, path, self.seed, c.hidden_size, c.ffn_hidden, c.init_stddev, c.output_stddev())
