@@ -194,7 +194,8 @@ _ALL = [
     _bench("maskrcnn", _at(span("0.7.0", "3.1.0"), None, text="BBOX >= 0.377 and SEGM >= 0.339"), True, 5,
            span("1.0.0", "3.1.0")),
     _bench("minigo", _at(span("0.7.0", "2.1.0"), 0.5), True, 10),
-    _bench("dlrm", _at(span("0.7.0", "2.1.0"), 0.8025), True, 5, span("1.0.0", "2.1.0")),
+    # dlrm's RCP files ship, but the RCP checker has no run count for the key and stops on it: no RCPs here.
+    _bench("dlrm", _at(span("0.7.0", "2.1.0"), 0.8025), True, 5, ()),
     _bench("dlrm_dcnv2", _at(span("3.0.0", "6.0.0"), 0.80275), True, 10, span("3.0.0", "6.0.0")),
     _bench("rnnt", _at(span("1.0.0", "3.1.0"), 0.058), False, 10, span("1.0.0", "3.1.0")),
     _bench("unet3d", _at(span("1.0.0", "4.0.0"), 0.908), True, 40, span("1.0.0", "4.0.0")),
@@ -278,10 +279,6 @@ def closed_target(key: str, ruleset: str, global_batch: int | None = None) -> fl
     if target.small_batch and global_batch is not None and global_batch < target.small_batch[0]:
         return target.small_batch[1]
     return target.value
-
-
-def target_text(key: str, ruleset: str) -> str:
-    return record(key).targets[ruleset].text
 
 
 def reaches(key: str | None, value: float, target: float) -> bool:

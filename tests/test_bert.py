@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from harness import config as config_lib
-from harness.benchmark_rules import bert_eval_every as mlperf_eval_every
+from harness.benchmark_rules import bert_eval_every
 from harness.train import loop
 from harness.errors import HarnessError
 from harness.runtime import InputContext, make_runtime
@@ -35,8 +35,8 @@ def workload_for(overrides: list[str]) -> BertWorkload:
 
 
 def test_eval_cadence_is_the_mlperf_formula_in_samples():
-    assert mlperf_eval_every(448) == 150_000      # floor(0.05*(103143+3e6)/25000)*25000
-    assert mlperf_eval_every(8192) == 225_000
+    assert bert_eval_every(448) == 150_000      # floor(0.05*(103143+3e6)/25000)*25000
+    assert bert_eval_every(8192) == 225_000
     wl = workload_for(["data.eval_every_samples=0", "schedule.global_batch_size=448",
                        "data.train_samples=1000000"])
     assert wl.eval_every_samples == 150_000

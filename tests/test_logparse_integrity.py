@@ -7,7 +7,7 @@ import os
 import pytest
 
 from harness.errors import HarnessError
-from harness.benchmark_rules import bert_eval_every as bert_eval_interval
+from harness.benchmark_rules import bert_eval_every
 from harness.review.integrity import check_eval_schedule, check_integrity, check_seeds
 from harness.review.logparse import parse_lines, parse_log, summarize
 
@@ -261,7 +261,7 @@ def bert_log(positions, stop_status="success"):
 
 
 def test_bert_schedule_per_ruleset():
-    every = bert_eval_interval(448)
+    every = bert_eval_every(448)
     assert every == 150_000
     v1 = [math.ceil(k * every / 448) * 448 for k in range(1, 6)]  # rounded up to a whole batch
     assert schedule_findings(bert_log(v1), "4.0.0") == []

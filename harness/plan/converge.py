@@ -10,8 +10,8 @@ last two points are extrapolated linearly. Both are flagged: the table says noth
 from __future__ import annotations
 
 import dataclasses
-import os
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
 
@@ -65,12 +65,8 @@ def rcp_points(benchmark: str, ruleset: str) -> list[tuple[float, float]]:
 
 
 def has_rcps(benchmark: str, ruleset: str) -> bool:
-    from harness.review import rcp
-
-    try:
-        return int(ruleset.split(".")[0]) >= 1 and os.path.isfile(rcp.rcp_path(benchmark, ruleset))
-    except ValueError:
-        return False
+    """Whether the benchmark's record lists RCPs for `ruleset` (a workload's name is its MLPerf key)."""
+    return rules.has_rcp(benchmark, ruleset)
 
 
 def to_converge(workload: str, ruleset: str, global_batch: float, unit: str, table: dict | None) -> Convergence:
