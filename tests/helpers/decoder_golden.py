@@ -2,8 +2,8 @@
 small llama31_8b and gpt_oss_20b models (float32, one device, eager, fixed seed and batch), so a change of
 the model code that should be a refactoring is shown to leave them as they were.
 
-Each case is a shipped smoke config with overrides that cover one path of the code: Llama 3.1 RoPE scaling,
-remat, windowed and blockwise-full attention with document segments, dense causal attention, the sorted
+Each case is a shipped smoke config with its sizes pinned and overrides that cover one path of the code:
+Llama 3.1 RoPE scaling, remat, windowed and blockwise-full attention with document segments, dense causal attention, the sorted
 (chunked) and dense MoE dispatch, capacity drops and the router losses. `python tests/helpers/decoder_golden.py`
 writes tests/data/decoder_golden.json from the code as it is (tests/test_decoder_golden.py compares).
 """
@@ -23,9 +23,15 @@ import tensorflow as tf  # noqa: E402
 GOLDEN = os.path.join(REPO, "tests", "data", "decoder_golden.json")
 ONE_DEVICE = ["submission.division=open", "runtime.kind=default", "runtime.cpu_devices=0",
               "runtime.precision=float32", "runtime.jit_compile=false", "seed=7"]
-LLAMA = ["data.seq_length=32", "model.hidden_size=32", "model.head_dim=8", "model.ffn_hidden=48",
+# Every size set here, not taken from the smoke configs, so editing a smoke config leaves the pinned numbers be.
+LLAMA = ["data.seq_length=32", "data.eod_id=0", "model.vocab_size=64", "model.num_layers=2", "model.num_heads=4",
+         "model.num_kv_heads=2", "model.hidden_size=32", "model.head_dim=8", "model.ffn_hidden=48",
          "model.rope_original_context=16"]
-GPT = ["data.seq_length=256", "model.moe_block_size=8", "model.moe_chunk_blocks=5"]
+GPT = ["data.seq_length=256", "data.eod_id=0", "model.vocab_size=64", "model.hidden_size=32", "model.num_layers=2",
+       "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=8", "model.full_attention_span=128",
+       "model.document_attention=true", "model.attention_block=64", "model.num_experts=8",
+       "model.experts_per_token=2", "model.expert_hidden=32", "model.moe_group_size=32", "model.moe_block_size=8",
+       "model.moe_chunk_blocks=5"]
 CASES = {
     "llama": ("llama31_8b", LLAMA),
     "llama_remat": ("llama31_8b", LLAMA + ["model.remat=true", "model.rope_scaling_factor=0"]),
