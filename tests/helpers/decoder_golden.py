@@ -5,7 +5,8 @@ the model code that should be a refactoring is shown to leave them as they were.
 Each case is a shipped smoke config with its sizes pinned and overrides that cover one path of the code:
 Llama 3.1 RoPE scaling, remat, windowed and blockwise-full attention with document segments, dense causal
 attention, the sorted (chunked) and dense MoE dispatch, capacity drops and the router losses.
-`python tests/helpers/decoder_golden.py` writes tests/data/decoder_golden.json from the code as it is (tests/test_decoder_golden.py compares).
+`python tests/helpers/decoder_golden.py` writes tests/data/decoder_golden.json from the code as it is
+(tests/test_decoder_golden.py compares).
 """
 from __future__ import annotations
 
