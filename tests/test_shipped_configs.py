@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, cli_in_process
 
 # Smoke configs that another test runs as shipped (`run CONFIG` with no --set), to its target, and whose
 # summary it holds to the official checker: config -> (test file, the function that starts the run).
@@ -136,6 +136,10 @@ def test_smoke_config_reaches_its_target_with_a_compliant_log_as_shipped(smoke_r
     verdicts = {r: v["verdict"] for r, v in summary["compliance"].items()}
     assert verdicts and set(verdicts.values()) == {"PASS"}, verdicts
     assert summary["compliant"]
+    # `check` with no --ruleset judges the log under the rulesets its run gated on, and passes it.
+    checked = cli_in_process("check", summary["log"])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert all(f"official compliance checker, ruleset {r}: PASS" in checked.stdout for r in verdicts), checked.stdout
 
 
 # ------------------------------------------------------------- hardware configs, up to the compile
