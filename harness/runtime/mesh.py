@@ -214,12 +214,6 @@ class MeshRuntime(Runtime):
         ds = ds.flat_map(_slicer(per_host // per_replica, per_replica))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-        # No autotune model thread: destroying an iterator joins it, and TensorFlow's cancellation wakes it
-        # before raising the flag it checks (callbacks run first), so it can sleep out its period (up to
-        # 60 s) again. DTensorDataset holds one iterator per local device per pipeline, joined in turn: up
-        # to minutes between run_stop and exit. AUTOTUNE maps then use the thread pool's size, and
-        # AUTOTUNE prefetches keep their own buffer tuning: the same rate on a CPU mesh (measured).
-        options.autotune.enabled = False
         ds = ds.with_options(options)
         layouts = tf.nest.map_structure(
             lambda s: dtensor.Layout.batch_sharded(self.mesh, self.batch_dim, s.shape.rank), ds.element_spec)
