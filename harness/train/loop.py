@@ -67,9 +67,10 @@ def _zeros_like_spec(spec: Any) -> Any:
 def without_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     """`ds` with no tf.data autotune model thread. Destroying an iterator joins that thread, and
     TensorFlow's cancellation wakes it before raising the flag it checks (callbacks run first), so it can
-    sleep out its period again (doubling up to 60 s): after run_stop, each of a run's iterators (one per
-    device on a mesh or mirrored runtime) could hold the run's end that long. AUTOTUNE maps then run at the
-    thread pool's size and AUTOTUNE prefetches keep their own buffer tuning: the same input rate (measured)."""
+    sleep out its period again (doubling up to 60 s), per iterator: a mesh's (one per device and pipeline)
+    held a run's end minutes after run_stop. tf.distribute's own per-device prefetch iterators (mirrored
+    runtimes) keep their thread. AUTOTUNE maps then run at the thread pool's size and AUTOTUNE prefetches
+    keep their own buffer tuning: the same input rate (measured)."""
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
