@@ -535,9 +535,10 @@ def main() -> None:
 
         def measure(extra: list[str], bare: bool = True) -> tuple[dict[str, float], list[dict[str, float]], Any]:
             """Rates of the pipeline, its floor (if any) and (`bare`) the bare op, and each round's; the floor
-            and bare sides run with the pipeline's own tf.data options (threads, determinism, autotuning)."""
+            and bare sides run with the pipeline's own tf.data options (threads, determinism, no autotuning)."""
             pipeline, (workload, runtime, cfg) = harness_batches(config, base + extra, a.batch)
             options = train_options(pipeline_config(cfg.data))
+            options.autotune.enabled = False  # as train_input's pipeline runs (loop.without_autotune)
             sides = {"pipeline": pipeline}
             if bench.floor is not None:
                 sides["floor"] = bench.floor(workload).with_options(options)

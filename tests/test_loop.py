@@ -15,9 +15,10 @@ import tensorflow as tf
 
 from conftest import REPO, free_ports
 from harness.review import logparse
-from harness.train.loop import CompiledSteps, run_timed, train_input, training_seed
+from harness.train.loop import CompiledSteps, eval_input, run_timed, train_input, training_seed
 from harness.mlperf import MLPerfLog
 from harness.runtime import make_runtime
+from harness.runtime.base import InputContext
 from harness.config import RuntimeConfig
 
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
@@ -201,3 +202,19 @@ def test_progress_lines_and_tensorboard_scalars(tmp_path, capsys):
     # One train point per compiled chunk (chunks end at log steps and at evals), the last at the end.
     train_steps = [e.step for e in acc.Tensors("train/loss")]
     assert train_steps == sorted(set(train_steps)) and train_steps[-1] == result.steps
+
+
+class _HostPipeline:
+    """A runtime that hands back the host's tf.data pipeline itself, to read its options."""
+
+    def distribute_dataset(self, dataset_fn, global_batch: int, seed: int) -> tf.data.Dataset:
+        return dataset_fn(InputContext(num_hosts=1, host_id=0, batch_size=global_batch, seed=seed))
+
+
+def test_input_pipelines_run_no_autotune_thread(tmp_path):
+    # Destroying an iterator joins its autotune thread, which can sleep out a period of up to 60 s
+    # first: a run's iterators would hold its end. The workload's training options ask for autotune.
+    wl = toy.make(str(tmp_path), make_runtime(RuntimeConfig()))
+    pipelines = [train_input(_HostPipeline(), wl, 10, 0), train_input(_HostPipeline(), wl, 10, 0, dummy=True),
+                 eval_input(_HostPipeline(), wl, 10, 0), eval_input(_HostPipeline(), wl, 10, 0, dummy=True)]
+    assert [p.options().autotune.enabled for p in pipelines] == [False] * 4

@@ -45,10 +45,14 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
             wl.validate()
             wl.build()
             steps = loop.CompiledSteps(rt, wl)
-            it = iter(loop.train_input(rt, wl, 64, cfg.seed))
+            train_data = loop.train_input(rt, wl, 64, cfg.seed)
+            it = iter(train_data)
             losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range({STEPS})]
-            metrics, counted = loop.evaluate(steps, loop.eval_input(rt, wl, 64, cfg.seed), 2)
-            return rt, losses, dict(counted=counted, accuracy=metrics[wl.METRIC])
+            eval_data = loop.eval_input(rt, wl, 64, cfg.seed)
+            metrics, counted = loop.evaluate(steps, eval_data, 2)
+            autotune = ([d.options().autotune.enabled for d in (train_data, eval_data)]
+                        if cfg.runtime.kind == "mesh" else None)
+            return rt, losses, dict(counted=counted, accuracy=metrics[wl.METRIC], autotune=autotune)
 
         mesh, mesh_losses, mesh_totals = train({SMOKE_MESH!r})
         shards = {{v.path: [list(v.variable.shape), [list(s) for s in mesh.local_shapes(v.variable)], list(v.dims)]
@@ -63,6 +67,9 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
     np.testing.assert_allclose(mesh, single, rtol=LOSS_RTOL)
     # The eval over the padded, split set counts exactly eval_samples on both.
     assert out["mesh_totals"]["counted"] == out["single_totals"]["counted"] == 100
+    # The mesh's pipelines run no autotune model thread (the training one asks for it): tearing down
+    # DTensorDataset's per-device iterators would otherwise wait out each thread's sleep.
+    assert out["mesh_totals"]["autotune"] == [False, False]
     # At most one masked-LM prediction (of ~500) may flip on float32 reduction order.
     np.testing.assert_allclose(out["mesh_totals"]["accuracy"], out["single_totals"]["accuracy"], atol=2.5e-3)
 

@@ -64,6 +64,18 @@ def _zeros_like_spec(spec: Any) -> Any:
     return tf.nest.map_structure(lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), spec)
 
 
+def without_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with no tf.data autotune model thread. Destroying an iterator joins that thread, and
+    TensorFlow's cancellation wakes it before raising the flag it checks (callbacks run first), so it can
+    sleep out its period again (doubling up to 60 s), per iterator: a mesh's (one per device and pipeline)
+    held a run's end minutes after run_stop. tf.distribute's own per-device prefetch iterators (mirrored
+    runtimes) keep their thread. AUTOTUNE maps then run at the thread pool's size and AUTOTUNE prefetches
+    keep their own buffer tuning: the same input rate (measured)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
 def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: int,
                 dummy: bool = False, wait: InputWait | None = None) -> Any:
     """Per-replica (or per-host on a mesh) batches of training examples, or zeros of the same shape.
@@ -89,7 +101,7 @@ def train_input(runtime: Runtime, workload: Workload, global_batch: int, seed: i
             ds = tf.data.Dataset.from_tensors(_zeros_like_spec(ds.element_spec)).repeat()
         if pipe.prefetch_to_device or dummy:
             ds = ds.prefetch(tf.data.AUTOTUNE)
-        return wait.measure(ds) if wait is not None else ds
+        return without_autotune(wait.measure(ds) if wait is not None else ds)
 
     return runtime.distribute_dataset(dataset_fn, global_batch, seed)
 
@@ -135,7 +147,7 @@ def eval_input(runtime: Runtime, workload: Workload, global_batch: int, seed: in
             if size is not None and size * (per_host // ctx.batch_size) <= pipe.cache_eval_max_mb * 2 ** 20:
                 ds = ds.cache()
             ds = ds.repeat()
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return without_autotune(ds.prefetch(tf.data.AUTOTUNE))
 
     return runtime.distribute_dataset(dataset_fn, global_batch, seed)
 
