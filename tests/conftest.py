@@ -8,6 +8,7 @@ import random
 import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -63,6 +64,26 @@ def run_dir(output_dir: str, workload: str = "resnet") -> str:
 def read_summary(output_dir: str, workload: str = "resnet") -> dict:
     with open(os.path.join(run_dir(output_dir, workload), "summary.json")) as f:
         return json.load(f)
+
+
+def refusals_in_one_process(runs: list[tuple[str, list[str]]], output_dir: str, timeout: int = 600) -> list[str]:
+    """`run.execute(config, overrides)` for each run in one fresh process (one TensorFlow start, devices as a
+    run sets them up): per run, "error: <message>" for a HarnessError or "NO ERROR"."""
+    script = textwrap.dedent(f"""
+        from harness.train import run
+        from harness.errors import HarnessError
+        for config, overrides in {runs!r}:
+            try:
+                run.execute(config, overrides, {output_dir!r})
+                print("NO ERROR")
+            except HarnessError as e:
+                print("error:", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("error:", "NO ERROR"))]
+    assert len(lines) == len(runs), proc.stdout + proc.stderr[-2000:]
+    return lines
 
 
 def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:

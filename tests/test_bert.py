@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -20,7 +17,7 @@ from benchmarks.bert import checkpoint, tfrecord_writer
 from benchmarks.bert.data import SyntheticSource, TFRecordSource
 from benchmarks.bert.workload import BertWorkload
 
-from conftest import REPO, cli_in_process, stderr_error_lines
+from conftest import REPO, cli_in_process, refusals_in_one_process, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -176,21 +173,9 @@ def test_mesh_size_mismatch_is_one_line_exit_2(tmp_path):
 
 def test_mesh_divisibility_checks_name_the_numbers(tmp_path):
     """Batch, heads and feed-forward that do not divide over the mesh fail before the log is written."""
-    script = textwrap.dedent(f"""
-        from harness.train import run
-        from harness.errors import HarnessError
-        for o in (["schedule.global_batch_size=63"], ["model.num_heads=1"], ["model.ff_size=511"],
-                  ["model.vocab_size=255"]):
-            try:
-                run.execute({SMOKE_MESH!r}, o, {str(tmp_path)!r})
-                print("NO ERROR")
-            except HarnessError as e:
-                print("error:", e)
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(("error:", "NO ERROR"))]
-    assert len(lines) == 4, proc.stdout + proc.stderr[-2000:]
+    lines = refusals_in_one_process([(SMOKE_MESH, o) for o in (
+        ["schedule.global_batch_size=63"], ["model.num_heads=1"], ["model.ff_size=511"], ["model.vocab_size=255"])],
+        str(tmp_path), timeout=300)
     assert "global_batch_size=63 does not divide over 2 replicas" in lines[0]
     assert lines[1] == "error: model.num_heads=1 does not divide over 2 devices (runtime.layout.heads=model of size 2)"
     assert lines[2] == "error: model.ff_size=511 does not divide over 2 devices (runtime.layout.ff=model of size 2)"

@@ -5,9 +5,6 @@ tests/test_decoder_golden.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -18,7 +15,7 @@ from benchmarks.lm.workload import DecoderLMWorkload
 from harness import config as config_lib
 from harness.errors import HarnessError
 
-from conftest import REPO
+from conftest import REPO, refusals_in_one_process
 
 SMOKE = {name: os.path.join(REPO, "configs", name, "smoke.yaml") for name in ("llama31_8b", "gpt_oss_20b")}
 
@@ -51,21 +48,8 @@ def test_split_sizes_that_do_not_divide_over_the_mesh_are_refused_before_the_log
     cases = [("llama31_8b", "model.num_kv_heads=1", "heads"), ("llama31_8b", "model.ffn_hidden=127", "ff"),
              ("llama31_8b", "model.vocab_size=63", "vocab"), ("gpt_oss_20b", "model.num_experts=7", "experts"),
              ("gpt_oss_20b", "model.expert_hidden=31", "ff"), ("gpt_oss_20b", "model.vocab_size=63", "vocab")]
-    script = textwrap.dedent(f"""
-        import os
-        from harness.train import run
-        from harness.errors import HarnessError
-        for name, override, _ in {cases!r}:
-            try:
-                run.execute(os.path.join({REPO!r}, "configs", name, "smoke-mesh.yaml"), [override], {str(tmp_path)!r})
-                print("NO ERROR")
-            except HarnessError as e:
-                print("error:", e)
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(("error:", "NO ERROR"))]
-    assert len(lines) == len(cases), proc.stdout + proc.stderr[-2000:]
+    lines = refusals_in_one_process([(os.path.join(REPO, "configs", name, "smoke-mesh.yaml"), [override])
+                                     for name, override, _ in cases], str(tmp_path))
     for line, (_, override, dim) in zip(lines, cases):
         key, value = override.split("=")
         assert line.startswith(f"error: {key}={value} does not divide over 2 devices (runtime.layout.{dim}="), line
