@@ -440,7 +440,7 @@ class RunObserver:
 
 
 @dataclasses.dataclass
-class Block:
+class BlockResult:
     """One training block's outcome."""
     end: EvalPoint   # where it stopped: its eval point, or where a non-finite loss cut it short
     loss: float      # the global loss of its last step
@@ -467,7 +467,7 @@ def warm_up_and_restore(steps: CompiledSteps) -> None:
 
 
 def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: RunObserver, prev: EvalPoint,
-                point: EvalPoint, done_steps: int) -> Block:
+                point: EvalPoint, done_steps: int) -> BlockResult:
     """block_start, the optimizer steps from `done_steps` to `point` (host calls of at most steps_per_loop
     steps, cut at each log_every_steps line; stopped by a non-finite loss), block_stop."""
     s, schedule = steps.workload.cfg.schedule, observer.schedule
@@ -492,7 +492,7 @@ def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: R
     samples = done_steps * s.global_batch_size
     end = point if finite else EvalPoint(done_steps, schedule.position(samples), samples)
     log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": end.samples})
-    return Block(end, loss, finite, seconds)
+    return BlockResult(end, loss, finite, seconds)
 
 
 def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, schedule: EvalSchedule,
@@ -518,7 +518,7 @@ def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, sch
     return score, bool(reached), metrics, counted
 
 
-def stop_reason(workload: Workload, block: Block, reached: bool, score: float) -> tuple[str, str] | None:
+def stop_reason(workload: Workload, block: BlockResult, reached: bool, score: float) -> tuple[str, str] | None:
     """(status, reason) when the run ends at this eval: a non-finite loss aborts it, the target ends it."""
     if not block.finite:
         return "aborted", f"non-finite training loss ({block.loss}) at step {block.end.step}"
