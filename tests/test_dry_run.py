@@ -176,8 +176,8 @@ def _layout_split_bytes(trainable_only: bool = False) -> tuple[int, int, int]:
     """(bytes of the model's variables a model-axis layout splits, of the others, model ways), from the
     config's own layout and the built model's variables, independently of the dry run's arithmetic."""
     cfg = config_lib.load_config(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES)
-    workload, runtime, _ = dryrun.standin_model(cfg)
-    workload.dry_run_inputs()
+    checked, runtime, _ = dryrun.standin_checked(cfg)
+    workload = checked.workload
     with runtime.scope():
         workload.build()
     layout, model = cfg.runtime.layout, "model"
@@ -221,8 +221,8 @@ def test_fsdp_divides_state_and_gradients_by_the_data_axis_where_a_dimension_all
     plain = dryrun.compile_report(path, MESH_OVERRIDES, optimize=False)
     r = dryrun.compile_report(path, MESH_OVERRIDES + ["runtime.fsdp=true"], optimize=False)
     cfg = config_lib.load_config(path, MESH_OVERRIDES)
-    workload, runtime, _ = dryrun.standin_model(cfg)
-    workload.dry_run_inputs()
+    checked, runtime, _ = dryrun.standin_checked(cfg)
+    workload = checked.workload
     with runtime.scope():
         workload.build()
     layout, data, model = cfg.runtime.layout, int(cfg.runtime.mesh["data"]), int(cfg.runtime.mesh["model"])

@@ -14,8 +14,7 @@ import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
 from harness import config as config_lib
-from harness.train import dryrun, weights_init
-from harness.train import run as run_lib
+from harness.train import dryrun
 from harness.train.loop import CompiledSteps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,9 +31,8 @@ TINY = ["submission.division=open", "data.seq_length=64", "model.vocab_size=64",
 def _train_plan() -> tuple[object, config_lib.Config]:
     """XLA's optimized module and buffer assignment of the config's train step (as the dry run compiles it)."""
     cfg = config_lib.load_config(os.path.join(REPO, "configs", "gpt_oss_20b", "gpu-8x-h100.yaml"), TINY)
-    workload, runtime, plan = dryrun.standin_model(cfg)
-    train_spec, _, _ = workload.dry_run_inputs()
-    weights_init.plan(workload, run_lib.run_rulesets(cfg), cfg.submission.division)
+    checked, runtime, plan = dryrun.standin_checked(cfg)  # the run's pre-log checks, as the dry run makes them
+    workload, (train_spec, _, _) = checked.workload, checked.dry_run_inputs
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)

@@ -427,12 +427,6 @@ def standin_checked(cfg: config_lib.Config) -> tuple[Checked, StandInRuntime, De
     return preflight(cfg, runtime, dry_run=True), runtime, plan
 
 
-def standin_model(cfg: config_lib.Config) -> tuple[Any, StandInRuntime, DevicePlan]:
-    """The config's workload on the stand-in runtime, checked as `run` checks it before its log."""
-    checked, runtime, plan = standin_checked(cfg)
-    return checked.workload, runtime, plan
-
-
 def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
     """What the workload's cost module counts as useful for one replica's train step (0: no cost module), so
     the report can show how much more the compiled step does (dense MoE dispatch, padding, recompute)."""
