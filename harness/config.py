@@ -85,6 +85,9 @@ class RuntimeConfig:
     allow_platform_mismatch: bool = field(False, doc="closed division: run even though the devices used "
                                           "differ from those submission.platform declares (experiments; "
                                           "such a result is filed under the wrong system)")
+    host_memory_check: bool = field(True, doc="on the host CPU: refuse, before the log opens, a run whose "
+                                    "estimated peak host memory exceeds the memory available "
+                                    "(harness/train/host_memory.py); false runs it anyway")
     peak_tflops: float = field(0.0, min=0.0, doc="peak dense bf16/fp16 TFLOP/s of one device, for the run's "
                                "MFU (model FLOP/s over devices x peak); 0 = the peak of the plan system file "
                                "(harness/plan/systems/*.yaml) whose device_match names the device, none "

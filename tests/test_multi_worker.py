@@ -106,7 +106,7 @@ def test_lost_worker_fails_the_survivor_with_one_line(tmp_out, fault):
     procs = start_workers(tmp_out, *ENDLESS)
     run_dir = os.path.join(tmp_out, "resnet", "mw")
     try:
-        wait_for_block(procs, os.path.join(run_dir, "result_1.txt"))
+        wait_for_block(procs, os.path.join(run_dir, "incomplete_result_1.log"))  # its name until the run ends
         procs[1].send_signal(getattr(signal, fault))
         stdout, stderr = procs[0].communicate(timeout=WAIT_S)
     finally:

@@ -15,12 +15,13 @@ shared cost, benchmarks/lm/cost.py; expert-parallel all-to-all traffic is not mo
 from __future__ import annotations
 
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                decoder_macs_and_params, decoder_model_cost, eval_positions)
+                                decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
+                                eval_positions)
 from harness.plan.cost import ModelCost
 
 # the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
 __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost"]
+           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
 
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:
@@ -40,3 +41,21 @@ def model_cost(cfg) -> ModelCost:
         cfg, "gpt_oss_20b", macs, params,
         "counted (benchmarks/gpt_oss_20b/cost.py: projections, windowed/causal attention, k active experts, LM head)",
         notes="expert-parallel all-to-all traffic (experts on the data axis) not modelled")
+
+
+def _window_keys(seq: int, window: int, block: int) -> int:
+    """Keys one query's scores span in benchmarks/lm/attention.py's blockwise attention (its block_plan)."""
+    if window >= seq or block >= seq:
+        return seq
+    return (-(-(window - 1) // block) + 1) * block
+
+
+def train_activation_bytes(cfg, rows: int) -> int:
+    """Host bytes of the train step beyond the variables (benchmarks/lm/cost.py): sliding layers' scores span
+    their window's blocks, full layers' the row (or full_attention_span's blocks); each token keeps its
+    routed experts' hidden units (the dispatch's buffers are not counted: a lower bound)."""
+    m, s = cfg.model, cfg.data.seq_length
+    sliding = (m.num_layers + 1) // 2
+    full = _window_keys(s, m.full_attention_span or s, m.attention_block)
+    keys = sliding * _window_keys(s, m.sliding_window, m.attention_block) + (m.num_layers - sliding) * full
+    return decoder_activation_bytes(cfg, rows, keys, m.experts_per_token * m.expert_hidden + m.num_experts)

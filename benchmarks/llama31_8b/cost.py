@@ -10,12 +10,13 @@ v5.1 code uses MODEL_TFLOP_PER_SAMPLE=421.59), 8,030,261,248 parameters.
 from __future__ import annotations
 
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                decoder_macs_and_params, decoder_model_cost, eval_positions)
+                                decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
+                                eval_positions)
 from harness.plan.cost import ModelCost
 
 # the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
 __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost"]
+           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
 
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:
@@ -30,3 +31,10 @@ def model_cost(cfg) -> ModelCost:
     return decoder_model_cost(
         cfg, "llama31_8b", macs, params,
         "counted (benchmarks/llama31_8b/cost.py: projections, causal attention, SwiGLU, LM head)")
+
+
+def train_activation_bytes(cfg, rows: int) -> int:
+    """Host bytes of the train step beyond the variables (benchmarks/lm/cost.py): every query's scores span
+    the whole row (exact up to 1024 tokens; longer rows go in query chunks that keep about (n + 1) / 2n of it)."""
+    m = cfg.model
+    return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, m.ffn_hidden)

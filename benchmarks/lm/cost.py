@@ -74,3 +74,35 @@ def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
     every = cfg.data.eval_every_samples or rules.lm_eval_every(global_batch)
     n = max(1, int(math.ceil(upto / every - 1e-9)))
     return [every * (i + 1) for i in range(n)]
+
+
+# Host memory of a CPU run's train step (harness/train/host_memory.py). Counted per token in elements of the
+# compute dtype, what the forward keeps for the backward pass (TensorFlow's graph executor frees the rest):
+# per layer the two norms' inputs and outputs, the residual sums and the projections' outputs (~8 x hidden),
+# q, k and v before and after RoPE (4 x their widths), the attention scores three times over (scores,
+# scaled and biased, probabilities) for every key a query sees plus the causal bias, the feed-forward's
+# hidden units five times over (gate, up, silu and its sigmoid, product). One layer's worth more is live in
+# the backward pass (its gradients); with model.remat only each layer's input is kept, and the layer being
+# recomputed is live twice. The loss: today's formulation holds float32 [tokens, vocab] logits, their
+# one-hot targets and the backward's softmax and gradient at once: LOSS_COPIES copies, measured on the
+# llama31_8b smoke at vocabularies of 32,000 and 128,256 (peak RSS over the model's state).
+LOSS_COPIES = 5
+
+
+def decoder_activation_bytes(cfg, rows: int, score_keys: float, ffn_units: float) -> int:
+    """Peak bytes of a decoder LM's train step beyond its variables, for `rows` rows of data.seq_length
+    tokens: `score_keys` is the keys one query's scores span summed over the layers, `ffn_units` the hidden
+    units the feed-forward keeps per token and layer (the dense SwiGLU's ffn_hidden; the routed experts')."""
+    m, s = cfg.model, cfg.data.seq_length
+    width = 2 if cfg.runtime.precision in ("bfloat16", "float16") else 4
+    tokens = rows * s
+    qkv = m.head_dim * (m.num_heads + 2 * m.num_kv_heads)
+    groups = m.num_heads // max(1, m.num_kv_heads)
+    per_layer = 8 * m.hidden_size + 4 * qkv + 5 * ffn_units  # elements per token, attention scores aside
+    scores = (3 * m.num_heads + groups) * score_keys          # elements per token over all layers
+    if m.remat:
+        kept = m.num_layers * m.hidden_size + 2 * (per_layer + scores / max(1, m.num_layers))
+    else:
+        kept = m.num_layers * per_layer + scores + per_layer + scores / max(1, m.num_layers)
+    loss = LOSS_COPIES * tokens * m.vocab_size * 4  # float32
+    return int(tokens * kept * width + loss)

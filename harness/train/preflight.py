@@ -17,7 +17,7 @@ from harness import config as config_lib
 from harness import platforms
 from harness.errors import HarnessError
 from harness.runtime.base import Runtime
-from harness.train import data_service, reference, remote_input, weights_init
+from harness.train import data_service, host_memory, reference, remote_input, weights_init
 from harness.train.input_pipeline import pipeline_config
 from harness.train.workload import EvalSchedule, Workload
 
@@ -72,6 +72,8 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
     workload: Any = registry.get(cfg.workload)(cfg, runtime)
     check_batches(cfg, runtime)
     check_closed_target(cfg, workload)
+    if not dry_run:  # the stand-in's CPU is not where the run's memory goes
+        host_memory.check(cfg, runtime)
     inputs = None
     if dry_run:
         # In place of the data checks below: the config's share of `validate`, the data's sizes stood in.

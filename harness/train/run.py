@@ -64,6 +64,9 @@ def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
     path = os.path.join(cfg.output_dir, cfg.workload, run_id)
     if chief and os.path.exists(os.path.join(path, f"result_{cfg.seed}.txt")):
         raise HarnessError(f"{path} already holds a result for seed {cfg.seed}; choose another run_id")
+    if chief and os.path.exists(os.path.join(path, f"incomplete_result_{cfg.seed}.log")):
+        raise HarnessError(f"{path} holds the log of an unfinished run for seed {cfg.seed} (mllog appends, and "
+                           f"that log is evidence); choose another run_id")
     return path
 
 
@@ -101,20 +104,20 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     chief = runtime.is_chief
     run_dir = new_run_dir(cfg, chief)
     log_path = os.path.join(run_dir, f"result_{cfg.seed}.txt")
+    # The log takes its result name only once the loop has ended: a run killed outright (SIGKILL, the
+    # kernel's out-of-memory killer) leaves it under a name no tool reads as a result.
+    open_path = os.path.join(run_dir, f"incomplete_result_{cfg.seed}.log")
     if chief:
         os.makedirs(run_dir, exist_ok=True)
         config_lib.dump_config(cfg, os.path.join(run_dir, "config.yaml"))
         synthetic = " on SYNTHETIC data" if workload.is_synthetic else f" on {workload.data_source} data"
         print(f"{cfg.workload}: {runtime.description}, global batch {cfg.schedule.global_batch_size}, "
               f"target {workload.target}{synthetic}", flush=True)
-    log = MLPerfLog(log_path if chief else None)
+    log = MLPerfLog(open_path if chief else None)
     try:
         result = _timed_run(cfg, runtime, checked, log, run_dir)
     except BaseException as e:
-        log.close()
-        if chief and os.path.exists(log_path):
-            # Keep what was written, under a name no tool mistakes for a result log.
-            os.replace(log_path, os.path.join(run_dir, f"incomplete_result_{cfg.seed}.log"))
+        log.close()  # what was written stays under its incomplete name
         error = _as_harness_error(e, cfg, runtime)
         if error is not None:
             raise error from None
@@ -124,6 +127,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     log.close()
     if not chief:
         return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
+    os.replace(open_path, log_path)
     return finish(cfg, checked, runtime, result, run_dir, log_path)
 
 
