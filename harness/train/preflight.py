@@ -3,7 +3,8 @@
 A config that cannot make a valid run fails here with one `error:` line, before a run directory, a log
 file or a compile exists. The dry run goes through the same sequence on its stand-in runtime and skips
 only the steps that need what it does not have: the data files, and (for the platform check) the real
-devices; each skip says why where it happens.
+devices; each skip says why where it happens. Last, a run on the host's CPU is held to the host's memory
+(`harness/train/host_memory.py`), which the dry run skips too.
 """
 from __future__ import annotations
 
@@ -72,8 +73,6 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
     workload: Any = registry.get(cfg.workload)(cfg, runtime)
     check_batches(cfg, runtime)
     check_closed_target(cfg, workload)
-    if not dry_run:  # the stand-in's CPU is not where the run's memory goes
-        host_memory.check(cfg, runtime)
     inputs = None
     if dry_run:
         # In place of the data checks below: the config's share of `validate`, the data's sizes stood in.
@@ -89,4 +88,6 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
     schedule = workload.eval_schedule()
     # A ruleset that names the reference model's tensors must find all of them in this model, now.
     initialized = weights_init.plan(workload, run_rulesets(cfg), cfg.submission.division)
+    if not dry_run:  # last: a config or data error is the more specific line; the stand-in's CPU is not the run's
+        host_memory.check(cfg, runtime)
     return Checked(workload, schedule, initialized, inputs)
