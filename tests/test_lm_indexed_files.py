@@ -17,7 +17,8 @@ pytestmark = pytest.mark.quick
 
 
 def make_script():
-    spec = importlib.util.spec_from_file_location("make_lm_indexed", os.path.join(REPO, "scripts", "make_lm_indexed.py"))
+    path = os.path.join(REPO, "scripts", "make_lm_indexed.py")
+    spec = importlib.util.spec_from_file_location("make_lm_indexed", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
