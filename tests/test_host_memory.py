@@ -14,7 +14,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.train import host_memory
 
-from conftest import REPO, harness_cmd, run_cli, sets, stderr_error_lines
+from conftest import REPO, cli_in_process, harness_cmd, run_cli, sets, stderr_error_lines
 
 LLAMA = os.path.join(REPO, "configs", "llama31_8b", "smoke.yaml")
 GIB = 2 ** 30
@@ -113,7 +113,8 @@ def test_too_big_cpu_run_is_refused_before_its_log_opens(tmp_out):
 def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     """SIGKILL after the first progress line (mid-training, as the out-of-memory killer would): the log is
     only under its incomplete name, and `check` fails it as a run that did not finish."""
-    proc = subprocess.Popen(harness_cmd("run", LLAMA, "--output_dir", tmp_out, *sets(schedule__target=0.01)),
+    proc = subprocess.Popen(harness_cmd("run", LLAMA, "--output_dir", tmp_out,
+                                        *sets(schedule__target=0.01, run_id="killed")),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))
     seen = []
@@ -127,7 +128,7 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL and seen[-1].startswith("sample "), "".join(seen)
-    [folder] = glob.glob(os.path.join(tmp_out, "llama31_8b", "*"))
+    folder = os.path.join(tmp_out, "llama31_8b", "killed")
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
     log = os.path.join(folder, "incomplete_result_1.log")
     assert "block_start" in open(log).read()
@@ -135,3 +136,8 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     assert check.returncode == 1, check.stdout + check.stderr
     assert "no run_stop: the run did not finish" in check.stdout
     assert "Required EXACTLY_ONE occurrence of 'run_stop' but found 0" in check.stdout
+    # the same run_id again: refused before anything is written over the evidence (mllog appends)
+    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="killed"))
+    lines = stderr_error_lines(again)
+    assert again.returncode == 2 and len(lines) == 1 and "holds the log of an unfinished run" in lines[0], again.stderr
+    assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
