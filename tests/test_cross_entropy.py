@@ -22,6 +22,9 @@ class OneDevice:
     def shards(self, dim: str) -> int:
         return 1
 
+    def place(self, t: tf.Tensor, dims) -> tf.Tensor:
+        return t
+
 
 def numpy_reference(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Loss [b, s], d(sum loss * dy)/dx and /dw in float64, from the definition."""
@@ -54,7 +57,7 @@ def loss_and_grads(fn, case: dict, dtype, jit: bool):
 
 @pytest.mark.quick
 def test_block_length_is_the_longest_divisor_in_budget():
-    assert block_length(8, 1024, 128256) == 64                 # 8 x 64 x 128,256 = 65.7M <= 2**26
+    assert block_length(8, 1024, 128256, budget=2 ** 26) == 64  # 8 x 64 x 128,256 = 65.7M <= 2**26
     assert block_length(8, 1024, 128256, budget=8 * 1024 * 128256) == 1024
     assert block_length(4, 12, 40, budget=4 * 5 * 40) == 4    # 5 does not divide 12
     assert block_length(1, 7, 10 ** 9) == 1                   # nothing fits: one position at a time

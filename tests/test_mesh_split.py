@@ -44,7 +44,8 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 # Contractions that must see 1/2 of a model-split dimension on every device, each summed by an all-reduce
 # over `model`: equation -> (local operand shapes, how many such summed instances the step has).
 # gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data, gathered
-# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 64 -> 32.
+# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 80 -> 40
+# (two vocab-split lookups: the input embedding's rows and the LM head's target columns in the loss).
 # BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
 # Transformer (local rows 2 x 64 tokens): heads 4 -> 2 (encoder, decoder self and cross attention),
 # filter 256 -> 128 (the 4: both layers' down projections and their up projections' input gradients, which
@@ -52,7 +53,7 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 SUMMED_OVER_MODEL = {
     "gpt_oss_20b": {"bshgd,hgdm->bsm": (["1x128x1x2x8", "1x2x8x32"], 1),
                     "bjch,bjhm->bjcm": (["1x9x128x16", "1x9x16x32"], 1),
-                    "kbsm,bsk->bsm": (["1x1x128x32", "1x128x1"], 1)},
+                    "kbsm,bsk->bsm": (["1x1x128x32", "1x128x1"], 2)},
     "bert": {"bsnd,ndh->bsh": (["2x32x2x32", "2x32x128"], 1),
              "BatchMatMulV2": (["2x32x256", "256x128"], 1),
              "kbsm,bsk->bsm": (["1x2x32x128", "2x32x1"], 1)},

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from harness.nn.layers import vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
-BLOCK_ELEMENTS = 2 ** 26  # float32 logits per device in one block (256 MiB)
+BLOCK_ELEMENTS = 2 ** 24  # float32 logits per device in one block (64 MiB)
 
 
 def block_length(batch: int, seq: int, vocab: int, budget: int = BLOCK_ELEMENTS) -> int:
@@ -37,129 +38,137 @@ def block_length(batch: int, seq: int, vocab: int, budget: int = BLOCK_ELEMENTS)
 
 def token_cross_entropy(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, targets: tf.Tensor,
                         budget: int = BLOCK_ELEMENTS) -> tf.Tensor:
-    """-log softmax(hidden @ kernel)[target] per position, float32 [b, s].
+    """-log softmax(hidden @ kernel)[target] per position, float32 [b, s]: logsumexp of the logits (blockwise)
+    minus the target's logit, hidden . kernel[:, target] in float32 (a lookup of the target's column, as the
+    input embedding looks up a row: no [tokens, vocab] one-hot).
 
     hidden [b, s, m] and kernel [m, vocab] in the compute dtype (the logits are float32, as the matmul's
-    output cast up); targets [b, s] int. Gradients reach hidden and kernel (the kernel's summed over blocks in
-    float32 and returned in its dtype)."""
-    b, seq, _ = hidden.shape
-    vocab = kernel.shape[-1]
-    n = runtime.shards("vocab")
-    rows = runtime.shards("batch")
-    local_b = b // rows if b % rows == 0 else b
-    c = block_length(local_b, seq, vocab // n, budget)
-    targets = tf.cast(targets, tf.int32)
-    if n == 1:
-        return _whole_vocab(hidden, kernel, targets, c)
-    return _split_vocab(runtime, hidden, kernel, targets, c, n)
+    output cast up); targets [b, s] int. Gradients reach hidden and kernel."""
+    columns = vocab_parallel_lookup(runtime, tf.transpose(kernel), tf.cast(targets, tf.int32))      # [b, s, m]
+    picked = tf.reduce_sum(tf.cast(hidden, tf.float32) * tf.cast(columns, tf.float32), -1)
+    return blockwise_logsumexp(runtime, hidden, kernel, budget) - picked
 
 
-def _after(deps: list[tf.Tensor], fn):
-    """fn() run after `deps` (empty: at once)."""
-    if not deps:
-        return fn()
-    with tf.control_dependencies(deps):
-        return fn()
-
-
-def _whole_vocab(hidden: tf.Tensor, kernel: tf.Tensor, targets: tf.Tensor, c: int) -> tf.Tensor:
-    """Every device holds the whole vocabulary: the fused sparse softmax cross-entropy kernel per block."""
-    b, seq, _ = hidden.shape
-    vocab = kernel.shape[-1]
-    starts = range(0, seq, c)
-
-    def fused(x: tf.Tensor, w: tf.Tensor, i: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """Block i's losses [b, c] and d loss / d logits [b, c, vocab] (the kernel takes rank 2)."""
-        z = tf.reshape(tf.cast(tf.einsum("bcm,mv->bcv", x[:, i:i + c], w), tf.float32), [b * c, vocab])
-        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-            features=z, labels=tf.reshape(targets[:, i:i + c], [b * c]))
-        return tf.reshape(loss, [b, c]), tf.reshape(backprop, [b, c, vocab])
-
-    @tf.custom_gradient
-    def xent(x: tf.Tensor, w: tf.Tensor):
-        out: list[tf.Tensor] = []
-        for i in starts:
-            loss, _ = _after(out[-1:], lambda: fused(x, w, i))
-            out.append(loss)
-        losses = tf.concat(out, axis=1) if len(out) > 1 else out[0]
-
-        def grad(dy: tf.Tensor):
-            dxs: list[tf.Tensor] = []
-            dw = None
-            for i in starts:
-                def block(i=i):
-                    _, backprop = fused(x, w, i)
-                    return tf.cast(backprop * tf.expand_dims(dy[:, i:i + c], -1), x.dtype)
-                dlogits = _after([] if dw is None else [dw], block)
-                dxs.append(tf.einsum("bcv,mv->bcm", dlogits, w))
-                part = tf.cast(tf.einsum("bcm,bcv->mv", x[:, i:i + c], dlogits), tf.float32)
-                dw = part if dw is None else dw + part
-            dx = tf.concat(dxs, axis=1) if len(dxs) > 1 else dxs[0]
-            return dx, tf.cast(dw, w.dtype)
-
-        return losses, grad
-
-    return xent(hidden, kernel)
-
-
-def _split_vocab(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, targets: tf.Tensor, c: int,
-                 n: int) -> tf.Tensor:
-    """The vocabulary split n ways: each device scores its shard; per-token numbers are reduced over it."""
+def blockwise_logsumexp(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor,
+                        budget: int = BLOCK_ELEMENTS) -> tf.Tensor:
+    """log sum_v exp(hidden @ kernel)[..., v], float32 [b, s], one block of positions at a time, with a
+    gradient that recomputes each block's logits (d/dz = softmax(z))."""
     b, seq, m = hidden.shape
     vocab = kernel.shape[-1]
-    rows = vocab // n
-    starts = range(0, seq, c)
-    tokens = ("batch", None)
-    own = runtime.place(tf.one_hot(targets // rows, n, dtype=tf.float32), tokens + ("vocab",))   # [b, s, n]
-    local = targets % rows                                                                     # [b, s]
+    n = runtime.shards("vocab")
+    data = runtime.shards("batch")
+    c = block_length(b // data if b % data == 0 else b, seq, vocab // n, budget)
+    head = (WholeHead if n == 1 else SplitHead)(runtime, b, c, m, vocab, n)
 
-    def sharded(w: tf.Tensor) -> tf.Tensor:
-        return runtime.place(tf.reshape(w, [m, n, rows]), (None, "vocab", None))
-
-    def logits(x: tf.Tensor, w3: tf.Tensor, i: int) -> tf.Tensor:
-        z = tf.einsum("bcm,mkr->bckr", x[:, i:i + c], w3)
-        return runtime.place(tf.cast(z, tf.float32), tokens + ("vocab", None))                   # [b, c, n, rows]
-
-    def target_hot(i: int) -> tf.Tensor:
-        """[b, c, n, rows]: 1 at the target in the shard that holds it (each device builds its shard's)."""
-        hot = tf.one_hot(local[:, i:i + c], rows, dtype=tf.float32)
-        return runtime.place(tf.einsum("bcr,bck->bckr", hot, own[:, i:i + c]), tokens + ("vocab", None))
-
-    def block_loss(z: tf.Tensor, i: int) -> tuple[tf.Tensor, tf.Tensor]:
-        top = tf.stop_gradient(tf.reduce_max(z, axis=[2, 3]))                                  # [b, c]
-        shifted = z - tf.expand_dims(tf.expand_dims(top, -1), -1)
-        lse = tf.math.log(tf.reduce_sum(tf.exp(shifted), axis=[2, 3])) + top
-        picked = tf.reduce_sum(z * target_hot(i), axis=[2, 3])
-        return lse - picked, lse
+    def after(x: tf.Tensor, earlier: tf.Tensor | None) -> tf.Tensor:
+        """x [b, c, m] made to depend on `earlier` [b, ...] (the previous block's result) by adding 0 x one
+        of its numbers per row: blocks run one after another under any executor or compiler (nothing is
+        computed ahead of its block), so one block's logits are live at a time."""
+        if earlier is None:
+            return x
+        first = tf.reshape(earlier[:, :1], [b, -1])[:, :1]
+        return x + tf.cast(tf.expand_dims(first * 0.0, -1), x.dtype)
 
     @tf.custom_gradient
-    def xent(x: tf.Tensor, w: tf.Tensor):
-        w3 = sharded(w)
-        out: list[tf.Tensor] = []
+    def lse_of(x: tf.Tensor, w: tf.Tensor):
+        w = head.kernel(w)
         lses: list[tf.Tensor] = []
-        for i in starts:
-            loss, lse = _after(out[-1:], lambda: block_loss(logits(x, w3, i), i))
-            out.append(loss)
-            lses.append(lse)
-        losses = tf.concat(out, axis=1) if len(out) > 1 else out[0]
+        for i in range(0, seq, c):
+            z = head.logits(after(x[:, i:i + c], head.rows_of(lses[-1]) if lses else None), w)
+            top = tf.reduce_max(z, axis=head.vocab_axes)
+            lses.append(tf.math.log(tf.reduce_sum(tf.exp(z - head.per_token(top)), axis=head.vocab_axes)) + top)
 
         def grad(dy: tf.Tensor):
             dxs: list[tf.Tensor] = []
             dw = None
-            for j, i in enumerate(starts):
-                def block(i=i, j=j):
-                    z = logits(x, w3, i)
-                    lse = tf.expand_dims(tf.expand_dims(lses[j], -1), -1)
-                    scale = tf.expand_dims(tf.expand_dims(dy[:, i:i + c], -1), -1)
-                    return tf.cast((tf.exp(z - lse) - target_hot(i)) * scale, x.dtype)
-                dz = _after([] if dw is None else [dw], block)
-                dxs.append(tf.einsum("bckr,mkr->bcm", dz, w3))
-                part = tf.cast(tf.einsum("bcm,bckr->mkr", x[:, i:i + c], dz), tf.float32)
-                part = runtime.place(part, (None, "vocab", None))
+            for j, i in enumerate(range(0, seq, c)):
+                # + 0 x the upstream gradient: the recomputed logits are not the forward's, so no common-
+                # subexpression pass (Grappler's, XLA's) merges the two and keeps every block's logits.
+                x_again = after(x[:, i:i + c], dy[:, i:i + c])
+                if dxs:
+                    # The next block waits on both products of the previous block's gradient: an executor that
+                    # ran the kernel's chain first would otherwise hold every block's logit gradient until it got
+                    # to the inputs' products. The running sum, not the block's part, is what it waits on: each
+                    # partial sum then has a second reader, so Grappler cannot fold the chain of additions
+                    # into one AddN that waits for (and holds) every block's [m, vocab] part.
+                    x_again = after(x_again, dxs[-1]) + tf.cast(tf.reduce_sum(dw[:1, ..., :1]) * 0.0, x.dtype)
+                z = head.logits(x_again, w)
+                dz = tf.cast(tf.exp(z - head.per_token(lses[j])) * head.per_token(head.tokens(dy[:, i:i + c])),
+                             x.dtype)
+                dx, part = head.backward(x[:, i:i + c], w, dz)
+                dxs.append(dx)
                 dw = part if dw is None else dw + part
-            dx = tf.concat(dxs, axis=1) if len(dxs) > 1 else dxs[0]
-            return dx, tf.cast(tf.reshape(dw, [m, vocab]), w.dtype)
+            return tf.concat(dxs, axis=1) if len(dxs) > 1 else dxs[0], tf.cast(head.unkernel(dw), w.dtype)
 
-        return losses, grad
+        lse = [head.rows_of(t) for t in lses]
+        return (tf.concat(lse, axis=1) if len(lse) > 1 else lse[0]), grad
 
-    return xent(hidden, kernel)
+    return lse_of(hidden, kernel)
+
+
+class WholeHead:
+    """Every device holds the whole vocabulary: a block's logits are [b * c, vocab], plain 2-D matmuls."""
+
+    vocab_axes = -1
+
+    def __init__(self, runtime: Runtime, b: int, c: int, m: int, vocab: int, n: int) -> None:
+        self.b, self.c, self.m = b, c, m
+
+    def kernel(self, w: tf.Tensor) -> tf.Tensor:
+        return w
+
+    def unkernel(self, dw: tf.Tensor) -> tf.Tensor:
+        return dw
+
+    def tokens(self, t: tf.Tensor) -> tf.Tensor:
+        """[b, c] -> this head's token axis [b * c]."""
+        return tf.reshape(t, [self.b * self.c])
+
+    def rows_of(self, t: tf.Tensor) -> tf.Tensor:
+        return tf.reshape(t, [self.b, self.c])
+
+    def per_token(self, t: tf.Tensor) -> tf.Tensor:
+        return tf.expand_dims(t, -1)
+
+    def logits(self, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.cast(tf.matmul(tf.reshape(x, [self.b * self.c, self.m]), w), tf.float32)
+
+    def backward(self, x: tf.Tensor, w: tf.Tensor, dz: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        dx = tf.reshape(tf.matmul(dz, w, transpose_b=True), [self.b, self.c, self.m])
+        dw = tf.cast(tf.matmul(tf.reshape(x, [self.b * self.c, self.m]), dz, transpose_a=True), tf.float32)
+        return dx, dw
+
+
+class SplitHead:
+    """The vocabulary split n ways: the kernel viewed as [m, n, vocab / n] with its second axis on the
+    vocabulary's devices, a block's logits [b, c, n, vocab / n] (each device computes its shard); the
+    maximum and the sum of exponentials reduce over the shards."""
+
+    vocab_axes = (2, 3)
+
+    def __init__(self, runtime: Runtime, b: int, c: int, m: int, vocab: int, n: int) -> None:
+        self.runtime, self.m, self.vocab, self.n = runtime, m, vocab, n
+        self.split = ("batch", None, "vocab", None)
+
+    def kernel(self, w: tf.Tensor) -> tf.Tensor:
+        return self.runtime.place(tf.reshape(w, [self.m, self.n, self.vocab // self.n]), (None, "vocab", None))
+
+    def unkernel(self, dw: tf.Tensor) -> tf.Tensor:
+        return tf.reshape(dw, [self.m, self.vocab])
+
+    def tokens(self, t: tf.Tensor) -> tf.Tensor:
+        return t
+
+    def rows_of(self, t: tf.Tensor) -> tf.Tensor:
+        return t
+
+    def per_token(self, t: tf.Tensor) -> tf.Tensor:
+        return tf.expand_dims(tf.expand_dims(t, -1), -1)
+
+    def logits(self, x: tf.Tensor, w3: tf.Tensor) -> tf.Tensor:
+        return self.runtime.place(tf.cast(tf.einsum("bcm,mkr->bckr", x, w3), tf.float32), self.split)
+
+    def backward(self, x: tf.Tensor, w3: tf.Tensor, dz: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        dx = tf.einsum("bckr,mkr->bcm", dz, w3)
+        dw = tf.cast(tf.einsum("bcm,bckr->mkr", x, dz), tf.float32)
+        return dx, self.runtime.place(dw, (None, "vocab", None))
