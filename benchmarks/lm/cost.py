@@ -79,18 +79,18 @@ def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
 # Host memory of a CPU run's train step (harness/train/host_memory.py). Counted per token in elements of the
 # compute dtype, what the forward keeps for the backward pass (TensorFlow's graph executor frees the rest):
 # per layer the two norms' inputs and outputs, the residual sums and the projections' outputs (~8 x hidden),
-# q, k and v before and after RoPE (4 x their widths), the attention scores seven times over (the einsum's
-# output and its transpose, scaled, biased, the softmax's exponentials and probabilities, the probabilities
-# transposed for the second einsum) for every key a query sees plus the causal bias, the feed-forward's
+# q, k and v before and after RoPE (4 x their widths), the attention scores three times over (scores,
+# scaled and biased, probabilities) for every key a query sees plus the causal bias, the feed-forward's
 # hidden units five times over (gate, up, silu and its sigmoid, product). One layer's worth more is live in
 # the backward pass (its gradients); with model.remat only each layer's input is kept, and the layer being
 # recomputed is live twice. The loss (harness/nn/cross_entropy.py) holds one block of float32 logits at a
-# time: LOSS_BLOCK_COPIES of it (logits, the fused kernel's gradient, scaled, cast), plus LM-head-sized
-# float32 gradient partials (a block's part and the running sum). Measured on the llama31_8b smoke (8 steps,
-# peak RSS): at vocabulary 32,000 / 128,256 and rows of 256 tokens, and 128,256 at 1024 tokens, 1.13 / 2.51
-# / 4.75-5.62 GiB, against estimates of 1.81 / 2.18 / 4.93 GiB plus the ~0.6 GiB the process holds before it.
-LOSS_BLOCK_COPIES = 4
-HEAD_GRADIENT_PARTIALS = 2
+# time, LOSS_BLOCK_COPIES of it (logits, shifted, exponentials; recomputed the same way in the backward
+# pass), plus LM-head-sized float32 gradients beside the head's own: a block's part, the running sum, the
+# target columns' lookup gradient. Measured on the llama31_8b smoke (8 steps, peak RSS less the ~0.6 GiB the
+# process holds before the check): vocabulary 32,000 / 128,256 at rows of 256 tokens and 128,256 at 1024,
+# 0.43 / 0.99 / 1.73 GiB against estimates of 0.93 / 1.33 / 2.67 GiB.
+LOSS_BLOCK_COPIES = 3
+HEAD_GRADIENT_PARTIALS = 3
 
 
 def loss_bytes(cfg, rows: int) -> int:
@@ -112,7 +112,7 @@ def decoder_activation_bytes(cfg, rows: int, score_keys: float, ffn_units: float
     qkv = m.head_dim * (m.num_heads + 2 * m.num_kv_heads)
     groups = m.num_heads // max(1, m.num_kv_heads)
     per_layer = 8 * m.hidden_size + 4 * qkv + 5 * ffn_units  # elements per token, attention scores aside
-    scores = (7 * m.num_heads + groups) * score_keys          # elements per token over all layers
+    scores = (3 * m.num_heads + groups) * score_keys          # elements per token over all layers
     if m.remat:
         kept = m.num_layers * m.hidden_size + 2 * (per_layer + scores / max(1, m.num_layers))
     else:
