@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from harness.nn.layers import NEG_INF, Block, RopeScaling, normal, rotary
@@ -26,14 +25,16 @@ def block_plan(seq: int, window: int, block: int) -> tuple[int, int]:
     return block, math.ceil((window - 1) / block)
 
 
-def visible(seq: int, window: int, block: int) -> np.ndarray:
-    """Causal window mask [blocks, block, (lookback + 1) * block]: key k is visible to query q when
-    q - window < k <= q (and k >= 0)."""
+def window_bias(seq: int, window: int, block: int) -> tf.Tensor:
+    """Additive causal window mask [blocks, block, (lookback + 1) * block]: 0 where key k is visible to
+    query q (q - window < k <= q and k >= 0), NEG_INF elsewhere. Made by ops from tf.range (an iota under
+    XLA), not a numpy constant, which XLA would fold into a constant the size of the mask."""
     blk, back = block_plan(seq, window, block)
-    nb = seq // blk
-    q = np.arange(nb)[:, None, None] * blk + np.arange(blk)[None, :, None]
-    k = (np.arange(nb)[:, None, None] - back) * blk + np.arange((back + 1) * blk)[None, None, :]
-    return (k >= 0) & (k <= q) & (q - k < window)
+    nb, keys = seq // blk, (back + 1) * blk
+    n = tf.reshape(tf.range(nb), [nb, 1, 1]) * blk
+    q = n + tf.reshape(tf.range(blk), [1, blk, 1])
+    k = n - back * blk + tf.reshape(tf.range(keys), [1, 1, keys])
+    return tf.where((k >= 0) & (k <= q) & (q - k < window), 0.0, NEG_INF)
 
 
 def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
@@ -50,69 +51,78 @@ def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
 def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
                        block: int) -> tf.Tensor:
     """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
-    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents). Returns q's shape."""
+    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents). Returns q's shape.
+
+    Each query block attends to its own and `lookback` earlier key blocks; the blocks join the batch
+    ([b * blocks, ...], b outer, so a `batch` split stays on the outer dimension) and go through the
+    same dense kernel as full causal attention, the window and documents as an additive bias."""
     b, seq, kv, g, d = q.shape
     blk, back = block_plan(seq, window, block)
     nb = seq // blk
-    qb = tf.reshape(q, [b, nb, blk, kv, g, d])
-    kb = _lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0)
-    vb = _lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0)
-    # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
-    mask = visible(seq, window, block)
-    allowed = tf.constant(mask.reshape((1,) + mask.shape))                       # [1, nb, blk, keys]
+    keys = (back + 1) * blk
+    qb = tf.reshape(q, [b * nb, blk, kv, g, d])
+    kb = tf.reshape(_lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
+    vb = tf.reshape(_lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
+    bias = window_bias(seq, window, block)                                            # [nb, blk, keys]
     if segments is not None:
+        # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
         sq = tf.reshape(segments, [b, nb, blk])
         sk = _lookback(sq, back, -1)
-        allowed = tf.logical_and(allowed, tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2)))
-    # The softmax runs over [b, nb, kv, g * blk, keys], rank 5: oneDNN's softmax (on by default on AVX-512
-    # CPUs) refuses rank 6, and accelerators tile rank-5 tensors as well. The bias repeats over the g query
-    # heads of a group (g-major, as the reshape of [g, blk] orders them) and broadcasts over kv.
-    bias = tf.tile(tf.expand_dims(tf.where(allowed, 0.0, NEG_INF), 2), [1, 1, 1, g, 1])  # [b, nb, 1, g*blk, keys]
-    scores = tf.einsum("bnqhgd,bnkhd->bnhgqk", qb, kb)
-    keys = scores.shape[-1]
-    scores = tf.reshape(scores, [b, nb, kv, g * blk, keys])
-    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
-    probs = tf.reshape(tf.cast(probs, v.dtype), [b, nb, kv, g, blk, keys])
-    out = tf.einsum("bnhgqk,bnkhd->bnqhgd", probs, vb)
-    return tf.reshape(out, [b, seq, kv, g, d])
+        same = tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2))                  # [b, nb, blk, keys]
+        bias = tf.where(same, tf.expand_dims(bias, 0), NEG_INF)
+        bias = tf.reshape(bias, [b * nb, 1, 1, blk, keys])
+    else:
+        bias = tf.reshape(tf.tile(tf.expand_dims(bias, 0), [b, 1, 1, 1]), [b * nb, 1, 1, blk, keys])
+    return tf.reshape(_attend(qb, kb, vb, bias), [b, seq, kv, g, d])
 
 
-QUERY_CHUNK = 1024  # full causal attention: queries in chunks of this many, each against its key prefix
+QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips of this many
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, like: tf.Tensor,
-                     chunk: int = QUERY_CHUNK) -> tf.Tensor:
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
-    whole row and no segments.
+    whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape.
 
-    Queries go in chunks of `chunk` (when it divides the row), each against only the keys up to its own end:
-    the scores a step holds (and the backward keeps) are the causal lower triangle in strips, about
-    (n + 1) / 2n of the dense [seq, seq] (0.56 at 8192 tokens in chunks of 1024), and the multiply-adds shrink
-    with them. Masked keys give exactly zero weight, so the chunks compute what the dense block computes.
-    The mask is computed per row from positions made from the data (`like` [b, seq], any float tensor of
-    the row, e.g. one hidden unit of the layer input): x * 0 + 1 summed along the row,
-    which XLA cannot fold (a float multiply by zero keeps NaN), where a constant [seq, seq] mask and its tiled
-    bias (1 GiB at 8192 tokens) would be folded and copied by the compiler. Exact up to 2^24 tokens; a
-    non-finite row unmasks only itself."""
+    Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
+    of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
+    keeps) are the causal lower triangle in strips, about (n + 1) / 2n of the dense [seq, seq] (0.56 at
+    8192 tokens in strips of 1024), and the multiply-adds shrink with them. Masked keys give exactly zero
+    weight, so the strips compute what the dense block computes."""
     seq = q.shape[1]
-    like = tf.cast(like, tf.float32)
-    pos = tf.cumsum(like * 0.0 + 1.0, axis=1) - 1.0                                  # [b, seq]: 0..seq-1
     if chunk >= seq or seq % chunk:
-        return _causal_strip(q, k, v, pos, pos)
-    return tf.concat([_causal_strip(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk], pos[:, i:i + chunk],
-                                    pos[:, :i + chunk]) for i in range(0, seq, chunk)], axis=1)
+        return _attend(q, k, v, causal_bias(0, seq, seq))
+    return tf.concat([_attend(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
+                              causal_bias(i, chunk, i + chunk)) for i in range(0, seq, chunk)], axis=1)
 
 
-def _causal_strip(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, qpos: tf.Tensor, kpos: tf.Tensor) -> tf.Tensor:
-    """Queries q [b, c, kv, g, d] at positions qpos [b, c] against keys k/v [b, keys, kv, d] at kpos [b, keys]."""
+def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
+    """Additive mask [queries, keys]: 0 where key <= start + query, NEG_INF after. Made by ops from
+    tf.range (an iota under XLA), not a numpy constant: XLA folds neither the iota nor the broadcast
+    compare, where a constant mask (or a bias tiled from one) is folded into a constant as large as the
+    scores (1 GiB at 8192 tokens) and copied by the compiler."""
+    qpos = tf.reshape(tf.range(start, start + queries), [queries, 1])
+    kpos = tf.reshape(tf.range(keys), [1, keys])
+    return tf.where(qpos >= kpos, 0.0, NEG_INF)
+
+
+def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
+    float32 `bias` broadcast against [b, kv, g, c, keys] (e.g. [c, keys] or [b, 1, 1, c, keys]).
+
+    Plain batched matmuls over [b, kv]: the g query heads of a key/value head share its keys without a
+    copy (queries as [b, kv, g * c, d], merging g into the rows inside each kv, so a `heads` split stays on
+    the outer kv), and the softmax runs over rank 4 [b, kv, g * c, keys] (oneDNN's softmax refuses rank 6).
+    The bias is added on the rank-5 view [b, kv, g, c, keys], broadcast: nothing tiled over heads."""
     b, c, kv, g, d = q.shape
     keys = k.shape[1]
-    bias = tf.where(tf.expand_dims(qpos, 2) >= tf.expand_dims(kpos, 1), 0.0, NEG_INF)  # [b, c (q), keys]
-    bias = tf.reshape(tf.tile(tf.expand_dims(bias, 1), [1, g, 1, 1]), [b, 1, g * c, keys])
-    scores = tf.reshape(tf.einsum("bqhgd,bkhd->bhgqk", q, k), [b, kv, g * c, keys])
-    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
-    probs = tf.reshape(tf.cast(probs, v.dtype), [b, kv, g, c, keys])
-    return tf.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    qh = tf.reshape(tf.transpose(q, [0, 2, 3, 1, 4]), [b, kv, g * c, d])
+    kh, vh = tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3])            # [b, kv, keys, d]
+    scores = tf.matmul(qh, kh, transpose_b=True)                                      # [b, kv, g * c, keys]
+    scores = tf.reshape(tf.cast(scores, tf.float32) * (d ** -0.5), [b, kv, g, c, keys])
+    scores = tf.reshape(scores + bias, [b, kv, g * c, keys])
+    probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)
+    out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, d])
+    return tf.transpose(out, [0, 3, 1, 2, 4])
 
 
 class Attention(Block):
@@ -142,7 +152,7 @@ class Attention(Block):
         k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
         if segments is None and self.window >= x.shape[1]:
-            ctx = causal_attention(q, k, v, like=x[:, :, 0])  # the hidden stream is whole on every device
+            ctx = causal_attention(q, k, v)
         else:
             ctx = windowed_attention(q, k, v, segments, self.window, self.block)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))
