@@ -110,7 +110,8 @@ def test_blockwise_window_attention_equals_dense_masked_attention(window, block,
     k, v = (rng.normal(size=[2, 32, 2, 4]).astype(np.float32) for _ in range(2))
     segments = np.cumsum(rng.random([2, 32]) < 0.15, 1).astype(np.int32) if with_segments else None
     got = attention.windowed_attention(tf.constant(q), tf.constant(k), tf.constant(v),
-                                   None if segments is None else tf.constant(segments), window, block)
+                                   None if segments is None else tf.constant(segments), window, block,
+                                   like=tf.constant(q[:, :, 0, 0, 0]))
     np.testing.assert_allclose(got.numpy(), _dense_attention(q, k, v, segments, window), atol=2e-5)
 
 

@@ -25,18 +25,6 @@ def block_plan(seq: int, window: int, block: int) -> tuple[int, int]:
     return block, math.ceil((window - 1) / block)
 
 
-def window_bias(seq: int, window: int, block: int) -> tf.Tensor:
-    """Additive causal window mask [blocks, block, (lookback + 1) * block]: 0 where key k is visible to
-    query q (q - window < k <= q and k >= 0), NEG_INF elsewhere. Made by ops from tf.range (an iota under
-    XLA), not a numpy constant, which XLA would fold into a constant the size of the mask."""
-    blk, back = block_plan(seq, window, block)
-    nb, keys = seq // blk, (back + 1) * blk
-    n = tf.reshape(tf.range(nb), [nb, 1, 1]) * blk
-    q = n + tf.reshape(tf.range(blk), [1, blk, 1])
-    k = n - back * blk + tf.reshape(tf.range(keys), [1, 1, keys])
-    return tf.where((k >= 0) & (k <= q) & (q - k < window), 0.0, NEG_INF)
-
-
 def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
     """t [batch, blocks, block, ...] -> [batch, blocks, (back + 1) * block, ...]: each block preceded by
     its `back` predecessors (padded with `fill` before the row's start)."""
@@ -48,14 +36,24 @@ def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
     return tf.concat([padded[:, j:j + nb] for j in range(back + 1)], axis=2)
 
 
+def positions(like: tf.Tensor) -> tf.Tensor:
+    """Each token's position [b, seq] as float32 (exact up to 2^24), made from the data: `like` [b, seq] is
+    any float tensor of the row (e.g. one hidden unit of the layer input), and like * 0 + range is not
+    something XLA may fold (a float multiply by zero keeps NaN), where a window mask compared from
+    constant positions is folded into a constant as large as the mask."""
+    seq = like.shape[1]
+    return tf.cast(like, tf.float32) * 0.0 + tf.range(seq, dtype=tf.float32)
+
+
 def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
-                       block: int) -> tf.Tensor:
+                       block: int, like: tf.Tensor) -> tf.Tensor:
     """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
-    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents). Returns q's shape.
+    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents); `like` [b, s]: see
+    `positions`. Returns q's shape.
 
     Each query block attends to its own and `lookback` earlier key blocks; the blocks join the batch
     ([b * blocks, ...], b outer, so a `batch` split stays on the outer dimension) and go through the
-    same dense kernel as full causal attention, the window and documents as an additive bias."""
+    same kernel as full causal attention, the window and the documents as an additive bias."""
     b, seq, kv, g, d = q.shape
     blk, back = block_plan(seq, window, block)
     nb = seq // blk
@@ -63,16 +61,15 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
     qb = tf.reshape(q, [b * nb, blk, kv, g, d])
     kb = tf.reshape(_lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
     vb = tf.reshape(_lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
-    bias = window_bias(seq, window, block)                                            # [nb, blk, keys]
+    # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
+    pq = tf.reshape(positions(like), [b, nb, blk])
+    pk = tf.expand_dims(_lookback(pq, back, -float(seq + window)), 2)                # padding: never visible
+    pq = tf.expand_dims(pq, 3)
+    allowed = (pk <= pq) & (pq - pk < window)                                          # [b, nb, blk, keys]
     if segments is not None:
-        # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
         sq = tf.reshape(segments, [b, nb, blk])
-        sk = _lookback(sq, back, -1)
-        same = tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2))                  # [b, nb, blk, keys]
-        bias = tf.where(same, tf.expand_dims(bias, 0), NEG_INF)
-        bias = tf.reshape(bias, [b * nb, 1, 1, blk, keys])
-    else:
-        bias = tf.reshape(tf.tile(tf.expand_dims(bias, 0), [b, 1, 1, 1]), [b * nb, 1, 1, blk, keys])
+        allowed &= tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(_lookback(sq, back, -1), 2))
+    bias = tf.reshape(tf.where(allowed, 0.0, NEG_INF), [b * nb, 1, 1, blk, keys])
     return tf.reshape(_attend(qb, kb, vb, bias), [b, seq, kv, g, d])
 
 
@@ -96,18 +93,17 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
 
 
 def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
-    """Additive mask [queries, keys]: 0 where key <= start + query, NEG_INF after. Made by ops from
-    tf.range (an iota under XLA), not a numpy constant: XLA folds neither the iota nor the broadcast
-    compare, where a constant mask (or a bias tiled from one) is folded into a constant as large as the
-    scores (1 GiB at 8192 tokens) and copied by the compiler."""
-    qpos = tf.reshape(tf.range(start, start + queries), [queries, 1])
-    kpos = tf.reshape(tf.range(keys), [1, keys])
-    return tf.where(qpos >= kpos, 0.0, NEG_INF)
+    """Additive mask [queries, keys]: 0 where key <= start + query, NEG_INF after. A band of ones, not a
+    mask from positions: XLA lowers band_part to an iota compare it neither folds nor stores, where a
+    mask compared from constant positions is folded into a constant as large as the scores (144 MiB of
+    them for one layer's strips at 8192 tokens) and masks from positions made from the data cost a
+    [b, queries, keys] bias."""
+    return (tf.linalg.band_part(tf.ones([queries, keys]), -1, start) - 1.0) * -NEG_INF
 
 
 def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
-    float32 `bias` broadcast against [b, kv, g, c, keys] (e.g. [c, keys] or [b, 1, 1, c, keys]).
+    float32 `bias` (0 or NEG_INF) [c, keys] or [b, 1, 1, c, keys], broadcast over the heads.
 
     Plain batched matmuls over [b, kv]: the g query heads of a key/value head share its keys without a
     copy (queries as [b, kv, g * c, d], merging g into the rows inside each kv, so a `heads` split stays on
@@ -153,6 +149,6 @@ class Attention(Block):
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
         if segments is None and self.window >= x.shape[1]:
             ctx = causal_attention(q, k, v)
-        else:
-            ctx = windowed_attention(q, k, v, segments, self.window, self.block)
+        else:  # the hidden stream is whole on every device: positions from one of its units
+            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0])
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))
