@@ -65,17 +65,19 @@ def test_llama3_rope_scaling_follows_the_formula_and_is_off_by_default():
                                atol=1e-6)
 
 
-def test_full_causal_attention_equals_the_masked_dense_attention():
+@pytest.mark.parametrize("xla", [False, True])
+def test_full_causal_attention_equals_the_masked_dense_attention(xla):
     from benchmarks.lm import attention
 
     rng = np.random.default_rng(4)
     q = tf.constant(rng.normal(size=[2, 24, 2, 3, 8]).astype(np.float32))
     k, v = (tf.constant(rng.normal(size=[2, 24, 2, 8]).astype(np.float32)) for _ in range(2))
     dense = attention.windowed_attention(q, k, v, None, 24, 24, like=q[:, :, 0, 0, 0]).numpy()
-    np.testing.assert_allclose(attention.causal_attention(q, k, v).numpy(), dense, atol=1e-6)
-    # Queries in strips against their key prefixes (what rows of 8192 tokens run): the same numbers.
-    np.testing.assert_allclose(attention.causal_attention(q, k, v, chunk=8).numpy(), dense,
-                               atol=1e-6)
+    # The XLA formulation, compiled by XLA; dense rows and queries in strips against their key prefixes
+    # (what rows of 8192 tokens run) give the same numbers.
+    run = tf.function(attention.causal_attention, jit_compile=True) if xla else attention.causal_attention
+    np.testing.assert_allclose(run(q, k, v, xla=xla).numpy(), dense, atol=1e-6)
+    np.testing.assert_allclose(run(q, k, v, chunk=8, xla=xla).numpy(), dense, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------- data

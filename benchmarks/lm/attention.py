@@ -46,10 +46,10 @@ def positions(like: tf.Tensor) -> tf.Tensor:
 
 
 def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
-                       block: int, like: tf.Tensor) -> tf.Tensor:
+                       block: int, like: tf.Tensor, xla: bool = False) -> tf.Tensor:
     """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
     head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents); `like` [b, s]: see
-    `positions`. Returns q's shape.
+    `positions`; `xla`: the formulation for XLA (`_attend`). Returns q's shape.
 
     Each query block attends to its own and `lookback` earlier key blocks; the blocks join the batch
     ([b * blocks, ...], b outer, so a `batch` split stays on the outer dimension) and go through the
@@ -69,16 +69,18 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
     if segments is not None:
         sq = tf.reshape(segments, [b, nb, blk])
         allowed &= tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(_lookback(sq, back, -1), 2))
-    bias = tf.reshape(tf.where(allowed, 0.0, NEG_INF), [b * nb, 1, 1, blk, keys])
-    return tf.reshape(_attend(qb, kb, vb, bias), [b, seq, kv, g, d])
+    bias = tf.reshape(tf.where(allowed, 0.0, NEG_INF), [b * nb, blk, keys])
+    return tf.reshape(_attend(qb, kb, vb, bias, xla), [b, seq, kv, g, d])
 
 
 QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips of this many
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK) -> tf.Tensor:
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
+                     xla: bool = False) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
-    whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape.
+    whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape. `xla`: the
+    formulation for XLA (`_attend`).
 
     Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
     of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
@@ -87,9 +89,9 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
     weight, so the strips compute what the dense block computes."""
     seq = q.shape[1]
     if chunk >= seq or seq % chunk:
-        return _attend(q, k, v, causal_bias(0, seq, seq))
+        return _attend(q, k, v, causal_bias(0, seq, seq), xla)
     return tf.concat([_attend(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
-                              causal_bias(i, chunk, i + chunk)) for i in range(0, seq, chunk)], axis=1)
+                              causal_bias(i, chunk, i + chunk), xla) for i in range(0, seq, chunk)], axis=1)
 
 
 def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
@@ -101,21 +103,33 @@ def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
     return (tf.linalg.band_part(tf.ones([queries, keys]), -1, start) - 1.0) * -NEG_INF
 
 
-def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool) -> tf.Tensor:
     """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
-    float32 `bias` (0 or NEG_INF) [c, keys] or [b, 1, 1, c, keys], broadcast over the heads.
+    float32 `bias` (0 or NEG_INF) [c, keys] or [b, c, keys], the same for every head.
 
-    Plain batched matmuls over [b, kv]: the g query heads of a key/value head share its keys without a
-    copy (queries as [b, kv, g * c, d], merging g into the rows inside each kv, so a `heads` split stays on
-    the outer kv), and the softmax runs over rank 4 [b, kv, g * c, keys] (oneDNN's softmax refuses rank 6).
-    The bias is added on the rank-5 view [b, kv, g, c, keys], broadcast: nothing tiled over heads."""
+    Two formulations of the same numbers, each the faster on its compiler (fwd + bwd, both shapes of
+    scripts/bench_lm_step.py, by 10-25%): for TensorFlow's kernels, batched matmuls over [b, kv] (the g
+    query heads of a key/value head share its keys without a copy: queries as [b, kv, g * c, d], g
+    merged into the rows inside each kv, so a `heads` split stays on the outer kv); for XLA, einsums over
+    [b, c, kv * g, d] with the keys broadcast over the groups, whose layouts XLA chooses itself. Either
+    way the softmax runs over rank 4 (oneDNN's softmax refuses rank 6) and the bias broadcasts over the
+    heads, nothing tiled."""
     b, c, kv, g, d = q.shape
     keys = k.shape[1]
+    if len(bias.shape) == 3:
+        bias = tf.expand_dims(bias, 1)                                                # [b, 1, c, keys]
+    if xla:
+        qh = tf.reshape(q, [b, c, kv * g, d])
+        kh, vh = (tf.reshape(tf.broadcast_to(tf.expand_dims(t, 3), [b, keys, kv, g, d]), [b, keys, kv * g, d])
+                  for t in (k, v))
+        scores = tf.einsum("bqhd,bkhd->bhqk", qh, kh)                                 # [b, kv * g, c, keys]
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
+        return tf.reshape(tf.einsum("bhqk,bkhd->bqhd", tf.cast(probs, v.dtype), vh), [b, c, kv, g, d])
     qh = tf.reshape(tf.transpose(q, [0, 2, 3, 1, 4]), [b, kv, g * c, d])
     kh, vh = tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3])            # [b, kv, keys, d]
     scores = tf.matmul(qh, kh, transpose_b=True)                                      # [b, kv, g * c, keys]
     scores = tf.reshape(tf.cast(scores, tf.float32) * (d ** -0.5), [b, kv, g, c, keys])
-    scores = tf.reshape(scores + bias, [b, kv, g * c, keys])
+    scores = tf.reshape(scores + tf.expand_dims(bias, -3), [b, kv, g * c, keys])
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)
     out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, d])
     return tf.transpose(out, [0, 3, 1, 2, 4])
@@ -147,8 +161,9 @@ class Attention(Block):
         q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base, scaling)
         k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
+        xla = self.runtime.jit_compile
         if segments is None and self.window >= x.shape[1]:
-            ctx = causal_attention(q, k, v)
+            ctx = causal_attention(q, k, v, xla=xla)
         else:  # the hidden stream is whole on every device: positions from one of its units
-            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0])
+            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0], xla=xla)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))
