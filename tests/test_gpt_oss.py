@@ -145,7 +145,8 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
 
         def step(t):
             with tf.GradientTape() as tape:
-                logits, routings = net(t)
+                hidden, routings = net(t)
+                logits = net.logits(hidden)
                 loss = (tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(t[:, 1:], logits[:, :-1]))
                         + 0.1 * tf.add_n([r.balance_sum + 0.01 * r.z_sum for r in routings]))
             variables = runtime.variables(trainable=True)

@@ -209,7 +209,16 @@ def test_eod_inputs_are_scored_as_each_reference_scores_them(name, masked):
     cfg = config_lib.load_config(os.path.join(REPO, "configs", name, "smoke.yaml"))
     wl = registry.get(name)(cfg, make_runtime(cfg.runtime))
     eod, vocab = cfg.data.eod_id, cfg.model.vocab_size
-    wl.model = lambda inputs: (tf.zeros(list(inputs.shape) + [vocab]), [])
+    hidden = 4
+
+    class Zeros:  # hidden states of zeros and a zero head: every token's logits are equal
+        def __call__(self, inputs):
+            return tf.zeros(list(inputs.shape) + [hidden]), []
+
+        def head(self):
+            return tf.zeros([hidden, vocab])
+
+    wl.model = Zeros()
     tokens = tf.constant([[5, eod, 7, 9, eod, 3]])
     _, weights, _ = wl.token_losses(tokens)
     want = [0.0 if (masked and t == eod) else 1.0 for t in tokens.numpy()[0, :-1]]

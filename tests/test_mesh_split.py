@@ -10,9 +10,12 @@ and asserts, with local (per-device) shapes:
 - the exact set of all-gathers (only gpt_oss's expert weights, stored split over `data` and gathered whole
   over it where its sorted dispatch uses them, `ff` still split over `model`; the tokens stay home);
 - the vocab-split input embedding: each device gathers from its own rows, and the table's gradient is a
-  shard all-reduced over `data` (no full-size table, no segment sum of vocab rows).
+  shard all-reduced over `data` (no full-size table, no segment sum of vocab rows);
+- the decoder's blockwise cross-entropy: no buffer holds the whole vocabulary on a device, the LM head's
+  input gradient is summed over `model` and its kernel gradient is a shard.
 One subprocess traces the three workloads and then a mutant (gpt_oss whose attention output projection
-gathers its operands first: the same losses, repeated work), which must fail the same checks (about 35 s of CPU in all).
+and LM head gather their operands first: the same losses, repeated work), which must fail the same checks
+(about 35 s of CPU in all).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ HELPER = os.path.join(REPO, "tests", "helpers", "mesh_split.py")
 CASES = {
     "gpt_oss_20b": ["configs/gpt_oss_20b/smoke-mesh.yaml",
                     ["model.num_layers=1", "data.seq_length=128", "data.synthetic_train_rows=8",
-                     "data.eval_samples=2"]],
+                     "data.eval_samples=2", "model.vocab_size=80"]],  # a size no other dimension has
     "bert": ["configs/bert/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4",
                                               "data.train_samples=64", "data.eval_samples=8"]],
     "transformer": ["configs/transformer/smoke-mesh.yaml", ["model.num_layers=1", "schedule.global_batch_size=4",
@@ -58,7 +61,7 @@ SUMMED_OVER_MODEL = {
                     "kbsm,bsk->bsm": (["1x2x64x128", "2x64x1"], 2)},
 }
 # Vocab-split output layers (forward: local logits; the vocab-parallel softmax reduces over model later).
-OUTPUT_LAYER = {"gpt_oss_20b": ("bsm,mv->bsv", ["1x128x32", "32x32"]),
+OUTPUT_LAYER = {"gpt_oss_20b": ("bcm,mkr->bckr", ["1x128x32", "32x1x40"]),
                 "bert": ("bph,vh->bpv", ["2x5x128", "128x128"]),
                 "transformer": ("bsh,vh->bsv", ["2x64x128", "160x128"])}
 ALL_GATHERS = {"gpt_oss_20b": ["4x16x32->8x16x32", "4x32x16->8x32x16", "4x32x16->8x32x16"], "bert": [],
@@ -117,11 +120,35 @@ def test_input_embedding_stays_a_vocab_shard(programs, workload):
     assert not [s for s in p["segment_sums"] if s.split("x")[0] == str(vocab)], p["segment_sums"]
 
 
+def whole_vocab(shape: str) -> bool:
+    """A local shape holding all 80 ids: a dimension of 80, or the two 40-id shards side by side."""
+    dims = shape.split("x")
+    return "80" in dims or any(dims[i:i + 2] == ["2", "40"] for i in range(len(dims) - 1))
+
+
+def test_decoder_loss_holds_no_full_vocabulary_buffer(programs):
+    """gpt_oss's blockwise cross-entropy on a vocab-split mesh: every buffer of the step is a vocabulary shard
+    (no dimension of the full 80 ids, nor [2 shards x 40] whole on one device), the head's input gradient is
+    summed over `model` and its kernel gradient is a shard summed over `data`."""
+    p = programs["gpt_oss_20b"]
+    assert p["vocab"] == 80
+    full = [r for r in p["results"] if whole_vocab(r)]
+    assert not full, full
+    ops = p["contractions"]
+    dx = [c for c in ops if c["equation"] == "bckr,mkr->bcm"]
+    dw = [c for c in ops if c["equation"] == "bcm,bckr->mkr"]
+    assert dx and all(c["operands"][1] == "32x1x40" and SUM_OVER_MODEL in c["collectives"] for c in dx), dx
+    assert dw and all(c["result"] == "32x1x40" and SUM_OVER_DATA in c["collectives"] for c in dw), dw
+    mutant = [r for r in programs["gpt_oss_20b:mutant"]["results"] if whole_vocab(r)]
+    assert mutant, "the mutant's gathered LM head should show a full-vocabulary buffer"
+
+
 def test_mutant_with_a_replicated_attention_output_fails(programs):
     """The mutant (attention output projection on gathered operands: the same losses) fails."""
     mutant = programs["gpt_oss_20b:mutant"]
     with pytest.raises(AssertionError, match="bshgd,hgdm->bsm"):
         check_split(mutant, "gpt_oss_20b")
-    # Its two operands are gathered to full heads: two all-gathers more than the real model's.
+    # Its two operands are gathered to full heads, and its LM head to the whole vocabulary: three all-gathers
+    # more than the real model's.
     assert sorted(set(mutant["all_gathers"]) - set(ALL_GATHERS["gpt_oss_20b"])) == \
-        ["1x128x1x2x8->1x128x2x2x8", "1x2x8x32->2x2x8x32"]
+        ["1x128x1x2x8->1x128x2x2x8", "1x2x8x32->2x2x8x32", "32x1x40->32x2x40"]

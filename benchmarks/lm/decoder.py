@@ -3,8 +3,8 @@
 A model (llama31_8b, gpt_oss_20b) subclasses `Decoder` and chooses each layer's attention and feed-forward
 blocks (`attention`, `ffn`), and, for attention within documents, each position's document (`segments`).
 Untied input and output embeddings, both normal(init_stddev). Named dimensions: `vocab` (the embedding
-table through `vocab_parallel_lookup`, and the output layer); the blocks name their own. Every shape is
-static and no op leaves the device, so a step compiles under XLA.
+table through `vocab_parallel_lookup`, and the output layer, which the loss applies blockwise); the blocks
+name their own. Every shape is static and no op leaves the device, so a step compiles under XLA.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def remat(layer: DecoderLayer, x: tf.Tensor, segments: tf.Tensor | None) -> tupl
 
 
 class Decoder(Block):
-    """Logits of the next token after each input token, and each layer's extras (None for a plain one)."""
+    """The hidden states that score the next token after each input token (through `head`), and each layer's
+    extras (None for a plain one)."""
 
     FFN_NAME = "mlp"  # the feed-forward block's name in its variables' paths
 
@@ -83,13 +84,21 @@ class Decoder(Block):
         return None
 
     def __call__(self, inputs: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
-        """Logits [b, s, vocab] (float32) of the next token after each of inputs [b, s], and each layer's extras."""
+        """The final hidden states [b, s, hidden] (compute dtype, after the final norm) of inputs [b, s], and
+        each layer's extras. The LM head is not applied here: the loss fuses it (`head`)."""
         segments = self.segments(inputs)
         x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, inputs), self.dtype)
         extras = []
         for layer in self.layers:
             x, e = remat(layer, x, segments) if self.cfg.remat else layer(x, segments)
             extras.append(e)
-        x = self.final_norm(x)
-        logits = tf.einsum("bsm,mv->bsv", x, tf.cast(self.output, self.dtype))
-        return tf.cast(logits, tf.float32), extras
+        return self.final_norm(x), extras
+
+    def head(self) -> tf.Tensor:
+        """The LM head's kernel [hidden, vocab] in the compute dtype."""
+        return tf.cast(self.runtime.read(self.output), self.dtype)
+
+    def logits(self, hidden: tf.Tensor) -> tf.Tensor:
+        """Float32 logits [b, s, vocab] of hidden states [b, s, hidden]: the whole tensor, for inspection only
+        (training and eval use the blockwise `harness.nn.cross_entropy`)."""
+        return tf.cast(tf.einsum("bsm,mv->bsv", hidden, self.head()), tf.float32)

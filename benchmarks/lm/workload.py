@@ -8,7 +8,8 @@ no). The quality metric is the token-weighted mean cross-entropy in nats over th
 rows (Megatron's `lm loss`, numerators and denominators summed over the whole eval set before dividing):
 LOWER is better. Evals fall every ceil(12288 / gbs) * gbs samples in the closed division; positions are
 training samples. `global_batch_size` counts rows of `data.seq_length` tokens. A subclass builds the model
-(`make_model`, whose call returns float32 logits and anything else its loss needs) and adds its own checks,
+(`make_model`, whose call returns the final hidden states and anything else its loss needs; the loss
+applies the LM head blockwise, harness/nn/cross_entropy.py) and adds its own checks,
 loss terms, eval metrics and log keys through the hooks below.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tensorflow as tf
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
+from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel, lookup
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
@@ -135,7 +137,8 @@ class DecoderLMWorkload(Workload):
     # ----------------------------------------------------------------------------- model and inputs
     @abc.abstractmethod
     def make_model(self) -> Any:
-        """The model: called on inputs [b, s], it returns (float32 logits [b, s, vocab], extras)."""
+        """The model: called on inputs [b, s], it returns (hidden states [b, s, hidden], extras); `head()` gives
+        the LM head's kernel [hidden, vocab] in the compute dtype."""
 
     def build(self) -> None:
         o = self.cfg.optimizer
@@ -169,10 +172,8 @@ class DecoderLMWorkload(Workload):
         """Cross-entropy per position [b, s], its weights (0 where the input is EOD under EOD_MASK_LOSS, else 1)
         and the model's extras."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        logits, extras = self.model(inputs)
-        # A one-hot product, not a gather: the vocabulary may be split over a mesh.
-        picked = tf.reduce_sum(logits * tf.one_hot(targets, self.cfg.model.vocab_size, dtype=logits.dtype), -1)
-        xent = tf.reduce_logsumexp(logits, -1) - picked
+        hidden, extras = self.model(inputs)
+        xent = token_cross_entropy(self.runtime, hidden, self.model.head(), targets)
         if self.EOD_MASK_LOSS:
             weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
         else:

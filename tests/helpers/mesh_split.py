@@ -7,11 +7,13 @@ TF_CPP_VMODULE=dtensor_mlir_passes=1, TF_DUMP_GRAPH_PREFIX=<dir>, MLIR_BRIDGE_LO
 DTensorSPMDExpansion (a VLOG-gated dump in TF 2.21's dtensor_mlir_passes.cc).
 
 argv: dump dir, JSON {name: [config, [overrides]]}, traced in order. A name ending in `:mutant` is traced
-after gpt_oss's attention output projection is made to gather its operands to full heads first
-(replicated compute, the losses unchanged: the bug the test must catch); the patch stays for later cases.
+after gpt_oss's attention output projection is made to gather its operands to full heads first, and the
+loss's vocab-split LM head to gather its kernel whole (replicated compute, the losses unchanged: the bugs
+the test must catch); the patches stay for later cases.
 
 Prints one RESULT line: {name: {"contractions": [...], "all_gathers": [...], "lookups": [...],
-"segment_sums": [...], "vocab": V, "hidden": m}}, every shape as "AxB" local to one device.
+"segment_sums": [...], "results": [every result shape, once], "vocab": V, "hidden": m}}, every shape as
+"AxB" local to one device.
 """
 from __future__ import annotations
 
@@ -61,6 +63,25 @@ def replicate_attention_output() -> None:
     gpt.Attention.__call__ = call
 
 
+def gather_output_layer(runtime) -> None:
+    """The mutant's loss: the vocab-split LM head gathered whole before its matmul (every device computes
+    every logit: a [tokens, full vocab] buffer, the same losses)."""
+    from harness.nn import cross_entropy
+
+    class EinsumGathersHead:
+        def __getattr__(self, name):
+            return getattr(tf, name)
+
+        @staticmethod
+        def einsum(equation, *operands):
+            if equation == "bcm,mkr->bckr":
+                x, w3 = operands
+                operands = (x, runtime.place(w3, (None, None, None)))
+            return tf.einsum(equation, *operands)
+
+    cross_entropy.tf = EinsumGathersHead()
+
+
 def shapes(types: str) -> list[str]:
     """Shapes of the tensor types in an MLIR type list ("tensor<2x3xf32>, tensor<i32>" -> ["2x3", ""])."""
     return [m.group(1).rstrip("x") for m in re.finditer(r"tensor<((?:\d+x)*)\w+>", types)]
@@ -100,6 +121,7 @@ def parse(text: str) -> dict:
         "all_gathers": sorted(f"{o['ins'][0]}->{o['outs'][0]}" for o in ops if o["op"] == "DTensorAllGather"),
         "lookups": [dict(params=o["ins"][0], result=o["outs"][0]) for o in ops
                     if o["op"] in ("GatherV2", "ResourceGather")],
+        "results": sorted({r for o in ops for r in o["outs"]}),
         "segment_sums": [o["outs"][0] for o in ops if ("Segment" in o["op"] or "Scatter" in o["op"])
                          and not o["op"].startswith("DTensor")],
     }
@@ -112,6 +134,8 @@ def main(dump: str, cases: dict[str, list]) -> None:
             replicate_attention_output()
         before = set(glob.glob(os.path.join(dump, "*")))
         cfg, rt, wl = build(config, overrides)
+        if name.endswith(":mutant"):
+            gather_output_layer(rt)
         steps = loop.CompiledSteps(rt, wl)
         it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
         steps.train_loop(it, tf.constant(1))
