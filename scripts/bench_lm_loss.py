@@ -5,7 +5,8 @@ in this run.
 Each measurement is a fresh process (peak memory is per process: the kernel's high-water mark of resident
 memory, less the process's resident size once its inputs exist), one step of loss + gradients of the LM head
 and its input at batch x seq x vocab, float32, compiled by tf.function (and with --xla, by XLA). Rounds
-alternate blockwise / one-hot; the time is the median step of the round after one warm-up step. A one-hot
+alternate blockwise / one-hot; the time is the median step (wall and process CPU seconds) of the rounds after
+one warm-up step each. A one-hot
 run the host cannot hold is reported as killed (its memory then is at least what the host had).
 
     python scripts/bench_lm_loss.py [--case 8x1024x128256x64 ...] [--rounds 2] [--steps 3] [--xla]
@@ -30,7 +31,8 @@ FORMS = ("blockwise", "one-hot")
 
 
 def worker(case: str, form: str, steps: int, xla: bool) -> dict:
-    """One process's measurement: {"seconds": [per step], "peak_bytes": step high-water mark over baseline}."""
+    """One process's measurement: {"seconds": [wall per step], "cpu": [process CPU seconds per step],
+    "peak_bytes": the steps' high-water mark over the baseline}."""
     import resource
     import time
 
@@ -67,13 +69,14 @@ def worker(case: str, form: str, steps: int, xla: bool) -> dict:
 
     step.get_concrete_function(x, w)  # traced (and, under XLA, compiled at the first call) before the baseline
     base = _rss_bytes()
-    seconds = []
+    seconds, cpu = [], []
     for _ in range(steps + 1):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         [t.numpy() for t in step(x, w)]
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": seconds[1:], "peak_bytes": max(0, peak - base)}
+    return {"seconds": seconds[1:], "cpu": cpu[1:], "peak_bytes": max(0, peak - base)}
 
 
 def _rss_bytes() -> int:
@@ -120,14 +123,17 @@ def main() -> None:
         for form, results in runs.items():
             done = [r for r in results if r]
             row[form] = (statistics.median(t for r in done for t in r["seconds"]) if done else None,
+                         statistics.median(t for r in done for t in r["cpu"]) if done else None,
                          max(r["peak_bytes"] for r in done) / gib if done else None, len(results) - len(done))
-        (t_new, m_new, _), (t_old, m_old, killed) = row["blockwise"], row["one-hot"]
+        (t_new, c_new, m_new, _), (t_old, c_old, m_old, killed) = row["blockwise"], row["one-hot"]
         print(f"{case} (b x s x vocab x hidden)")
-        for form, (t, mem, k) in row.items():
-            text = f"  {form:>9}: " + (f"{t * 1e3:9.1f} ms/step, peak {mem:6.2f} GiB" if t is not None else "-")
+        for form, (t, cpu, mem, k) in row.items():
+            text = f"  {form:>9}: " + (f"{t * 1e3:9.1f} ms/step ({cpu:6.2f} CPU s), peak {mem:6.2f} GiB"
+                                       if t is not None else "-")
             print(text + (f", {k} of {a.rounds} runs killed (out of memory)" if k else ""))
         if t_new is not None and t_old is not None:
-            print(f"  blockwise / one-hot: time {t_new / t_old:.2f}, peak memory {m_new / m_old:.3f}")
+            print(f"  blockwise / one-hot: time {t_new / t_old:.2f} (CPU time {c_new / c_old:.2f}), "
+                  f"peak memory {m_new / m_old:.3f}")
         elif killed:
             print("  blockwise / one-hot: the one-hot formulation did not fit this host")
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from harness.nn.cross_entropy import BLOCK_ELEMENTS, block_length, token_cross_entropy
+from harness.nn.cross_entropy import BLOCK_ELEMENTS, KEEP_ELEMENTS, block_length, token_cross_entropy
 from tests.helpers.xent_mesh import inputs
 
 
@@ -61,30 +61,35 @@ def test_block_length_is_the_longest_divisor_in_budget():
     assert block_length(8, 1024, 128256, budget=8 * 1024 * 128256) == 1024
     assert block_length(4, 12, 40, budget=4 * 5 * 40) == 4    # 5 does not divide 12
     assert block_length(1, 7, 10 ** 9) == 1                   # nothing fits: one position at a time
-    assert 8 * block_length(8, 8192, 128256) * 128256 <= BLOCK_ELEMENTS
+    assert 8 * block_length(8, 8192, 128256) * 128256 <= BLOCK_ELEMENTS < KEEP_ELEMENTS
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("blocks", [1, 3, 12])
+@pytest.mark.parametrize("blocks", ["kept", 1, 3, 12])
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
 def test_one_device_equals_the_definition_float32(blocks, jit):
+    """"kept": one block whose softmax the backward reuses; a number: that many blocks, recomputed."""
     case = inputs()
     b, s, _ = case["x"].shape
     v = case["w"].shape[1]
-    budget = b * (s // blocks) * v
-    assert s // block_length(b, s, v, budget) == blocks
-    got = loss_and_grads(lambda x, w, t: token_cross_entropy(OneDevice(), x, w, t, budget), case, tf.float32, jit)
+    budget, keep = (b * s * v, b * s * v) if blocks == "kept" else (b * (s // blocks) * v, 0)
+    if blocks != "kept":
+        assert s // block_length(b, s, v, budget) == blocks
+    got = loss_and_grads(lambda x, w, t: token_cross_entropy(OneDevice(), x, w, t, budget, keep), case, tf.float32,
+                         jit)
     for g, want in zip(got, numpy_reference(case)):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-def test_one_device_bfloat16_equals_the_one_hot_formulation(jit):
+def test_one_device_bfloat16_equals_the_one_hot_formulation(jit, keep):
     case = inputs()
     b, s, _ = case["x"].shape
     budget = b * 3 * case["w"].shape[1]
-    got = loss_and_grads(lambda x, w, t: token_cross_entropy(OneDevice(), x, w, t, budget), case, tf.bfloat16, jit)
+    got = loss_and_grads(lambda x, w, t: token_cross_entropy(OneDevice(), x, w, t, budget, 10 ** 9 if keep else 0),
+                         case, tf.bfloat16, jit)
     old = loss_and_grads(one_hot_formulation, case, tf.bfloat16, jit)
     for g, want, ref in zip(got, old, numpy_reference(case)):
         # Both bfloat16 computations: as close to each other as to the float64 truth they approximate.

@@ -103,14 +103,17 @@ def _dense_attention(q, k, v, segments, window):
     return out
 
 
+@pytest.mark.parametrize("xla", [False, True])
 @pytest.mark.parametrize("window,block,with_segments", [(5, 4, True), (9, 4, False), (32, 8, True)])
-def test_blockwise_window_attention_equals_dense_masked_attention(window, block, with_segments):
+def test_blockwise_window_attention_equals_dense_masked_attention(window, block, with_segments, xla):
     rng = np.random.default_rng(3)
     q = rng.normal(size=[2, 32, 2, 2, 4]).astype(np.float32)
     k, v = (rng.normal(size=[2, 32, 2, 4]).astype(np.float32) for _ in range(2))
     segments = np.cumsum(rng.random([2, 32]) < 0.15, 1).astype(np.int32) if with_segments else None
-    got = attention.windowed_attention(tf.constant(q), tf.constant(k), tf.constant(v),
-                                   None if segments is None else tf.constant(segments), window, block)
+    # xla: the formulation for XLA, compiled by XLA.
+    run = tf.function(attention.windowed_attention, jit_compile=True) if xla else attention.windowed_attention
+    got = run(tf.constant(q), tf.constant(k), tf.constant(v), None if segments is None else tf.constant(segments),
+              window, block, like=tf.constant(q[:, :, 0, 0, 0]), xla=xla)
     np.testing.assert_allclose(got.numpy(), _dense_attention(q, k, v, segments, window), atol=2e-5)
 
 

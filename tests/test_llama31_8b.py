@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -65,17 +66,53 @@ def test_llama3_rope_scaling_follows_the_formula_and_is_off_by_default():
                                atol=1e-6)
 
 
-def test_full_causal_attention_equals_the_masked_dense_attention():
+@pytest.mark.parametrize("xla", [False, True])
+def test_full_causal_attention_equals_the_masked_dense_attention(xla):
     from benchmarks.lm import attention
 
     rng = np.random.default_rng(4)
     q = tf.constant(rng.normal(size=[2, 24, 2, 3, 8]).astype(np.float32))
     k, v = (tf.constant(rng.normal(size=[2, 24, 2, 8]).astype(np.float32)) for _ in range(2))
-    dense = attention.windowed_attention(q, k, v, None, 24, 24).numpy()
-    np.testing.assert_allclose(attention.causal_attention(q, k, v, like=q[:, :, 0, 0, 0]).numpy(), dense, atol=1e-6)
-    # Queries in strips against their key prefixes (what rows of 8192 tokens run): the same numbers.
-    np.testing.assert_allclose(attention.causal_attention(q, k, v, like=q[:, :, 0, 0, 0], chunk=8).numpy(), dense,
-                               atol=1e-6)
+    dense = attention.windowed_attention(q, k, v, None, 24, 24, like=q[:, :, 0, 0, 0]).numpy()
+    # The XLA formulation, compiled by XLA; dense rows and queries in strips against their key prefixes
+    # (what rows of 8192 tokens run) give the same numbers.
+    run = tf.function(attention.causal_attention, jit_compile=True) if xla else attention.causal_attention
+    np.testing.assert_allclose(run(q, k, v, xla=xla).numpy(), dense, atol=1e-6)
+    np.testing.assert_allclose(run(q, k, v, chunk=8, xla=xla).numpy(), dense, atol=1e-6)
+
+
+def _constant_elements(fn, *specs) -> list[int]:
+    """Element counts of the constants over 1024 elements in the optimized XLA program of fn's forward and
+    backward pass."""
+    def grads(*args):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            y = tf.reduce_sum(fn(*args))
+        return tape.gradient(y, args)
+    hlo = tf.function(grads, jit_compile=True).experimental_get_compiler_ir(*specs)(stage="optimized_hlo")
+    sizes = [math.prod(int(n) for n in m.group(1).split(",") if n)
+             for m in re.finditer(r"\w+\[([\d,]*)\]\S* constant\(", hlo)]
+    return [n for n in sizes if n > 1024]
+
+
+def test_causal_masks_at_8192_tokens_are_not_folded_into_constants():
+    """XLA folds masks built from constants into constants as large as the scores (a [seq, seq] mask is 256 MiB
+    at 8192 tokens, a bias tiled over batch and heads more). The band_part masks stay iota compares; only
+    TensorFlow's own folding (10 MiB per tensor at most) turns the first two strips' masks into constants."""
+    from benchmarks.lm import attention
+
+    seq = 8192
+    specs = [tf.TensorSpec([1, seq, 1, 1, 8]), tf.TensorSpec([1, seq, 1, 8]), tf.TensorSpec([1, seq, 1, 8])]
+    got = _constant_elements(lambda q, k, v: attention.causal_attention(q, k, v, xla=True), *specs)
+    assert sum(got) <= 1024 * 1024 + 1024 * 2048, sorted(got)
+
+    def from_positions(q, k, v):  # masks compared from constant positions: what the bound guards against
+        pos = tf.range(seq)
+        return tf.concat([attention._attend(
+            q[:, i:i + 1024], k[:, :i + 1024], v[:, :i + 1024],
+            tf.where(tf.reshape(pos[i:i + 1024], [-1, 1]) >= tf.reshape(pos[:i + 1024], [1, -1]), 0.0, -1e9),
+            xla=True) for i in range(0, seq, 1024)], axis=1)
+    assert sum(_constant_elements(from_positions, *specs)) > 4 * 1024 * 2048
 
 
 # --------------------------------------------------------------------------------------- data

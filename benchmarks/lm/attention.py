@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from harness.nn.layers import NEG_INF, Block, RopeScaling, normal, rotary
@@ -26,16 +25,6 @@ def block_plan(seq: int, window: int, block: int) -> tuple[int, int]:
     return block, math.ceil((window - 1) / block)
 
 
-def visible(seq: int, window: int, block: int) -> np.ndarray:
-    """Causal window mask [blocks, block, (lookback + 1) * block]: key k is visible to query q when
-    q - window < k <= q (and k >= 0)."""
-    blk, back = block_plan(seq, window, block)
-    nb = seq // blk
-    q = np.arange(nb)[:, None, None] * blk + np.arange(blk)[None, :, None]
-    k = (np.arange(nb)[:, None, None] - back) * blk + np.arange((back + 1) * blk)[None, None, :]
-    return (k >= 0) & (k <= q) & (q - k < window)
-
-
 def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
     """t [batch, blocks, block, ...] -> [batch, blocks, (back + 1) * block, ...]: each block preceded by
     its `back` predecessors (padded with `fill` before the row's start)."""
@@ -47,72 +36,104 @@ def _lookback(t: tf.Tensor, back: int, fill) -> tf.Tensor:
     return tf.concat([padded[:, j:j + nb] for j in range(back + 1)], axis=2)
 
 
+def positions(like: tf.Tensor) -> tf.Tensor:
+    """Each token's position [b, seq] as float32 (exact up to 2^24), made from the data: `like` [b, seq] is
+    any float tensor of the row (e.g. one hidden unit of the layer input), and like * 0 + range is not
+    something XLA may fold (a float multiply by zero keeps NaN), where a window mask compared from
+    constant positions is folded into a constant as large as the mask."""
+    seq = like.shape[1]
+    return tf.cast(like, tf.float32) * 0.0 + tf.range(seq, dtype=tf.float32)
+
+
 def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
-                       block: int) -> tf.Tensor:
+                       block: int, like: tf.Tensor, xla: bool = False) -> tf.Tensor:
     """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
-    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents). Returns q's shape."""
+    head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents); `like` [b, s]: see
+    `positions`; `xla`: the formulation for XLA (`_attend`). Returns q's shape.
+
+    Each query block attends to its own and `lookback` earlier key blocks; the blocks join the batch
+    ([b * blocks, ...], b outer, so a `batch` split stays on the outer dimension) and go through the
+    same kernel as full causal attention, the window and the documents as an additive bias."""
     b, seq, kv, g, d = q.shape
     blk, back = block_plan(seq, window, block)
     nb = seq // blk
-    qb = tf.reshape(q, [b, nb, blk, kv, g, d])
-    kb = _lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0)
-    vb = _lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0)
+    keys = (back + 1) * blk
+    qb = tf.reshape(q, [b * nb, blk, kv, g, d])
+    kb = tf.reshape(_lookback(tf.reshape(k, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
+    vb = tf.reshape(_lookback(tf.reshape(v, [b, nb, blk, kv, d]), back, 0), [b * nb, keys, kv, d])
     # Reshapes and expand_dims, not [None] indexing: a new-axis strided slice crashes DTensor's SPMD pass.
-    mask = visible(seq, window, block)
-    allowed = tf.constant(mask.reshape((1,) + mask.shape))                       # [1, nb, blk, keys]
+    pq = tf.reshape(positions(like), [b, nb, blk])
+    pk = tf.expand_dims(_lookback(pq, back, -float(seq + window)), 2)                # padding: never visible
+    pq = tf.expand_dims(pq, 3)
+    allowed = (pk <= pq) & (pq - pk < window)                                          # [b, nb, blk, keys]
     if segments is not None:
         sq = tf.reshape(segments, [b, nb, blk])
-        sk = _lookback(sq, back, -1)
-        allowed = tf.logical_and(allowed, tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(sk, 2)))
-    # The softmax runs over [b, nb, kv, g * blk, keys], rank 5: oneDNN's softmax (on by default on AVX-512
-    # CPUs) refuses rank 6, and accelerators tile rank-5 tensors as well. The bias repeats over the g query
-    # heads of a group (g-major, as the reshape of [g, blk] orders them) and broadcasts over kv.
-    bias = tf.tile(tf.expand_dims(tf.where(allowed, 0.0, NEG_INF), 2), [1, 1, 1, g, 1])  # [b, nb, 1, g*blk, keys]
-    scores = tf.einsum("bnqhgd,bnkhd->bnhgqk", qb, kb)
-    keys = scores.shape[-1]
-    scores = tf.reshape(scores, [b, nb, kv, g * blk, keys])
-    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
-    probs = tf.reshape(tf.cast(probs, v.dtype), [b, nb, kv, g, blk, keys])
-    out = tf.einsum("bnhgqk,bnkhd->bnqhgd", probs, vb)
-    return tf.reshape(out, [b, seq, kv, g, d])
+        allowed &= tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(_lookback(sq, back, -1), 2))
+    bias = tf.reshape(tf.where(allowed, 0.0, NEG_INF), [b * nb, blk, keys])
+    return tf.reshape(_attend(qb, kb, vb, bias, xla), [b, seq, kv, g, d])
 
 
-QUERY_CHUNK = 1024  # full causal attention: queries in chunks of this many, each against its key prefix
+QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips of this many
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, like: tf.Tensor,
-                     chunk: int = QUERY_CHUNK) -> tf.Tensor:
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
+                     xla: bool = False) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
-    whole row and no segments.
+    whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape. `xla`: the
+    formulation for XLA (`_attend`).
 
-    Queries go in chunks of `chunk` (when it divides the row), each against only the keys up to its own end:
-    the scores a step holds (and the backward keeps) are the causal lower triangle in strips, about
-    (n + 1) / 2n of the dense [seq, seq] (0.56 at 8192 tokens in chunks of 1024), and the multiply-adds shrink
-    with them. Masked keys give exactly zero weight, so the chunks compute what the dense block computes.
-    The mask is computed per row from positions made from the data (`like` [b, seq], any float tensor of
-    the row, e.g. one hidden unit of the layer input): x * 0 + 1 summed along the row,
-    which XLA cannot fold (a float multiply by zero keeps NaN), where a constant [seq, seq] mask and its tiled
-    bias (1 GiB at 8192 tokens) would be folded and copied by the compiler. Exact up to 2^24 tokens; a
-    non-finite row unmasks only itself."""
+    Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
+    of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
+    keeps) are the causal lower triangle in strips, about (n + 1) / 2n of the dense [seq, seq] (0.56 at
+    8192 tokens in strips of 1024), and the multiply-adds shrink with them. Masked keys give exactly zero
+    weight, so the strips compute what the dense block computes."""
     seq = q.shape[1]
-    like = tf.cast(like, tf.float32)
-    pos = tf.cumsum(like * 0.0 + 1.0, axis=1) - 1.0                                  # [b, seq]: 0..seq-1
     if chunk >= seq or seq % chunk:
-        return _causal_strip(q, k, v, pos, pos)
-    return tf.concat([_causal_strip(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk], pos[:, i:i + chunk],
-                                    pos[:, :i + chunk]) for i in range(0, seq, chunk)], axis=1)
+        return _attend(q, k, v, causal_bias(0, seq, seq), xla)
+    return tf.concat([_attend(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
+                              causal_bias(i, chunk, i + chunk), xla) for i in range(0, seq, chunk)], axis=1)
 
 
-def _causal_strip(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, qpos: tf.Tensor, kpos: tf.Tensor) -> tf.Tensor:
-    """Queries q [b, c, kv, g, d] at positions qpos [b, c] against keys k/v [b, keys, kv, d] at kpos [b, keys]."""
+def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
+    """Additive mask [queries, keys]: 0 where key <= start + query, NEG_INF after. A band of ones: XLA lowers
+    band_part to an iota compare it neither folds nor stores, where masks compared from constant positions
+    are folded into constants as large as the masks (36M floats for one layer's strips at 8192 tokens, and
+    a bias tiled over batch and heads far more), and masks from positions made from the data cost a
+    [b, queries, keys] bias and 30% more attention time under XLA. TensorFlow's own constant folding (10 MiB
+    per tensor at most) still folds the small strips' bands: at 8192 tokens the first two (12 MiB; tested)."""
+    return (tf.linalg.band_part(tf.ones([queries, keys]), -1, start) - 1.0) * -NEG_INF
+
+
+def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool) -> tf.Tensor:
+    """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
+    float32 `bias` (0 or NEG_INF) [c, keys] or [b, c, keys], the same for every head.
+
+    Two formulations of the same numbers, each the faster on its compiler (fwd + bwd, both shapes of
+    scripts/bench_lm_step.py, by 10-25%): for TensorFlow's kernels, batched matmuls over [b, kv] (the g
+    query heads of a key/value head share its keys without a copy: queries as [b, kv, g * c, d], g
+    merged into the rows inside each kv, so a `heads` split stays on the outer kv); for XLA, einsums over
+    [b, c, kv * g, d] with the keys broadcast over the groups, whose layouts XLA chooses itself. Either
+    way the softmax runs over rank 4 (oneDNN's softmax refuses rank 6) and the bias broadcasts over the
+    heads, nothing tiled."""
     b, c, kv, g, d = q.shape
     keys = k.shape[1]
-    bias = tf.where(tf.expand_dims(qpos, 2) >= tf.expand_dims(kpos, 1), 0.0, NEG_INF)  # [b, c (q), keys]
-    bias = tf.reshape(tf.tile(tf.expand_dims(bias, 1), [1, g, 1, 1]), [b, 1, g * c, keys])
-    scores = tf.reshape(tf.einsum("bqhgd,bkhd->bhgqk", q, k), [b, kv, g * c, keys])
-    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
-    probs = tf.reshape(tf.cast(probs, v.dtype), [b, kv, g, c, keys])
-    return tf.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    if len(bias.shape) == 3:
+        bias = tf.expand_dims(bias, 1)                                                # [b, 1, c, keys]
+    if xla:
+        qh = tf.reshape(q, [b, c, kv * g, d])
+        kh, vh = (tf.reshape(tf.broadcast_to(tf.expand_dims(t, 3), [b, keys, kv, g, d]), [b, keys, kv * g, d])
+                  for t in (k, v))
+        scores = tf.einsum("bqhd,bkhd->bhqk", qh, kh)                                 # [b, kv * g, c, keys]
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
+        return tf.reshape(tf.einsum("bhqk,bkhd->bqhd", tf.cast(probs, v.dtype), vh), [b, c, kv, g, d])
+    qh = tf.reshape(tf.transpose(q, [0, 2, 3, 1, 4]), [b, kv, g * c, d])
+    kh, vh = tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3])            # [b, kv, keys, d]
+    scores = tf.matmul(qh, kh, transpose_b=True)                                      # [b, kv, g * c, keys]
+    scores = tf.reshape(tf.cast(scores, tf.float32) * (d ** -0.5), [b, kv, g, c, keys])
+    scores = tf.reshape(scores + tf.expand_dims(bias, -3), [b, kv, g * c, keys])
+    probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)
+    out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, d])
+    return tf.transpose(out, [0, 3, 1, 2, 4])
 
 
 class Attention(Block):
@@ -141,8 +162,9 @@ class Attention(Block):
         q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base, scaling)
         k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
         v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
+        xla = self.runtime.jit_compile
         if segments is None and self.window >= x.shape[1]:
-            ctx = causal_attention(q, k, v, like=x[:, :, 0])  # the hidden stream is whole on every device
-        else:
-            ctx = windowed_attention(q, k, v, segments, self.window, self.block)
+            ctx = causal_attention(q, k, v, xla=xla)
+        else:  # the hidden stream is whole on every device: positions from one of its units
+            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0], xla=xla)
         return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))

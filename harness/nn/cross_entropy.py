@@ -24,6 +24,9 @@ from harness.nn.layers import vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 BLOCK_ELEMENTS = 2 ** 24  # float32 logits per device in one block (64 MiB)
+# Logits per device up to which the loss is one block whose softmax the forward pass keeps for the backward
+# (256 MiB): small vocabularies and batches skip the recomputation (a third more of the head's multiply-adds).
+KEEP_ELEMENTS = 2 ** 26
 
 
 def block_length(batch: int, seq: int, vocab: int, budget: int = BLOCK_ELEMENTS) -> int:
@@ -37,7 +40,7 @@ def block_length(batch: int, seq: int, vocab: int, budget: int = BLOCK_ELEMENTS)
 
 
 def token_cross_entropy(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, targets: tf.Tensor,
-                        budget: int = BLOCK_ELEMENTS) -> tf.Tensor:
+                        budget: int = BLOCK_ELEMENTS, keep: int = KEEP_ELEMENTS) -> tf.Tensor:
     """-log softmax(hidden @ kernel)[target] per position, float32 [b, s]: logsumexp of the logits (blockwise)
     minus the target's logit, hidden . kernel[:, target] in float32 (a lookup of the target's column, as the
     input embedding looks up a row: no [tokens, vocab] one-hot).
@@ -46,18 +49,21 @@ def token_cross_entropy(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, 
     output cast up); targets [b, s] int. Gradients reach hidden and kernel."""
     columns = vocab_parallel_lookup(runtime, tf.transpose(kernel), tf.cast(targets, tf.int32))      # [b, s, m]
     picked = tf.reduce_sum(tf.cast(hidden, tf.float32) * tf.cast(columns, tf.float32), -1)
-    return blockwise_logsumexp(runtime, hidden, kernel, budget) - picked
+    return blockwise_logsumexp(runtime, hidden, kernel, budget, keep) - picked
 
 
-def blockwise_logsumexp(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor,
-                        budget: int = BLOCK_ELEMENTS) -> tf.Tensor:
+def blockwise_logsumexp(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, budget: int = BLOCK_ELEMENTS,
+                        keep: int = KEEP_ELEMENTS) -> tf.Tensor:
     """log sum_v exp(hidden @ kernel)[..., v], float32 [b, s], one block of positions at a time, with a
-    gradient that recomputes each block's logits (d/dz = softmax(z))."""
+    gradient that recomputes each block's logits (d/dz = softmax(z)); logits of at most `keep` elements per
+    device are one block whose softmax the backward pass reuses."""
     b, seq, m = hidden.shape
     vocab = kernel.shape[-1]
     n = runtime.shards("vocab")
     data = runtime.shards("batch")
-    c = block_length(b // data if b % data == 0 else b, seq, vocab // n, budget)
+    local_b = b // data if b % data == 0 else b
+    kept = local_b * seq * (vocab // n) <= keep
+    c = seq if kept else block_length(local_b, seq, vocab // n, budget)
     head = (WholeHead if n == 1 else SplitHead)(runtime, b, c, m, vocab, n)
 
     def after(x: tf.Tensor, earlier: tf.Tensor | None) -> tf.Tensor:
@@ -73,10 +79,13 @@ def blockwise_logsumexp(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor,
     def lse_of(x: tf.Tensor, w: tf.Tensor):
         w = head.kernel(w)
         lses: list[tf.Tensor] = []
+        softmax: list[tf.Tensor] = []
         for i in range(0, seq, c):
             z = head.logits(after(x[:, i:i + c], head.rows_of(lses[-1]) if lses else None), w)
             top = tf.reduce_max(z, axis=head.vocab_axes)
             lses.append(tf.math.log(tf.reduce_sum(tf.exp(z - head.per_token(top)), axis=head.vocab_axes)) + top)
+            if kept:
+                softmax.append(tf.exp(z - head.per_token(lses[-1])))
 
         def grad(dy: tf.Tensor):
             dxs: list[tf.Tensor] = []
@@ -92,9 +101,8 @@ def blockwise_logsumexp(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor,
                     # partial sum then has a second reader, so Grappler cannot fold the chain of additions
                     # into one AddN that waits for (and holds) every block's [m, vocab] part.
                     x_again = after(x_again, dxs[-1]) + tf.cast(tf.reduce_sum(dw[:1, ..., :1]) * 0.0, x.dtype)
-                z = head.logits(x_again, w)
-                dz = tf.cast(tf.exp(z - head.per_token(lses[j])) * head.per_token(head.tokens(dy[:, i:i + c])),
-                             x.dtype)
+                probs = softmax[j] if kept else tf.exp(head.logits(x_again, w) - head.per_token(lses[j]))
+                dz = tf.cast(probs * head.per_token(head.tokens(dy[:, i:i + c])), x.dtype)
                 dx, part = head.backward(x[:, i:i + c], w, dz)
                 dxs.append(dx)
                 dw = part if dw is None else dw + part

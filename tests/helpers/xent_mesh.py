@@ -45,7 +45,7 @@ def main() -> None:
         def step(x, w, targets, dy):
             with tf.GradientTape() as tape:
                 tape.watch([x, w])
-                loss = token_cross_entropy(rt, tf.cast(x, dtype), tf.cast(w, dtype), targets, budget)
+                loss = token_cross_entropy(rt, tf.cast(x, dtype), tf.cast(w, dtype), targets, budget, keep=0)
                 total = tf.reduce_sum(loss * dy)
             dx, dw = tape.gradient(total, [x, w])
             return [rt.gather(t) for t in (loss, dx, dw)]
