@@ -44,8 +44,7 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 # Contractions that must see 1/2 of a model-split dimension on every device, each summed by an all-reduce
 # over `model`: equation -> (local operand shapes, how many such summed instances the step has).
 # gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data, gathered
-# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 80 -> 40
-# (two vocab-split lookups: the input embedding's rows and the LM head's target columns in the loss).
+# to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 80 -> 40.
 # BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 256 -> 128.
 # Transformer (local rows 2 x 64 tokens): heads 4 -> 2 (encoder, decoder self and cross attention),
 # filter 256 -> 128 (the 4: both layers' down projections and their up projections' input gradients, which
@@ -53,7 +52,7 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 SUMMED_OVER_MODEL = {
     "gpt_oss_20b": {"bshgd,hgdm->bsm": (["1x128x1x2x8", "1x2x8x32"], 1),
                     "bjch,bjhm->bjcm": (["1x9x128x16", "1x9x16x32"], 1),
-                    "kbsm,bsk->bsm": (["1x1x128x32", "1x128x1"], 2)},
+                    "kbsm,bsk->bsm": (["1x1x128x32", "1x128x1"], 1)},
     "bert": {"bsnd,ndh->bsh": (["2x32x2x32", "2x32x128"], 1),
              "BatchMatMulV2": (["2x32x256", "256x128"], 1),
              "kbsm,bsk->bsm": (["1x2x32x128", "2x32x1"], 1)},
@@ -82,7 +81,9 @@ def trace(cases: dict, dump: str) -> dict:
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
     # The mutant last: its patch of gpt_oss's Attention stays in the process.
-    return trace(dict(CASES, **{"gpt_oss_20b:mutant": CASES["gpt_oss_20b"]}), str(tmp_path_factory.mktemp("spmd")))
+    extra = {"gpt_oss_20b:blocks": CASES["gpt_oss_20b"], "gpt_oss_20b:mutant": CASES["gpt_oss_20b"]}
+    return trace(dict(CASES, **extra),
+                 str(tmp_path_factory.mktemp("spmd")))
 
 
 def check_split(program: dict, workload: str) -> None:
@@ -127,19 +128,27 @@ def whole_vocab(shape: str) -> bool:
     return "80" in dims or any(dims[i:i + 2] == ["2", "40"] for i in range(len(dims) - 1))
 
 
-def test_decoder_loss_holds_no_full_vocabulary_buffer(programs):
-    """gpt_oss's blockwise cross-entropy on a vocab-split mesh: every buffer of the step is a vocabulary shard
-    (no dimension of the full 80 ids, nor [2 shards x 40] whole on one device), the head's input gradient is
-    summed over `model` and its kernel gradient is a shard summed over `data`."""
-    p = programs["gpt_oss_20b"]
+@pytest.mark.parametrize("case, blocks", [("gpt_oss_20b", 1), ("gpt_oss_20b:blocks", 4)])
+def test_decoder_loss_holds_no_full_vocabulary_buffer(programs, case, blocks):
+    """gpt_oss's cross-entropy on a vocab-split mesh, kept whole (the smoke's size) and in 4 recomputed blocks
+    (`:blocks`, tests/helpers/mesh_split.py): every buffer of the step is a vocabulary shard (no dimension of
+    the full 80 ids, nor [2 shards x 40] whole on one device), each block's head input gradient is summed over
+    `model` and its kernel gradient is a shard summed over `data`."""
+    p = programs[case]
     assert p["vocab"] == 80
     full = [r for r in p["results"] if whole_vocab(r)]
     assert not full, full
     ops = p["contractions"]
     dx = [c for c in ops if c["equation"] == "bckr,mkr->bcm"]
     dw = [c for c in ops if c["equation"] == "bcm,bckr->mkr"]
-    assert dx and all(c["operands"][1] == "32x1x40" and SUM_OVER_MODEL in c["collectives"] for c in dx), dx
-    assert dw and all(c["result"] == "32x1x40" and SUM_OVER_DATA in c["collectives"] for c in dw), dw
+    assert len(dx) == len(dw) == blocks, (dx, dw)
+    assert all(c["operands"][1] == "32x1x40" and SUM_OVER_MODEL in c["collectives"] for c in dx), dx
+    assert all(c["result"] == "32x1x40" and SUM_OVER_DATA in c["collectives"] for c in dw), dw
+    if blocks > 1:  # the recomputed blocks: 128 / blocks positions each
+        assert sorted({c["operands"][0] for c in dx}) == [f"1x{128 // blocks}x1x40"], dx
+
+
+def test_mutant_with_a_gathered_lm_head_shows_the_whole_vocabulary(programs):
     mutant = [r for r in programs["gpt_oss_20b:mutant"]["results"] if whole_vocab(r)]
     assert mutant, "the mutant's gathered LM head should show a full-vocabulary buffer"
 

@@ -84,21 +84,25 @@ def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
 # hidden units five times over (gate, up, silu and its sigmoid, product). One layer's worth more is live in
 # the backward pass (its gradients); with model.remat only each layer's input is kept, and the layer being
 # recomputed is live twice. The loss (harness/nn/cross_entropy.py) holds one block of float32 logits at a
-# time, LOSS_BLOCK_COPIES of it (logits, shifted, exponentials; recomputed the same way in the backward
-# pass), plus LM-head-sized float32 gradients beside the head's own: a block's part, the running sum, the
-# target columns' lookup gradient. Measured on the llama31_8b smoke (8 steps, peak RSS less the ~0.6 GiB the
-# process holds before the check): vocabulary 32,000 / 128,256 at rows of 256 tokens and 128,256 at 1024,
-# 0.43 / 0.99 / 1.73 GiB against estimates of 0.93 / 1.33 / 2.67 GiB.
-LOSS_BLOCK_COPIES = 3
-HEAD_GRADIENT_PARTIALS = 3
+# time, LOSS_BLOCK_COPIES of it (logits, exponentials, one-hot and gradient; recomputed the same way in the
+# backward pass), or all the logits as one kept block where they fit KEEP_ELEMENTS, plus LM-head-sized
+# float32 gradients beside the head's own: a block's part and the running sum. Measured against real runs in
+# docs/running.md ("Host memory").
+LOSS_BLOCK_COPIES = 4
+HEAD_GRADIENT_PARTIALS = 2
 
 
 def loss_bytes(cfg, rows: int) -> int:
     """Peak bytes of the blockwise loss beyond the head's own gradient, for `rows` rows on one device."""
-    from harness.nn.cross_entropy import block_length  # lazily: the plan's cost reads stay TensorFlow-free
+    # lazily: the plan's cost reads stay TensorFlow-free
+    from harness.nn.cross_entropy import BLOCK_ELEMENTS, KEEP_ELEMENTS, block_length
 
     m, s = cfg.model, cfg.data.seq_length
-    block = rows * block_length(rows, s, m.vocab_size) * m.vocab_size
+    whole = rows * s * m.vocab_size
+    if whole <= KEEP_ELEMENTS:
+        block = whole
+    else:
+        block = rows * block_length(rows, s, m.vocab_size, BLOCK_ELEMENTS) * m.vocab_size
     return 4 * (LOSS_BLOCK_COPIES * block + HEAD_GRADIENT_PARTIALS * m.hidden_size * m.vocab_size)
 
 

@@ -6,7 +6,8 @@ shapes and the collectives it inserted) only when these variables are in the env
 TF_CPP_VMODULE=dtensor_mlir_passes=1, TF_DUMP_GRAPH_PREFIX=<dir>, MLIR_BRIDGE_LOG_PASS_FILTER=
 DTensorSPMDExpansion (a VLOG-gated dump in TF 2.21's dtensor_mlir_passes.cc).
 
-argv: dump dir, JSON {name: [config, [overrides]]}, traced in order. A name ending in `:mutant` is traced
+argv: dump dir, JSON {name: [config, [overrides]]}, traced in order. A name ending in `:blocks` is traced with
+the decoders' cross-entropy in 4 recomputed blocks instead of one kept block. A name ending in `:mutant` is traced
 after gpt_oss's attention output projection is made to gather its operands to full heads first, and the
 loss's vocab-split LM head to gather its kernel whole (replicated compute, the losses unchanged: the bugs
 the test must catch); the patches stay for later cases.
@@ -28,11 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import tensorflow as tf  # noqa: E402
 
+from harness.nn import cross_entropy  # noqa: E402
 from harness.train import loop  # noqa: E402
 from tests.helpers.step_case import build  # noqa: E402
 
 # Device groups of a 2x2 mesh {data: 2, model: 2} (device = 2 * data index + model index).
 AXES = {"[[0, 1], [2, 3]]": "model", "[[0, 2], [1, 3]]": "data", "[[0, 1, 2, 3]]": "all"}
+LOSS_DEFAULTS = (cross_entropy.KEEP_ELEMENTS, cross_entropy.BLOCK_ELEMENTS)
 CONTRACTIONS = ("Einsum", "MatMul", "BatchMatMulV2")
 OP = re.compile(r'^\s*(%[\w#]+)(?::\d+)? = "tf\.(\w+)"\(([^)]*)\)(.*)$')
 CONST = re.compile(r'^\s*(%[\w#]+) = "tf\.Const"\(\) <\{value = dense<(.*?)> : tensor<')
@@ -66,8 +69,6 @@ def replicate_attention_output() -> None:
 def gather_output_layer(runtime) -> None:
     """The mutant's loss: the vocab-split LM head gathered whole before its matmul (every device computes
     every logit: a [tokens, full vocab] buffer, the same losses)."""
-    from harness.nn import cross_entropy
-
     class EinsumGathersHead:
         def __getattr__(self, name):
             return getattr(tf, name)
@@ -133,6 +134,9 @@ def main(dump: str, cases: dict[str, list]) -> None:
         if name.endswith(":mutant"):
             replicate_attention_output()
         before = set(glob.glob(os.path.join(dump, "*")))
+        cross_entropy.KEEP_ELEMENTS, cross_entropy.BLOCK_ELEMENTS = LOSS_DEFAULTS
+        if name.endswith(":blocks"):  # the loss in 4 recomputed blocks (1 row x 32 positions x 40 ids each)
+            cross_entropy.KEEP_ELEMENTS, cross_entropy.BLOCK_ELEMENTS = 0, 32 * 40
         cfg, rt, wl = build(config, overrides)
         if name.endswith(":mutant"):
             gather_output_layer(rt)
