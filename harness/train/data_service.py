@@ -85,12 +85,12 @@ class StallGuard:
 
     A worker lost mid-epoch takes its files with it and the tf.data client waits for them forever, blocked
     inside a TensorFlow op no Python exception can reach. This thread watches the input meter; when a
-    batch has been awaited `cfg.stall_timeout_s`, it prints one `error:` line, renames the MLPerf log
-    `incomplete_result_<seed>.log` (so no tool mistakes it for a result) and exits with code 2.
+    batch has been awaited `cfg.stall_timeout_s`, it prints one `error:` line and exits with code 2; the
+    MLPerf log stays `incomplete_result_<seed>.log`, the name it has until the loop ends.
     """
 
-    def __init__(self, wait: InputWait, cfg: ServiceConfig, log_path: str | None, seed: int) -> None:
-        self.wait, self.cfg, self.log_path, self.seed = wait, cfg, log_path, seed
+    def __init__(self, wait: InputWait, cfg: ServiceConfig) -> None:
+        self.wait, self.cfg = wait, cfg
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="data-service-stall-guard", daemon=True)
 
@@ -109,9 +109,6 @@ class StallGuard:
                 self._fail(stalled)
 
     def _fail(self, stalled: float) -> None:
-        if self.log_path and os.path.exists(self.log_path):
-            os.replace(self.log_path, os.path.join(os.path.dirname(self.log_path),
-                                                   f"incomplete_result_{self.seed}.log"))
         print(f"error: no training batch from the tf.data service at {self.cfg.dispatcher} for {stalled:.0f} s "
               f"(data.service.stall_timeout_s): a worker was lost with the files it held, or none is "
               f"running; restart the workers and the run", file=sys.stderr, flush=True)

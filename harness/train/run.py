@@ -136,7 +136,7 @@ def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPe
     workload, wait = checked.workload, InputWait()
     progress = Progress(runtime.is_chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
                         checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation)
-    with data_service.StallGuard(wait, pipeline_config(cfg.data).service, log.path, cfg.seed):
+    with data_service.StallGuard(wait, pipeline_config(cfg.data).service):
         # The submission keys come after init_start, so the loop calls back for them.
         return run_timed(runtime, workload, log,
                          lambda: log_submission_keys(log, cfg, workload, checked.initialized),
