@@ -277,7 +277,8 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
     def params(c):
         return c["model.num_layers"] * (c["model.expert_hidden"] * 1000 + 77) + c["model.vocab_size"] * 3 + 5
 
-    def fake_compile(path, overrides, optimize=True, stand_in=True):
+    def fake_compile(path, overrides, optimize=True, stand_in=True, full=None):
+        assert full is cfg
         c = dict(o.split("=") for o in overrides)
         c = {k: int(v) for k, v in c.items()}
         n = params(c)
@@ -298,6 +299,28 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
     assert "together" in report.stand_in[0] and report.compile_seconds["train"] == 5.0
     additive = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR)
     assert additive.params < params(full)  # what the stand-in printed before the pair's compile
+
+
+def test_a_stood_in_vocabulary_keeps_the_full_vocabularys_loss_blocks():
+    """llama31_8b's dry run compiles vocabularies of 512 and 1024 for 128,256: the loss's budgets shrink with
+    the vocabulary, so its blocks span the positions the full size's do (the loss memory then extrapolates
+    linearly), instead of one kept block of all the logits."""
+    from harness.config import RuntimeConfig
+    from harness.nn import cross_entropy
+    from harness.runtime import make_runtime
+
+    path = os.path.join(REPO, "configs", "llama31_8b", "reference.yaml")
+    full = config_lib.load_config(path)
+    seq = full.data.seq_length
+    want = cross_entropy.block_length(1, seq, full.model.vocab_size)
+    assert want < seq  # the full vocabulary runs in blocks
+    for vocab in (512, 1024):
+        small = config_lib.load_config(path, [f"model.vocab_size={vocab}"])
+        wl = registry.get("llama31_8b")(small, make_runtime(RuntimeConfig()))
+        wl.stand_in_for(full)
+        budget = int(cross_entropy.BLOCK_ELEMENTS * wl.loss_budget_scale)
+        assert 1 * seq * vocab > int(cross_entropy.KEEP_ELEMENTS * wl.loss_budget_scale)  # not one kept block
+        assert cross_entropy.block_length(1, seq, vocab, budget) == want
 
 
 def test_a_model_compiled_smaller_is_checked_at_its_own_sizes(monkeypatch):

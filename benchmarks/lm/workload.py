@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
+from harness.nn import cross_entropy
 from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel, lookup
@@ -53,6 +54,12 @@ class DecoderLMWorkload(Workload):
         super().__init__(cfg, runtime)
         self.source = data.Source(cfg.data, cfg.model.vocab_size)
         self.model: Any = None
+        self.loss_budget_scale = 1.0  # the cross-entropy's block budgets x this (a dry run's stand-in vocabulary)
+
+    def stand_in_for(self, full: Any) -> None:
+        """At a stood-in vocabulary the loss's block and keep budgets shrink with it, so each block spans the
+        positions the full vocabulary's would, and the loss's memory grows linearly to the full size's."""
+        self.loss_budget_scale = self.cfg.model.vocab_size / full.model.vocab_size
 
     @property
     def train_samples(self) -> int:
@@ -173,7 +180,10 @@ class DecoderLMWorkload(Workload):
         and the model's extras."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         hidden, extras = self.model(inputs)
-        xent = token_cross_entropy(self.runtime, hidden, self.model.head(), targets)
+        scale = self.loss_budget_scale
+        xent = token_cross_entropy(self.runtime, hidden, self.model.head(), targets,
+                                   budget=max(1, int(cross_entropy.BLOCK_ELEMENTS * scale)),
+                                   keep=int(cross_entropy.KEEP_ELEMENTS * scale))
         if self.EOD_MASK_LOSS:
             weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
         else:

@@ -467,21 +467,21 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
     from harness.train.reference import lookup
 
     base = [f"{k}={a}" for k, (a, _) in sizes.items()]
-    r0 = compile_report(config_path, overrides + base, optimize, stand_in=False)
+    r0 = compile_report(config_path, overrides + base, optimize, stand_in=False, full=cfg)
     traced = r0.traced
     slopes: dict[str, list[tuple[float, Any]]] = {}
     seconds = dict(r0.compile_seconds)
     for key, (a, b) in sizes.items():
         r0.traced = {}
         rk = compile_report(config_path, overrides + [x for x in base if not x.startswith(key + "=")] + [f"{key}={b}"],
-                            optimize, stand_in=False)
+                            optimize, stand_in=False, full=cfg)
         rk.traced = {}
         seconds = {w: seconds[w] + rk.compile_seconds[w] for w in seconds}
         slopes[key] = [((lookup(cfg, key) - a) / (b - a), rk)]
     cross = []
     for ki, kj in pairs:
         rij = compile_report(config_path, overrides + [x for x in base if not x.startswith((ki + "=", kj + "="))]
-                             + [f"{ki}={sizes[ki][1]}", f"{kj}={sizes[kj][1]}"], optimize, stand_in=False)
+                             + [f"{ki}={sizes[ki][1]}", f"{kj}={sizes[kj][1]}"], optimize, stand_in=False, full=cfg)
         rij.traced = {}
         seconds = {w: seconds[w] + rij.compile_seconds[w] for w in seconds}
         cross.append((slopes[ki][0][0] * slopes[kj][0][0], slopes[ki][0][1], slopes[kj][0][1], rij))
@@ -509,10 +509,11 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
 
 
 def compile_report(config_path: str, overrides: list[str], optimize: bool = True,
-                   stand_in: bool = True) -> CompileReport:
+                   stand_in: bool = True, full: config_lib.Config | None = None) -> CompileReport:
     """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
     (`optimize=False`: trace and count only, no XLA HLO passes, so no peak memory; for quick checks). A model
-    too big for this host is compiled smaller and extrapolated (`linear_stand_in`) where its workload allows."""
+    too big for this host is compiled smaller and extrapolated (`linear_stand_in`) where its workload allows;
+    `full`: the config such a smaller compile stands in for (`Workload.stand_in_for`)."""
     from benchmarks import registry
 
     cfg = config_lib.load_config(config_path, overrides)
@@ -525,6 +526,8 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         return linear_stand_in(config_path, overrides, optimize, cfg, sizes,
                                getattr(workload_class, "DRY_RUN_PAIRS", ()))
     workload = checked.workload
+    if full is not None:
+        workload.stand_in_for(full)
     train_spec, eval_spec, data_notes = checked.dry_run_inputs
     with runtime.scope():
         workload.build()

@@ -313,6 +313,11 @@ class Workload(abc.ABC):
         (as `train_dataset` and `eval_parse` give them) plus a line for each fact stood in for the data."""
         raise HarnessError(f"the {self.NAME} workload does not describe its inputs for a dry run")
 
+    def stand_in_for(self, full: Any) -> None:
+        """Called by a dry run that compiles this workload at smaller sizes (DRY_RUN_LINEAR) to extrapolate to
+        the `full` config: a workload whose computation is shaped by a size beyond proportion (e.g. blocks
+        sized by the vocabulary) keeps the full size's shape here, so the extrapolation holds."""
+
     def weights_initialization_map(self) -> dict[str, str]:
         """MLPerf tensor name -> this model's variable path, for rulesets that require one
         `weights_initialization` event per named tensor (empty: the workload names none)."""
