@@ -15,6 +15,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from harness.errors import HarnessError
+from harness.outputs import check_output_dir, describe_os_error
 
 # ------------------------------------------------------------------ a quiet start
 # `import tensorflow` makes its C++ libraries print several lines to file descriptor 2 before absl's logging
@@ -189,7 +190,8 @@ def cmd_report(args: list[str]) -> int:
         raise HarnessError("report takes one or more MLPerf logs or directories")
     from harness.review import report
 
-    return report.main(args, FLAGS.out or "report")
+    out = check_output_dir(FLAGS.out or "report", "--out" if FLAGS.out else "report directory")
+    return report.main(args, out)
 
 
 def cmd_campaign(args: list[str]) -> int:
@@ -205,6 +207,7 @@ def cmd_package(args: list[str]) -> int:
         raise HarnessError("package takes campaign directories, run directories or result logs")
     if not FLAGS.out:
         raise HarnessError("package needs --out DIR for the submission tree")
+    check_output_dir(FLAGS.out, "--out")
     from harness.submission import package
 
     return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
@@ -213,6 +216,8 @@ def cmd_package(args: list[str]) -> int:
 def cmd_plan(args: list[str]) -> int:
     if len(args) != 1:
         raise HarnessError("plan takes exactly one CONFIG file (and --system NAME --chips N)")
+    if FLAGS.sweep:
+        check_output_dir(FLAGS.out or ".", "--out")
     from harness.plan import planner
 
     return planner.main(args[0], FLAGS.set, FLAGS.system, FLAGS.chips, FLAGS.global_batch, FLAGS.calibrate,
@@ -257,6 +262,30 @@ def dispatch(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except OSError as e:  # a path the user named (or its disk) failed: the same line from every command
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:
+        print(f"error: input is not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r} at offset "
+              f"{e.start})", file=sys.stderr)
+        return 2
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool whose reader went away
+
+
+def _quiet_broken_pipe() -> int:
+    """`mlperf-harness check LOG | head -1`: the reader left; stop without a traceback or a second error
+    when Python flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except OSError:
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def main(argv: list[str]) -> None:
@@ -268,15 +297,25 @@ def main(argv: list[str]) -> None:
         silence_tensorflow_import()
         logging.set_verbosity(logging.WARNING)
     code = dispatch(argv)
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _quiet_broken_pipe()
     # os._exit: a hung TPU connect thread or cluster runtime must not keep a failed run alive.
     sys.stderr.flush()
     os._exit(code)
 
 
-def entry_point() -> None:
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parse, with a malformed or unknown flag as one `error:` line and exit code 2 (absl's own
+    parser prints "FATAL Flags parsing error" and exits 1, the code of an aborted run)."""
     try:
-        app.run(main)
+        return FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e} (commands and flags: `mlperf-harness help`, all flags: --helpfull)",
+              file=sys.stderr)
         sys.exit(2)
+
+
+def entry_point() -> None:
+    app.run(main, flags_parser=parse_flags)

@@ -166,10 +166,13 @@ def read_yaml_with_bases(path: str, _seen: tuple[str, ...] = ()) -> dict:
         raise HarnessError(f"config file not found: {path}" if not _seen
                            else f"config {_seen[-1]}: base file not found: {path}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     except yaml.YAMLError as e:
         raise HarnessError(f"config {path}: invalid YAML: {str(e).splitlines()[0]}") from None
+    except UnicodeDecodeError as e:
+        raise HarnessError(f"config {path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                           f"{e.start})") from None
     if not isinstance(data, dict):
         raise HarnessError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)

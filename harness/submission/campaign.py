@@ -27,6 +27,7 @@ from harness import benchmark_rules as rules
 from harness import config as config_lib
 from harness.review import logparse, scoring
 from harness.errors import HarnessError
+from harness.outputs import check_output_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMPAIGN_FILE = "campaign.json"
@@ -171,10 +172,11 @@ def main(config_path: str, overrides: list[str], runs: int = 0, campaign_dir: st
     n = runs or default_runs(workload)
     if first_seed < 0:
         raise HarnessError(f"--first_seed must be >= 0, got {first_seed}")
+    named = "--campaign_dir" if campaign_dir else "campaign directory"
     if not campaign_dir:
         stem = os.path.splitext(os.path.basename(config_path))[0]
         campaign_dir = os.path.join(str(data.get("output_dir") or "logs"), workload, f"campaign-{stem}")
-    campaign_dir = os.path.abspath(campaign_dir)
+    campaign_dir = check_output_dir(campaign_dir, named)
     os.makedirs(os.path.join(campaign_dir, "console"), exist_ok=True)
     state_path = os.path.join(campaign_dir, CAMPAIGN_FILE)
 

@@ -17,6 +17,7 @@ from harness.plan import mfu
 from harness.train import data_service, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError
+from harness.outputs import check_output_dir
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
@@ -98,6 +99,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     cfg = config_lib.load_config(config_path, overrides)
     if output_dir:
         cfg.output_dir = output_dir
+    check_output_dir(cfg.output_dir, "--output_dir" if output_dir else "output_dir")
     runtime = make_runtime(cfg.runtime, cfg.submission.platform)
     checked = preflight(cfg, runtime)
     workload = checked.workload
