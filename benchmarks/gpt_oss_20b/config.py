@@ -1,9 +1,17 @@
-"""gpt_oss_20b's own config sections (defaults: the MLPerf reference, GPT-OSS 20B pretraining on C4)."""
+"""gpt_oss_20b's own config sections (defaults: the MLPerf reference, GPT-OSS 20B pretraining on C4).
+
+The model defaults are what AMD's Primus/Megatron reference computes, the implementation that produced the
+6.0.0/6.1.0 RCPs (docs/workloads/gpt_oss_20b.md, "Which gpt-oss"); the published gpt-oss architecture's
+features (sinks, biases, the clamped GLU, YaRN) are options, off by default.
+"""
 from __future__ import annotations
 
 import dataclasses
 
 from harness.config import field
+from harness.nn.layers import YarnScaling
+
+from benchmarks.lm.ffn import Glu
 
 from benchmarks.lm.config import DataConfig, DecoderModelConfig, OptimizerConfig  # noqa: F401  (its sections)
 
@@ -18,8 +26,9 @@ class ModelConfig(DecoderModelConfig):
     rope_base: float = field(150000.0, min=1.0)
     norm_epsilon: float = field(1e-6, min=0.0)
     init_stddev: float = field(0.008, min=0.0)
-    sliding_window: int = field(128, min=1, doc="a query sees this many tokens (itself included) on the "
-                                "windowed layers")
+    sliding_window: int = field(129, min=1, doc="a query sees this many tokens (itself included) on the "
+                                "windowed layers: 129 = the reference's Transformer Engine window_size (128, 0), keys "
+                                "i-128..i; NeMo's (127, 0) and transformers' sliding_window 128 are 128")
     full_attention_span: int = field(0, min=0, doc="full layers: 0 = the whole row (dense); N > 0 = "
                                      "blockwise over the last N tokens, exact when documents never exceed N "
                                      "tokens and document_attention is on (checked against the data)")
@@ -44,3 +53,40 @@ class ModelConfig(DecoderModelConfig):
     load_balancing_coef: float = field(0.0, min=0.0, doc="Switch/GShard load-balancing loss weight (0 = off, "
                                        "the reference)")
     router_z_loss_coef: float = field(0.0, min=0.0, doc="ST-MoE router z-loss weight (0 = off, the reference)")
+    # The architecture's options: the reference (Primus/Megatron) has q/k norm and none of the rest; NVIDIA's
+    # NeMo submission (v6.0 closed) has sinks, biases and the clamped GLU and no q/k norm; the published
+    # gpt-oss (transformers GptOssForCausalLM) has those and YaRN.
+    qk_norm: bool = field(True, doc="RMSNorm over head_dim of queries and keys before RoPE, one weight each per "
+                          "layer (Megatron qk_layernorm: the reference inherits it from Primus's "
+                          "deepseek_v2_base.yaml; NeMo and transformers: off)")
+    attention_sinks: bool = field(False, doc="one learned logit per query head in every softmax denominator "
+                                  "(transformers GptOssAttention.sinks; NeMo softmax_type learnable; zero init)")
+    attention_bias: bool = field(False, doc="biases on the q/k/v/o projections (transformers attention_bias; "
+                                 "Megatron add_bias_linear, as NeMo sets it; zero init)")
+    router_bias: bool = field(False, doc="a bias on the router logits, before the top-k (transformers "
+                                "GptOssTopKRouter.bias; Megatron router bias with add_bias_linear; zero init)")
+    expert_bias: bool = field(False, doc="biases on each expert's gate, up and down projections; the down bias "
+                                "is weighted by the gate like the rest of the expert's output (transformers "
+                                "gate_up_proj_bias / down_proj_bias; Megatron add_bias_linear; zero init)")
+    swiglu_alpha: float = field(1.0, min=0.0, doc="expert GLU: gate * sigmoid(alpha * gate) * (up + "
+                                "swiglu_up_offset); 1 = silu, the reference; 1.702 = gpt-oss (quick_gelu)")
+    swiglu_limit: float = field(0.0, min=0.0, doc="expert GLU: gate clamped to <= limit and up to [-limit, limit] "
+                                "before the activation; 0 = no clamp, the reference; 7 = gpt-oss")
+    swiglu_up_offset: float = field(0.0, doc="expert GLU: added to the up projection; 0 = the reference; 1 = "
+                                    "gpt-oss (glu_linear_offset)")
+    rope_type: str = field("default", choices=("default", "yarn"), doc="default: plain RoPE (the reference and "
+                           "NeMo); yarn: YaRN as transformers computes it (the published gpt-oss)")
+    rope_scaling_factor: float = field(32.0, min=1.0, doc="yarn: factor")
+    rope_original_context: int = field(4096, min=1, doc="yarn: original_max_position_embeddings")
+    rope_beta_fast: float = field(32.0, min=0.0, doc="yarn: beta_fast")
+    rope_beta_slow: float = field(1.0, min=0.0, doc="yarn: beta_slow")
+    rope_truncate: bool = field(False, doc="yarn: floor/ceil the correction range (gpt-oss: false)")
+
+    def glu(self) -> Glu:
+        return Glu(self.swiglu_alpha, self.swiglu_limit, self.swiglu_up_offset)
+
+    def rope_scaling(self) -> YarnScaling | None:
+        if self.rope_type != "yarn":
+            return None
+        return YarnScaling(self.rope_scaling_factor, self.rope_original_context, self.rope_beta_fast,
+                           self.rope_beta_slow, self.rope_truncate)

@@ -1,12 +1,14 @@
 """The GPT-OSS decoder as the MLPerf gpt_oss_20b reference configures it (Primus/Megatron YAMLs), on the
 decoder LMs' shared stack (benchmarks/lm/decoder.py).
 
-RMSNorm pre-norm blocks, RoPE, grouped-query attention (no biases, no attention sinks, no q/k norm: the
-reference YAMLs set none of them), a causal sliding window on even layers and full causal attention on
-odd ones, and a mixture-of-experts feed-forward in every layer (moe.py): SwiGLU experts, token-choice top-k
-on the router logits then a softmax over the k chosen (`moe_router_pre_softmax: false`), dropless by
-default. Untied input and output embeddings. Named dimensions: `batch`, `heads`, `experts`, `ff` (an
-expert's hidden units) and `vocab`.
+RMSNorm pre-norm blocks, RoPE, grouped-query attention with q/k RMSNorm (qk_layernorm, inherited by the
+reference's model YAML) and no biases or attention sinks, a causal sliding window on even layers and full
+causal attention on odd ones, and a mixture-of-experts feed-forward in every layer (moe.py): SwiGLU
+experts, token-choice top-k on the router logits then a softmax over the k chosen
+(`moe_router_pre_softmax: false`), dropless by default. Untied input and output embeddings. The published
+architecture's features (attention sinks, q/k/v/o, router and expert biases, the clamped GLU, YaRN) are
+`model.*` options (config.py). Named dimensions: `batch`, `heads`, `experts`, `ff` (an expert's hidden
+units) and `vocab`.
 """
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ class GptOss(Decoder):
         self.eod_id = eod_id
 
     def attention(self, path: str, layer: int) -> Attention:
-        return Attention(self.runtime, path, self.seed, self.cfg, layer_window(self.cfg, layer, self.seq))
+        c = self.cfg
+        return Attention(self.runtime, path, self.seed, c, layer_window(c, layer, self.seq),
+                         rope_scaling=c.rope_scaling(), bias=c.attention_bias, sinks=c.attention_sinks,
+                         qk_norm=c.qk_norm)
 
     def ffn(self, path: str, layer: int) -> MoE:
         return MoE(self.runtime, path, self.seed, self.cfg)

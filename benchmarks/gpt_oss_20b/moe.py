@@ -9,11 +9,11 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, normal
+from harness.nn.layers import Block, constant, normal
 from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
-from benchmarks.lm.ffn import swiglu, swiglu_hidden
+from benchmarks.lm.ffn import SWIGLU, Glu, swiglu, swiglu_hidden
 
 
 # ------------------------------------------------------------------------------ mixture of experts
@@ -161,44 +161,53 @@ def after_all(index: tf.Tensor, ts: list[tf.Tensor | None]) -> tf.Tensor:
 
 
 def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_up: tf.Tensor,
-                  w_down: tf.Tensor, chunk: int = 0) -> tf.Tensor:
-    """SwiGLU of each block of rows xs [b, blocks, block, m] with its own expert's weights (w_gate, w_up
-    [experts, m, h], w_down [experts, h, m]; block_expert [b, blocks]) -> [b, blocks, block, m].
+                  w_down: tf.Tensor, chunk: int = 0, act: Glu = SWIGLU,
+                  biases: tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None = None) -> tf.Tensor:
+    """SwiGLU (`act`'s variant) of each block of rows xs [b, blocks, block, m] with its own expert's weights
+    (w_gate, w_up [experts, m, h], w_down [experts, h, m]; block_expert [b, blocks]) and, when given,
+    `biases` (gate, up [experts, h], down [experts, m]) -> [b, blocks, block, m].
 
     Without a grouped matmul each block multiplies its own gathered copy of its expert's weights, 3 x m x h
     values per block. `chunk` > 0 computes `chunk` blocks at a time, each chunk's gathers after the previous
     chunk's output (`after`), so one chunk's copies are live at once; the backward pass gathers them again
     per chunk (the gate and up activations are kept, so no expert matmul is recomputed) and sums each
-    expert's weight gradient over the chunks in float32 (a one-hot product over the blocks). 0: one chunk."""
+    expert's weight gradient over the chunks in float32 (a one-hot product over the blocks). 0: one chunk.
+    Padding rows (zero inputs) get the biases as outputs, which nothing reads: their gradient is zero."""
     b, nb, block, m = xs.shape
     experts = w_gate.shape[0]
     chunk = chunk or nb
     sizes = [min(chunk, nb - j) for j in range(0, nb, chunk)]
     index = tf.split(block_expert, sizes, 1)
+    weights = (w_gate, w_up, w_down) + (tuple(biases) if biases is not None else ())
+
+    def gathered_bias(n: int, i: tf.Tensor, ws) -> tf.Tensor | int:
+        """Bias n (0 gate, 1 up, 2 down) of each block's expert, [b, j, 1, width]; 0 without biases."""
+        return tf.expand_dims(tf.gather(ws[3 + n], i), 2) if len(ws) > 3 else 0
 
     @tf.custom_gradient
-    def run(xs, w_gate, w_up, w_down):
+    def run(xs, *ws):
         gates, ups, outs = [], [], []
         for x, i in zip(tf.split(xs, sizes, 1), index):
             if outs:
                 i = after(i, outs[-1])
-            gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_gate, i))
-            up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(w_up, i))
-            outs.append(tf.einsum("bjch,bjhm->bjcm", swiglu_hidden(gate, up), tf.gather(w_down, i)))
+            gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[0], i)) + gathered_bias(0, i, ws)
+            up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[1], i)) + gathered_bias(1, i, ws)
+            outs.append(tf.einsum("bjch,bjhm->bjcm", swiglu_hidden(gate, up, act), tf.gather(ws[2], i))
+                        + gathered_bias(2, i, ws))
             gates.append(gate)
             ups.append(up)
 
         def grad(dys):
-            dxs, dw, last = [], [None, None, None], dys
+            dxs, dw, last = [], [None] * len(ws), dys
             for x, i, gate, up, dy in zip(tf.split(xs, sizes, 1), index, gates, ups, tf.split(dys, sizes, 1)):
                 i = after(i, last)
                 with tf.GradientTape() as tape:
                     tape.watch([gate, up])
-                    hidden = swiglu_hidden(gate, up)
-                dhidden = tf.einsum("bjcm,bjhm->bjch", dy, tf.gather(w_down, i))
+                    hidden = swiglu_hidden(gate, up, act)
+                dhidden = tf.einsum("bjcm,bjhm->bjch", dy, tf.gather(ws[2], i))
                 dgate, dup = tape.gradient(hidden, [gate, up], output_gradients=dhidden)
-                dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(w_gate, i))
-                           + tf.einsum("bjch,bjmh->bjcm", dup, tf.gather(w_up, i)))
+                dxs.append(tf.einsum("bjch,bjmh->bjcm", dgate, tf.gather(ws[0], i))
+                           + tf.einsum("bjch,bjmh->bjcm", dup, tf.gather(ws[1], i)))
                 last = dxs[-1]
                 # Each block's weight gradient summed into its expert's by a one-hot contraction, not a
                 # scatter (unsorted_segment_sum): a scatter writes into a zero-filled [experts, m, h] buffer
@@ -210,16 +219,19 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
                 # The running sums (`after`) too: else XLA fuses the sums of a layer's chunks into one add
                 # of every chunk's part, all of them live at once.
                 onehot = tf.one_hot(after_all(i, dw), experts, dtype=x.dtype)     # [b, j, experts]
-                for n, block_grad in enumerate((tf.einsum("bjcm,bjch->bjmh", x, dgate),
-                                                tf.einsum("bjcm,bjch->bjmh", x, dup),
-                                                tf.einsum("bjch,bjcm->bjhm", hidden, dy))):
-                    part = tf.cast(tf.einsum("bje,bjmh->emh", onehot, block_grad), tf.float32)
+                parts = [("bje,bjmh->emh", tf.einsum("bjcm,bjch->bjmh", x, dgate)),
+                         ("bje,bjmh->emh", tf.einsum("bjcm,bjch->bjmh", x, dup)),
+                         ("bje,bjmh->emh", tf.einsum("bjch,bjcm->bjhm", hidden, dy))]
+                if len(ws) > 3:  # a bias's gradient: its projection's output gradient summed over the rows
+                    parts += [("bje,bjh->eh", tf.reduce_sum(g, 2)) for g in (dgate, dup, dy)]
+                for n, (equation, block_grad) in enumerate(parts):
+                    part = tf.cast(tf.einsum(equation, onehot, block_grad), tf.float32)
                     dw[n] = part if dw[n] is None else dw[n] + part
-            return (tf.concat(dxs, 1),) + tuple(tf.cast(g, w.dtype) for g, w in zip(dw, (w_gate, w_up, w_down)))
+            return (tf.concat(dxs, 1),) + tuple(tf.cast(g, w.dtype) for g, w in zip(dw, ws))
 
         return tf.concat(outs, 1), grad
 
-    return run(xs, w_gate, w_up, w_down)
+    return run(xs, *weights)
 
 
 def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
@@ -260,7 +272,8 @@ def combine_rows(y: tf.Tensor, lay: Blocks) -> tf.Tensor:
 
 
 class MoE(Block):
-    """Experts [experts, hidden, ff] SwiGLU feed-forwards behind a float32 router.
+    """Experts [experts, hidden, ff] SwiGLU feed-forwards (model.swiglu_*: gpt-oss's clamped variant) behind a
+    float32 router, with router and expert biases when model.router_bias / model.expert_bias are on.
 
     Two dispatches (`model.moe_dispatch`), the same routing and the same result:
     - sorted: each batch row's token x top-k assignments are sorted by expert into a static buffer of
@@ -279,12 +292,19 @@ class MoE(Block):
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg: ModelConfig) -> None:
         super().__init__(runtime, path, seed)
         m, e, h = cfg.hidden_size, cfg.num_experts, cfg.expert_hidden
-        self.cfg = cfg
+        self.cfg, self.act = cfg, cfg.glu()
         init = lambda name: normal(cfg.init_stddev, f"{path}/{name}", seed)  # noqa: E731
         self.router = self.var("router/kernel", (m, e), (None, None), init("router/kernel"))
         self.w_gate = self.var("experts/gate/kernel", (e, m, h), ("experts", None, "ff"), init("experts/gate"))
         self.w_up = self.var("experts/up/kernel", (e, m, h), ("experts", None, "ff"), init("experts/up"))
         self.w_down = self.var("experts/down/kernel", (e, h, m), ("experts", "ff", None), init("experts/down"))
+        # model.router_bias / model.expert_bias: zero init; each bias split as its kernel's output dimension
+        self.router_bias = self.var("router/bias", (e,), (None,), constant(0.0)) if cfg.router_bias else None
+        self.b_gate = self.b_up = self.b_down = None
+        if cfg.expert_bias:
+            self.b_gate = self.var("experts/gate/bias", (e, h), ("experts", "ff"), constant(0.0))
+            self.b_up = self.var("experts/up/bias", (e, h), ("experts", "ff"), constant(0.0))
+            self.b_down = self.var("experts/down/bias", (e, m), ("experts", None), constant(0.0))
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor, Routing]:
         c = self.cfg
@@ -292,6 +312,8 @@ class MoE(Block):
         s = min(c.moe_group_size, seq)
         xg = tf.reshape(x, [b, seq // s, s, m])
         logits = tf.einsum("bgsm,me->bgse", tf.cast(xg, tf.float32), self.router)
+        if self.router_bias is not None:  # before the top-k: the bias moves the choice too
+            logits += tf.cast(self.router_bias, tf.float32)
         dense = c.moe_dispatch == "dense"
         r = route(logits, c.experts_per_token, expert_capacity(s, c.num_experts, c.experts_per_token,
                                                                 c.capacity_factor), dense=dense)
@@ -302,8 +324,12 @@ class MoE(Block):
         dt = self.dtype
         xe = tf.einsum("bgsec,bgsm->ebgcm", tf.cast(r.dispatch, dt), xg)
         xe = self.runtime.place(xe, ("experts", None, None, None, None))
+        biases = None
+        if self.b_gate is not None:  # [e, 1, 1, 1, width]: each expert's own, on its slots
+            biases = tuple(tf.reshape(tf.cast(v, dt), [v.shape[0], 1, 1, 1, v.shape[1]])
+                           for v in (self.b_gate, self.b_up, self.b_down))
         ye = swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
-                    "ebgcm,emh->ebgch", "ebgch,ehm->ebgcm")
+                    "ebgcm,emh->ebgch", "ebgch,ehm->ebgcm", self.act, biases)
         ye = self.runtime.place(ye, (None, "batch", None, None, None))
         return tf.einsum("bgsec,ebgcm->bgsm", tf.cast(r.combine, dt), ye)
 
@@ -319,7 +345,11 @@ class MoE(Block):
         # `ff` stays split), then one copy per block, `moe_chunk_blocks` blocks at a time.
         w_gate, w_up, w_down = (self.runtime.place(tf.cast(w, dt), (None,) + dims) for w, dims in (
             (self.w_gate, (None, "ff")), (self.w_up, (None, "ff")), (self.w_down, ("ff", None))))
-        ys = expert_blocks(xs, lay.block_expert, w_gate, w_up, w_down, c.moe_chunk_blocks)
+        biases = None
+        if self.b_gate is not None:
+            biases = tuple(self.runtime.place(tf.cast(v, dt), (None, dim)) for v, dim in (
+                (self.b_gate, "ff"), (self.b_up, "ff"), (self.b_down, None)))
+        ys = expert_blocks(xs, lay.block_expert, w_gate, w_up, w_down, c.moe_chunk_blocks, self.act, biases)
         ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.blocks * lay.block, m]), lay), [b, seq, k, m])
         weights = tf.reshape(r.gates * r.kept, [b, seq, k])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))

@@ -3,6 +3,7 @@
 Named dimensions: `heads` (key/value heads, their query groups with them) so a mesh runtime can split
 them. The config passed in needs hidden_size, num_heads, num_kv_heads, head_dim, rope_base and
 init_stddev, and attention_block unless the caller gives `block`. Every shape is static and no op leaves the device.
+Options of the block (gpt-oss's, off for Llama): q/k/v/o biases, per-head attention sinks, q/k RMSNorm.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, RopeScaling, normal, rotary
+from harness.nn.layers import NEG_INF, Block, RMSNorm, RopeScaling, YarnScaling, constant, normal, rotary
 from harness.runtime.base import Runtime
 
 
@@ -46,10 +47,10 @@ def positions(like: tf.Tensor) -> tf.Tensor:
 
 
 def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Tensor | None, window: int,
-                       block: int, like: tf.Tensor, xla: bool = False) -> tf.Tensor:
+                       block: int, like: tf.Tensor, xla: bool = False, sinks: tf.Tensor | None = None) -> tf.Tensor:
     """Causal attention within `window` tokens, blockwise; q [b, s, kv, g, d] (g query heads per key/value
     head), k/v [b, s, kv, d]; `segments` [b, s] (None: attention crosses documents); `like` [b, s]: see
-    `positions`; `xla`: the formulation for XLA (`_attend`). Returns q's shape.
+    `positions`; `xla`: the formulation for XLA and `sinks` the heads' sink logits (`_attend`). Returns q's shape.
 
     Each query block attends to its own and `lookback` earlier key blocks; the blocks join the batch
     ([b * blocks, ...], b outer, so a `batch` split stays on the outer dimension) and go through the
@@ -70,17 +71,17 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
         sq = tf.reshape(segments, [b, nb, blk])
         allowed &= tf.equal(tf.expand_dims(sq, 3), tf.expand_dims(_lookback(sq, back, -1), 2))
     bias = tf.reshape(tf.where(allowed, 0.0, NEG_INF), [b * nb, blk, keys])
-    return tf.reshape(_attend(qb, kb, vb, bias, xla), [b, seq, kv, g, d])
+    return tf.reshape(_attend(qb, kb, vb, bias, xla, sinks), [b, seq, kv, g, d])
 
 
 QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips of this many
 
 
 def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
-                     xla: bool = False) -> tf.Tensor:
+                     xla: bool = False, sinks: tf.Tensor | None = None) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
     whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape. `xla`: the
-    formulation for XLA (`_attend`).
+    formulation for XLA, `sinks` the heads' sink logits (`_attend`).
 
     Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
     of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
@@ -89,9 +90,9 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
     weight, so the strips compute what the dense block computes."""
     seq = q.shape[1]
     if chunk >= seq or seq % chunk:
-        return _attend(q, k, v, causal_bias(0, seq, seq), xla)
+        return _attend(q, k, v, causal_bias(0, seq, seq), xla, sinks)
     return tf.concat([_attend(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
-                              causal_bias(i, chunk, i + chunk), xla) for i in range(0, seq, chunk)], axis=1)
+                              causal_bias(i, chunk, i + chunk), xla, sinks) for i in range(0, seq, chunk)], axis=1)
 
 
 def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
@@ -104,9 +105,23 @@ def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
     return (tf.linalg.band_part(tf.ones([queries, keys]), -1, start) - 1.0) * -NEG_INF
 
 
-def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool) -> tf.Tensor:
+def _with_sink(scores: tf.Tensor, sink: tf.Tensor | None) -> tf.Tensor:
+    """Softmax over the last axis of float32 `scores`, with `sink` (broadcast to scores[..., :1]; None: no
+    sink) as one more logit in the denominator that takes no value: exp(s_j) / (sum_j exp(s_j) + exp(sink))."""
+    if sink is None:
+        return tf.nn.softmax(scores, axis=-1)
+    keys = scores.shape[-1]
+    column = tf.broadcast_to(sink, scores.shape[:-1].as_list() + [1])
+    return tf.nn.softmax(tf.concat([scores, column], -1), axis=-1)[..., :keys]
+
+
+def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool,
+            sinks: tf.Tensor | None = None) -> tf.Tensor:
     """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
-    float32 `bias` (0 or NEG_INF) [c, keys] or [b, c, keys], the same for every head.
+    float32 `bias` (0 or NEG_INF) [c, keys] or [b, c, keys], the same for every head. `sinks` [kv, g]
+    (float32; None: none): each query head's attention-sink logit, which joins the softmax's denominator
+    unscaled and unmasked and attends to nothing (gpt-oss; transformers eager_attention_forward), so a
+    query may give its keys less than weight 1 in all.
 
     Two formulations of the same numbers, each the faster on its compiler (fwd + bwd, both shapes of
     scripts/bench_lm_step.py, by 10-25%): for TensorFlow's kernels, batched matmuls over [b, kv] (the g
@@ -124,14 +139,16 @@ def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool
         kh, vh = (tf.reshape(tf.broadcast_to(tf.expand_dims(t, 3), [b, keys, kv, g, d]), [b, keys, kv * g, d])
                   for t in (k, v))
         scores = tf.einsum("bqhd,bkhd->bhqk", qh, kh)                                 # [b, kv * g, c, keys]
-        probs = tf.nn.softmax(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, axis=-1)
+        sink = None if sinks is None else tf.reshape(sinks, [1, kv * g, 1, 1])
+        probs = _with_sink(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, sink)
         return tf.reshape(tf.einsum("bhqk,bkhd->bqhd", tf.cast(probs, v.dtype), vh), [b, c, kv, g, d])
     qh = tf.reshape(tf.transpose(q, [0, 2, 3, 1, 4]), [b, kv, g * c, d])
     kh, vh = tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3])            # [b, kv, keys, d]
     scores = tf.matmul(qh, kh, transpose_b=True)                                      # [b, kv, g * c, keys]
     scores = tf.reshape(tf.cast(scores, tf.float32) * (d ** -0.5), [b, kv, g, c, keys])
     scores = tf.reshape(scores + tf.expand_dims(bias, -3), [b, kv, g * c, keys])
-    probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)
+    sink = None if sinks is None else tf.reshape(tf.repeat(tf.reshape(sinks, [1, kv, g, 1]), c, 2), [1, kv, g * c, 1])
+    probs = tf.cast(_with_sink(scores, sink), v.dtype)
     out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, d])
     return tf.transpose(out, [0, 3, 1, 2, 4])
 
@@ -139,10 +156,18 @@ def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool
 class Attention(Block):
     """Grouped-query self-attention with RoPE; query kernel [hidden, kv, g, d], so a key/value head and
     its query group live on one device when `heads` is split. `block`: the query block of the blockwise
-    attention (default cfg.attention_block); `rope_scaling`: Llama 3.1's frequency scaling (None: plain RoPE)."""
+    attention (default cfg.attention_block); `rope_scaling`: Llama 3.1's or YaRN's frequency scaling (None:
+    plain RoPE).
+
+    Options, each off by default: `bias`, q/k/v/o biases (zero init; the projections' output dims, so the
+    q/k/v biases split with `heads`); `sinks`, one learned logit per query head [kv, g] in every query's
+    softmax denominator (zero init, as Transformer Engine's learnable softmax offset); `qk_norm`, an
+    RMSNorm over head_dim of the queries and of the keys after their projection and before RoPE, one weight
+    [head_dim] each (Megatron qk_layernorm, its epsilon `norm_epsilon`)."""
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int, block: int | None = None,
-                 rope_scaling: RopeScaling | None = None, output_stddev: float | None = None) -> None:
+                 rope_scaling: RopeScaling | YarnScaling | None = None, output_stddev: float | None = None,
+                 bias: bool = False, sinks: bool = False, qk_norm: bool = False) -> None:
         super().__init__(runtime, path, seed)
         m, kv, d = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
         g = cfg.num_heads // kv
@@ -156,15 +181,35 @@ class Attention(Block):
         out_sd = cfg.init_stddev if output_stddev is None else output_stddev
         self.wo = self.var("output/kernel", (kv, g, d, m), ("heads", None, None, None),
                            normal(out_sd, f"{path}/output/kernel", seed))
+        self.bq = self.bk = self.bv = self.bo = self.sinks = self.q_norm = self.k_norm = None
+        if bias:
+            self.bq = self.var("query/bias", (kv, g, d), ("heads", None, None), constant(0.0))
+            self.bk = self.var("key/bias", (kv, d), ("heads", None), constant(0.0))
+            self.bv = self.var("value/bias", (kv, d), ("heads", None), constant(0.0))
+            self.bo = self.var("output/bias", (m,), (None,), constant(0.0))
+        if sinks:
+            self.sinks = self.var("sinks", (kv, g), ("heads", None), constant(0.0))
+        if qk_norm:
+            self.q_norm = RMSNorm(runtime, f"{path}/query_norm", seed, d, cfg.norm_epsilon)
+            self.k_norm = RMSNorm(runtime, f"{path}/key_norm", seed, d, cfg.norm_epsilon)
+
+    def _project(self, x: tf.Tensor, equation: str, kernel: tf.Variable, bias: tf.Variable | None) -> tf.Tensor:
+        y = tf.einsum(equation, x, tf.cast(kernel, self.dtype))
+        return y if bias is None else y + tf.cast(bias, self.dtype)
 
     def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
-        dt, base, scaling = self.dtype, self.cfg.rope_base, self.rope_scaling
-        q = rotary(tf.einsum("bsm,mhgd->bshgd", x, tf.cast(self.wq, dt)), base, scaling)
-        k = rotary(tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wk, dt)), base, scaling)
-        v = tf.einsum("bsm,mhd->bshd", x, tf.cast(self.wv, dt))
+        base, scaling = self.cfg.rope_base, self.rope_scaling
+        q = self._project(x, "bsm,mhgd->bshgd", self.wq, self.bq)
+        k = self._project(x, "bsm,mhd->bshd", self.wk, self.bk)
+        v = self._project(x, "bsm,mhd->bshd", self.wv, self.bv)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, base, scaling), rotary(k, base, scaling)
         xla = self.runtime.jit_compile
+        sinks = None if self.sinks is None else tf.cast(self.sinks, tf.float32)  # the scores' dtype
         if segments is None and self.window >= x.shape[1]:
-            ctx = causal_attention(q, k, v, xla=xla)
+            ctx = causal_attention(q, k, v, xla=xla, sinks=sinks)
         else:  # the hidden stream is whole on every device: positions from one of its units
-            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0], xla=xla)
-        return tf.einsum("bshgd,hgdm->bsm", ctx, tf.cast(self.wo, dt))
+            ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0], xla=xla,
+                                     sinks=sinks)
+        return self._project(ctx, "bshgd,hgdm->bsm", self.wo, self.bo)

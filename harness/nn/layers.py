@@ -346,12 +346,46 @@ class RopeScaling:
     original_context: int = 8192
 
 
-def rope_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) -> tf.Tensor:
+@dataclasses.dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (`rope_type: yarn`) as Hugging Face transformers computes it for gpt-oss
+    (modeling_rope_utils `_compute_yarn_parameters`): frequency i interpolates between base^(-2i/dim) and
+    that divided by `factor` along a linear ramp between the correction dimensions of `beta_fast` and
+    `beta_slow` rotations over `original_context` tokens (floor/ceil when `truncate`), and cos/sin are
+    multiplied by 0.1 ln(factor) + 1, so q.k scales by its square."""
+    factor: float = 32.0
+    original_context: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = False
+
+    def attention_factor(self) -> float:
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+    def ramp_bounds(self, dim: int, base: float) -> tuple[float, float]:
+        """(low, high): the correction dimensions where the ramp from extrapolation to interpolation starts
+        and ends."""
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(self.original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:  # a ramp of no width: transformers widens it by 0.001
+            high += 0.001
+        return low, high
+
+
+def rope_frequencies(dim: int, base: float, scaling: RopeScaling | YarnScaling | None = None) -> tf.Tensor:
     """The dim / 2 inverse frequencies base^(-2i/dim) of RoPE, scaled as `scaling` says (None: unscaled)."""
     half = dim // 2
     inv = base ** (-tf.range(half, dtype=tf.float32) * 2.0 / dim)
     if scaling is None:
         return inv
+    if isinstance(scaling, YarnScaling):
+        low, high = scaling.ramp_bounds(dim, base)
+        ramp = tf.clip_by_value((tf.range(half, dtype=tf.float32) - low) / (high - low), 0.0, 1.0)
+        return inv / scaling.factor * ramp + inv * (1.0 - ramp)
     s = scaling
     wavelength = 2.0 * math.pi / inv
     smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
@@ -360,16 +394,18 @@ def rope_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) 
     return tf.where(wavelength < s.original_context / s.high_freq_factor, inv, low)
 
 
-def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | None = None) -> tf.Tensor:
+def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | YarnScaling | None = None) -> tf.Tensor:
     """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
     at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim) (frequencies scaled by
-    `scaling` when given). Static shapes only."""
+    `scaling` when given; YaRN also scales cos and sin by its attention factor). Static shapes only."""
     seq, dim = x.shape[1], x.shape[-1]
     half = dim // 2
     inv = rope_frequencies(dim, base, scaling)
     angle = tf.range(seq, dtype=tf.float32)[:, None] * inv[None, :]          # [seq, half]
     shape = [1, seq] + [1] * (len(x.shape) - 3) + [half]
     cos, sin = tf.reshape(tf.cos(angle), shape), tf.reshape(tf.sin(angle), shape)
+    if isinstance(scaling, YarnScaling) and scaling.attention_factor() != 1.0:
+        cos, sin = cos * scaling.attention_factor(), sin * scaling.attention_factor()
     cos, sin = tf.cast(cos, x.dtype), tf.cast(sin, x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return tf.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
