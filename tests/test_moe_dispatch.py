@@ -15,13 +15,24 @@ from harness.runtime import make_runtime
 from harness.train import dryrun
 
 
-def _layer(dispatch: str, capacity_factor: float, block: int = 4, experts: int = 8, k: int = 2):
+# gpt-oss's expert options (benchmarks/lm/ffn.py Glu, biases): a limit the activations reach
+GPT_OSS = dict(router_bias=True, expert_bias=True, swiglu_alpha=1.702, swiglu_limit=0.5, swiglu_up_offset=1.0)
+
+
+def _layer(dispatch: str, capacity_factor: float, block: int = 4, experts: int = 8, k: int = 2, **options):
     cfg = ModelConfig(hidden_size=16, num_experts=experts, experts_per_token=k, expert_hidden=12,
                       moe_group_size=16, capacity_factor=capacity_factor, moe_dispatch=dispatch,
-                      moe_block_size=block, init_stddev=0.3)
+                      moe_block_size=block, init_stddev=0.3, **options)
     runtime = make_runtime(RuntimeConfig())
     with runtime.scope():
-        return moe.MoE(runtime, "moe", 7, cfg)
+        layer = moe.MoE(runtime, "moe", 7, cfg)
+    for n, v in enumerate(_biases(layer)):  # away from their zero init
+        v.assign(tf.random.stateless_normal(v.shape, [n, 9]))
+    return layer
+
+
+def _biases(layer) -> list:
+    return [v for v in (layer.router_bias, layer.b_gate, layer.b_up, layer.b_down) if v is not None]
 
 
 def _forward_and_gradients(layer, x):
@@ -29,20 +40,25 @@ def _forward_and_gradients(layer, x):
         tape.watch(x)
         y, r = layer(x)
         loss = tf.reduce_sum(y * tf.sin(tf.range(y.shape[-1], dtype=tf.float32)))
-    variables = [layer.router, layer.w_gate, layer.w_up, layer.w_down]
+    variables = [layer.router, layer.w_gate, layer.w_up, layer.w_down] + _biases(layer)
     grads = tape.gradient(loss, [x] + variables)
     return y.numpy(), r.dropped.numpy(), [g.numpy() for g in grads]
 
 
-@pytest.mark.parametrize("capacity_factor", [0.0, 0.5, 1.0])
-def test_sorted_dispatch_equals_dense_dispatch_forward_and_gradients(capacity_factor):
+@pytest.mark.parametrize("capacity_factor, options", [(0.0, {}), (0.5, {}), (1.0, {}), (0.0, GPT_OSS),
+                                                      (0.5, GPT_OSS)])
+def test_sorted_dispatch_equals_dense_dispatch_forward_and_gradients(capacity_factor, options):
+    """The sorted dispatch's own gradient (expert_blocks) against autodiff of the dense one, biases and the
+    clamped GLU included."""
     x = tf.random.stateless_normal([3, 32, 16], seed=[1, 2])
-    y_dense, dropped_dense, g_dense = _forward_and_gradients(_layer("dense", capacity_factor), x)
-    y_sorted, dropped_sorted, g_sorted = _forward_and_gradients(_layer("sorted", capacity_factor), x)
+    y_dense, dropped_dense, g_dense = _forward_and_gradients(_layer("dense", capacity_factor, **options), x)
+    y_sorted, dropped_sorted, g_sorted = _forward_and_gradients(_layer("sorted", capacity_factor, **options), x)
     np.testing.assert_allclose(y_sorted, y_dense, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(dropped_sorted, dropped_dense)
     assert (dropped_dense.sum() > 0) == (capacity_factor > 0)  # capacity really drops; dropless does not
+    assert len(g_sorted) == len(g_dense) == 5 + 4 * bool(options)
     for gs, gd in zip(g_sorted, g_dense):
+        assert np.abs(gd).max() > 0
         np.testing.assert_allclose(gs, gd, rtol=1e-4, atol=1e-6)
 
 
