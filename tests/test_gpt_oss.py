@@ -27,6 +27,16 @@ from harness.review import logparse, report
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
+PUBLISHED = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke-published.yaml")
+
+
+def published_options() -> list[str]:
+    """smoke-published.yaml's model section (the published gpt-oss's options) as --set overrides."""
+    import yaml
+
+    with open(PUBLISHED) as f:
+        section = yaml.safe_load(f)["model"]
+    return [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in section.items()]
 
 
 # ------------------------------------------------------------------------------------------ router
@@ -119,8 +129,8 @@ def test_blockwise_window_attention_equals_dense_masked_attention(window, block,
 
 def test_even_layers_use_the_window_and_odd_layers_full_attention():
     from benchmarks.gpt_oss_20b.config import ModelConfig
-    cfg = ModelConfig(num_layers=4)
-    assert [model.layer_window(cfg, i, 8192) for i in range(4)] == [128, 8192, 128, 8192]
+    cfg = ModelConfig(num_layers=4)   # the reference's Transformer Engine window (128, 0): 129 keys
+    assert [model.layer_window(cfg, i, 8192) for i in range(4)] == [129, 8192, 129, 8192]
 
 
 def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
@@ -282,6 +292,35 @@ def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
     assert not {"moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_expert_capacity_factor"} & set(keys)
 
 
+# The published architecture's options on (sinks, biases, clamped GLU, YaRN): 1 device as shipped, and the
+# 2x2 mesh (each bias and the sinks split as their kernels) with the same options.
+
+@pytest.fixture(scope="module")
+def published_smoke(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("gpt_oss_published"))
+    proc = run_cli("run", PUBLISHED, "--output_dir", out, timeout=900)
+    return proc, read_summary(out, "gpt_oss_20b") if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def published_mesh_smoke(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("gpt_oss_published_mesh"))
+    sets = [a for option in published_options() for a in ("--set", option)]
+    proc = run_cli("run", os.path.join(REPO, "configs", "gpt_oss_20b", "smoke-mesh.yaml"), "--output_dir", out,
+                   *sets, timeout=900)
+    return proc, read_summary(out, "gpt_oss_20b") if proc.returncode == 0 else None
+
+
+@pytest.mark.parametrize("name", ["published_smoke", "published_mesh_smoke"])
+def test_smoke_with_the_published_architecture_reaches_the_target(request, name):
+    proc, summary = request.getfixturevalue(name)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
+    assert {r: v["verdict"] for r, v in summary["compliance"].items()} == {"6.0.0": "PASS", "6.1.0": "PASS"}
+    keys = {e.key: e.value for e in logparse.parse_log(summary["log"])}
+    assert keys["tensor_parallelism"] == (2 if "mesh" in name else 1)
+
+
 # ------------------------------------------ mesh and the reference model (XLA: tests/test_xla_precision.py)
 
 SCRIPT = """
@@ -302,13 +341,19 @@ SCRIPT = """
         it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
         out = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(2)]
         shapes = {{p.path: rt.local_shapes(p.variable) if hasattr(rt, "local_shapes") else []
-                  for p in wl.optimizer.params if "experts/" in p.path or "router" in p.path}}
+                  for p in wl.optimizer.params if "experts/" in p.path or "router" in p.path
+                  or "attention/" in p.path}}
         return out, shapes, wl.mllog_hparams()
 
     mesh, shapes, hp = losses({mesh!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
                                          "model.router_z_loss_coef=0.001"])
     one, _, _ = losses({smoke!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
                                    "model.router_z_loss_coef=0.001"])
+    # Every architecture option on (the published gpt-oss's and the reference's q/k norm; a clamp the
+    # activations reach): the options' variables split over the mesh as their kernels are.
+    OPTIONS = {published!r} + ["model.qk_norm=true", "model.swiglu_limit=0.5"]
+    mesh_options, option_shapes, _ = losses({mesh!r}, OPTIONS)
+    one_options, _, _ = losses({smoke!r}, OPTIONS)
 
     # The closed reference config loads; its model builds and runs at reduced width.
     cfg, rt, wl = setup({reference!r}, ["runtime.kind=default", "runtime.precision=float32",
@@ -320,7 +365,8 @@ SCRIPT = """
     ref_params = sum(int(np.prod(p.variable.shape)) for p in wl.optimizer.params)
     terms = wl.loss(next(iter(loop.train_input(rt, wl, 2, 0))), tf.zeros([2], tf.int64))  # eager: one forward
     ref_loss = float(terms["cross_entropy"].total / terms["cross_entropy"].count)
-    print("RESULT " + json.dumps(dict(mesh=mesh, one=one, shapes=shapes, hp={{k: hp[k] for k in
+    print("RESULT " + json.dumps(dict(mesh=mesh, one=one, mesh_options=mesh_options, one_options=one_options,
+        option_shapes=option_shapes, shapes=shapes, hp={{k: hp[k] for k in
         ("expert_parallelism", "tensor_parallelism", "moe_aux_loss_coeff", "moe_z_loss_coeff",
          "moe_expert_capacity_factor")}},
         ref_layers=cfg.model.num_layers, ref_experts=cfg.model.num_experts, ref_params=ref_params,
@@ -331,7 +377,8 @@ SCRIPT = """
 @pytest.fixture(scope="module")
 def subprocess_result():
     script = SCRIPT.format(mesh=os.path.join(REPO, "configs/gpt_oss_20b/smoke-mesh.yaml"), smoke=SMOKE,
-                           reference=os.path.join(REPO, "configs/gpt_oss_20b/reference.yaml"))
+                           reference=os.path.join(REPO, "configs/gpt_oss_20b/reference.yaml"),
+                           published=published_options())
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
                           text=True, timeout=900, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -352,6 +399,21 @@ def test_mesh_first_losses_equal_one_device_and_experts_are_split(subprocess_res
     # Expert parallelism 1: the sorted dispatch computes every expert on each device (weights gathered).
     assert r["hp"] == {"expert_parallelism": 1, "tensor_parallelism": 2, "moe_aux_loss_coeff": 0.01,
                        "moe_z_loss_coeff": 0.001, "moe_expert_capacity_factor": 1.0}
+
+
+def test_mesh_with_every_architecture_option_equals_one_device_and_splits_them(subprocess_result):
+    r = subprocess_result
+    np.testing.assert_allclose(r["mesh_options"], r["one_options"], rtol=2e-5)
+    assert np.abs(np.array(r["one_options"]) - np.array(r["one"])).max() > 1e-3   # the options change the model
+    # Local shapes on the 2x2 {data, model} mesh (heads, ff and vocab over `model`, experts over `data`):
+    # 2 kv heads x 2 query heads x head_dim 8, 8 experts x expert_hidden 32, hidden 32.
+    local = {k.split("layer_0/")[1]: sorted(set(map(tuple, v))) for k, v in r["option_shapes"].items()
+             if "layer_0/" in k and not k.endswith("kernel")}
+    assert local == {
+        "attention/query/bias": [(1, 2, 8)], "attention/key/bias": [(1, 8)], "attention/value/bias": [(1, 8)],
+        "attention/output/bias": [(32,)], "attention/sinks": [(1, 2)], "attention/query_norm/gamma": [(8,)],
+        "attention/key_norm/gamma": [(8,)], "moe/router/bias": [(8,)], "moe/experts/gate/bias": [(4, 16)],
+        "moe/experts/up/bias": [(4, 16)], "moe/experts/down/bias": [(4, 32)]}
 
 
 def test_reference_config_loads_and_its_model_builds_at_reduced_width(subprocess_result):

@@ -269,3 +269,20 @@ def test_a_layers_new_variables_split_as_their_kernels_output():
         "moe/experts/up/bias": ((4, 8), ("experts", "ff")),
         "moe/experts/down/bias": ((4, 16), ("experts", None)),
     }
+
+
+def test_the_plans_parameter_count_is_the_built_models_with_every_option():
+    """benchmarks/gpt_oss_20b/cost.py counts each option's parameters as the model creates them (the
+    reference's q/k norm is checked against the compiled reduced reference in tests/test_dry_run.py)."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpt_oss_20b import cost
+
+    for options in (GPT_OSS, {**GPT_OSS, "qk_norm": True}, {"qk_norm": False}):
+        cfg = ModelConfig(**SIZES, **options)
+        runtime = make_runtime(RuntimeConfig())
+        with runtime.scope():
+            model.GptOss(runtime, 1, cfg, 32, eod_id=0)
+        built = sum(i.variable.shape.num_elements() for i in runtime.variables(trainable=True))
+        _, counted = cost.forward_macs_and_params(SimpleNamespace(model=cfg, data=SimpleNamespace(seq_length=32)))
+        assert counted == built, options

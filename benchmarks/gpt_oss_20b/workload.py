@@ -19,13 +19,17 @@ from benchmarks.gpt_oss_20b import config
 from benchmarks.gpt_oss_20b.model import GptOss
 from benchmarks.lm.workload import DecoderLMWorkload
 
-# GPT-OSS 20B as the MLPerf reference implementation builds it: dropless top-4 of 32 SwiGLU experts, the
-# router options beside the reference off.
+# GPT-OSS 20B as the MLPerf reference implementation (Primus/Megatron, which produced the RCPs) builds it:
+# dropless top-4 of 32 plain SwiGLU experts, q/k norm, a 129-key window, plain RoPE, none of the published
+# architecture's sinks, biases or clamp, the router options beside the reference off.
 REFERENCE_MODEL = ReferenceModel("GPT-OSS 20B", {
     "model.vocab_size": 128256, "model.hidden_size": 2880, "model.num_layers": 24, "model.num_heads": 64,
-    "model.num_kv_heads": 8, "model.head_dim": 64, "model.rope_base": 150000, "model.sliding_window": 128,
+    "model.num_kv_heads": 8, "model.head_dim": 64, "model.rope_base": 150000, "model.sliding_window": 129,
     "model.num_experts": 32, "model.experts_per_token": 4, "model.expert_hidden": 2880,
-    "model.capacity_factor": 0.0, "model.load_balancing_coef": 0.0, "model.router_z_loss_coef": 0.0})
+    "model.capacity_factor": 0.0, "model.load_balancing_coef": 0.0, "model.router_z_loss_coef": 0.0,
+    "model.qk_norm": True, "model.attention_sinks": False, "model.attention_bias": False,
+    "model.router_bias": False, "model.expert_bias": False, "model.swiglu_alpha": 1.0, "model.swiglu_limit": 0.0,
+    "model.swiglu_up_offset": 0.0, "model.rope_type": "default"})
 
 
 class GptOssWorkload(DecoderLMWorkload):

@@ -106,17 +106,20 @@ def loss_bytes(cfg, rows: int) -> int:
     return 4 * (LOSS_BLOCK_COPIES * block + HEAD_GRADIENT_PARTIALS * m.hidden_size * m.vocab_size)
 
 
-def decoder_activation_bytes(cfg, rows: int, score_keys: float, ffn_units: float) -> int:
+def decoder_activation_bytes(cfg, rows: int, score_keys: float, ffn_units: float, extra_units: float = 0,
+                             score_copies: int = 3, ffn_copies: int = 5) -> int:
     """Peak bytes of a decoder LM's train step beyond its variables, for `rows` rows of data.seq_length
     tokens: `score_keys` is the keys one query's scores span summed over the layers, `ffn_units` the hidden
-    units the feed-forward keeps per token and layer (the dense SwiGLU's ffn_hidden; the routed experts')."""
+    units the feed-forward keeps per token and layer (the dense SwiGLU's ffn_hidden; the routed experts'),
+    `extra_units` what a block's options keep besides per token and layer, `score_copies` and `ffn_copies`
+    how many times over the scores and the hidden units are kept (the plain block's 3 and 5, below)."""
     m, s = cfg.model, cfg.data.seq_length
     width = 2 if cfg.runtime.precision in ("bfloat16", "float16") else 4
     tokens = rows * s
     qkv = m.head_dim * (m.num_heads + 2 * m.num_kv_heads)
     groups = m.num_heads // max(1, m.num_kv_heads)
-    per_layer = 8 * m.hidden_size + 4 * qkv + 5 * ffn_units  # elements per token, attention scores aside
-    scores = (3 * m.num_heads + groups) * score_keys          # elements per token over all layers
+    per_layer = 8 * m.hidden_size + 4 * qkv + ffn_copies * ffn_units + extra_units  # per token, scores aside
+    scores = (score_copies * m.num_heads + groups) * score_keys                    # per token, all layers
     if m.remat:
         kept = m.num_layers * m.hidden_size + 2 * (per_layer + scores / max(1, m.num_layers))
     else:
