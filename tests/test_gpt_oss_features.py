@@ -20,6 +20,8 @@ from harness.config import RuntimeConfig
 from harness.nn import layers
 from harness.runtime import make_runtime
 
+pytestmark = pytest.mark.quick
+
 
 # ------------------------------------------------------------------------------------------- YaRN
 
