@@ -4,7 +4,8 @@ of gpt_oss_20b's smoke-mesh config (2x2 {data, model}, one layer) with runtime.f
   compute layout) straight from its variable read, once per step: the backward reuses the gathered value;
 - nothing else is gathered (no activation, no optimizer slot: AdamW updates its shards) but the expert
   weights, which the sorted MoE dispatch gathers the same way;
-- every such weight's gradient is all-reduced over `data` in its compute layout and cut to its shard
+- every such weight's gradient is all-reduced over `data` (the q/k norms', used by the model-split heads, over
+  both axes) in its compute layout and cut to its shard
   (DTensorAllScatter, a local slice), and DTensor's fusion pass turns each pair that is adjacent into one
   DTensorReduceScatter (those with a reshape in between stay an all-reduce and a slice).
 One subprocess, about 10 s.
@@ -52,8 +53,9 @@ EXPERTS = [f"[8, 32, 32] ['data', {U}, 'model']->[{U}, {U}, 'model']"] * 2 + \
 
 def test_each_weight_is_gathered_from_its_read_once_and_nothing_else(program):
     weights = sorted(signature(*w) for w in program["weights"])
-    # Embedding, output layer, router, q/k/v/o, the three norms: experts are split over data by the layout.
-    assert len(weights) == 10
+    # Embedding, output layer, router, q/k/v/o, the three norms and the q/k norms (the reference's qk_layernorm):
+    # experts are split over data by the layout.
+    assert len(weights) == 12
     gathers = program["gathers"]
     assert all(g["source"] == "ReadVariableOp" for g in gathers), gathers
     assert sorted(signature(g["shape"], g["from"], g["to"]) for g in gathers) == sorted(weights + EXPERTS)
@@ -62,7 +64,11 @@ def test_each_weight_is_gathered_from_its_read_once_and_nothing_else(program):
 def test_each_gradient_is_reduced_over_data_into_its_shard(program):
     weights = sorted(signature(*w) for w in program["weights"])
     scatters = program["scatters"]
-    assert all(s["reduced"] == "DTensorAllReduce Add data" and set(s["via"]) <= {"Reshape"} for s in scatters)
+    # The q/k norm weights ([head_dim 8]) are used by every head, and the heads are split over model: their
+    # gradient is summed over both axes at once.
+    assert all(s["reduced"] == ("DTensorAllReduce Add all" if s["shape"] == [8] else "DTensorAllReduce Add data")
+               and set(s["via"]) <= {"Reshape"} for s in scatters)
+    assert sum(s["shape"] == [8] for s in scatters) == 2
     # Scattered from the compute layout to the stored one: the reverse of each weight's gather.
     assert sorted(signature(s["shape"], s["to"], s["from"]) for s in scatters) == sorted(weights + EXPERTS)
     # The fusion pass makes one reduce-scatter of each adjacent all-reduce + all-scatter, and no other.

@@ -33,3 +33,13 @@ def test_norm_and_bias_weights_are_excluded_and_only_they(config):
     assert norm_or_bias and excluded == norm_or_bias, sorted(excluded ^ norm_or_bias)
     kernels = [p for p in paths if p.endswith(("kernel", "embeddings"))]
     assert kernels and not any(opt.excluded(p) for p in kernels)
+
+
+def test_gpt_oss_options_norms_biases_and_sinks_are_excluded_and_only_they():
+    """gpt_oss_20b with every architecture option (q/k norm, sinks, attention, router and expert biases)."""
+    opt = built("configs/gpt_oss_20b/smoke-published.yaml")
+    paths = [p.path for p in opt.params]
+    excluded = {p for p in paths if opt.excluded(p)}
+    expected = {p for p in paths if p.endswith(("gamma", "bias", "sinks"))}
+    assert any(p.endswith("sinks") for p in expected) and any("experts/down/bias" in p for p in expected)
+    assert excluded == expected, sorted(excluded ^ expected)

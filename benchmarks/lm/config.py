@@ -62,5 +62,6 @@ class OptimizerConfig:
     epsilon: float = field(1e-5, min=0.0)
     weight_decay: float = field(0.1, min=0.0)
     clip_norm: float = field(1.0, min=0.0, doc="clip gradients by global norm (0 = off)")
-    exclude_from_decay: list[str] = field(default_factory=lambda: [r"norm", r"/bias$"],
-                                          doc="regexes of variable paths without weight decay")
+    exclude_from_decay: list[str] = field(default_factory=lambda: [r"norm", r"/bias$", r"/sinks$"],
+                                          doc="regexes of variable paths without weight decay (Megatron decays "
+                                          "no bias and no 1-D weight: norms, gpt_oss_20b's attention sinks)")
