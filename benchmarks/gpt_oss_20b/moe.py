@@ -180,9 +180,9 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
     index = tf.split(block_expert, sizes, 1)
     weights = (w_gate, w_up, w_down) + (tuple(biases) if biases is not None else ())
 
-    def gathered_bias(n: int, i: tf.Tensor, ws) -> tf.Tensor | int:
-        """Bias n (0 gate, 1 up, 2 down) of each block's expert, [b, j, 1, width]; 0 without biases."""
-        return tf.expand_dims(tf.gather(ws[3 + n], i), 2) if len(ws) > 3 else 0
+    def plus_bias(y: tf.Tensor, n: int, i: tf.Tensor, ws) -> tf.Tensor:
+        """y [b, j, block, width] + bias n (0 gate, 1 up, 2 down) of each block's expert (y without biases)."""
+        return y + tf.expand_dims(tf.gather(ws[3 + n], i), 2) if len(ws) > 3 else y
 
     @tf.custom_gradient
     def run(xs, *ws):
@@ -190,10 +190,10 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
         for x, i in zip(tf.split(xs, sizes, 1), index):
             if outs:
                 i = after(i, outs[-1])
-            gate = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[0], i)) + gathered_bias(0, i, ws)
-            up = tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[1], i)) + gathered_bias(1, i, ws)
-            outs.append(tf.einsum("bjch,bjhm->bjcm", swiglu_hidden(gate, up, act), tf.gather(ws[2], i))
-                        + gathered_bias(2, i, ws))
+            gate = plus_bias(tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[0], i)), 0, i, ws)
+            up = plus_bias(tf.einsum("bjcm,bjmh->bjch", x, tf.gather(ws[1], i)), 1, i, ws)
+            outs.append(plus_bias(tf.einsum("bjch,bjhm->bjcm", swiglu_hidden(gate, up, act), tf.gather(ws[2], i)),
+                                  2, i, ws))
             gates.append(gate)
             ups.append(up)
 
