@@ -371,8 +371,8 @@ def status_target(events: list[LogEvent], ruleset: str) -> float | None:
 def check_status(events: list[LogEvent], target: float | None) -> list[Finding]:
     """run_stop's status must agree with the evals: 'success' needs the last eval_accuracy at the target, any
     other status needs no eval_accuracy at it (a run ends at the first eval that reaches it). The official
-    checker judges the accuracy only of runs that say success, so a reached target logged as aborted, or a
-    success whose numbers it does not check, would pass it. No `target` (or no run_stop): nothing to judge."""
+    checker passes a reached target logged as aborted, and words a missed one through its per-benchmark rules;
+    this check holds both in its own words. No `target` (or no run_stop): nothing to judge."""
     run_stop = _first(events, "run_stop")
     if target is None or run_stop is None or "status" not in run_stop.metadata:
         return []
