@@ -84,6 +84,12 @@ def test_check_names_an_unparsable_line_and_folds_the_checkers_traceback(tmp_pat
     assert proc.returncode == 1
     assert checker_lines(proc.stdout) == ["1 MLLOG line(s) it could not parse"]
     assert "error: [unparsable_line] line 21 is not an MLLOG event (not JSON: Unterminated string" in proc.stdout
+    # Text after an event: read by the harness, a parse error to the checker; named as a warning.
+    path = _variant(tmp_path, "tail.txt", lambda lines: lines[:20] + [lines[20].rstrip() + " (rank 0)\n"] + lines[21:])
+    proc = cli_in_process("check", path, "--ruleset", "0.7.0")
+    assert checker_lines(proc.stdout) == ["1 MLLOG line(s) it could not parse"]
+    assert "warning: [text_after_event] line 21 has text after the JSON object (read; the official checker " \
+        "cannot parse it)" in proc.stdout
 
 
 def test_a_ruleset_the_installed_checker_lacks_is_one_error_line():

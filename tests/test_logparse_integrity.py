@@ -75,8 +75,14 @@ def test_parse_tolerates_prefixes_garbage_and_broken_lines():
 def test_the_broken_line_of_the_handmade_log_is_named():
     bad = []
     parse_log(os.path.join(DATA, "handmade", "prefixed_v07_style.log"), bad)
-    assert [(b.line_no, b.reason) for b in bad] == [(6, "not JSON: Expecting value at column 70")]
-    assert bad[0].text.startswith(':::MLLOG {"namespace": "", "time_ms": 1003, "key": "broken"')
+    assert [(b.line_no, b.reason, b.kept) for b in bad] == [(5, "text after the JSON object", True),
+                                                            (6, "not JSON: Expecting value at column 70", False)]
+    assert bad[1].text.startswith(':::MLLOG {"namespace": "", "time_ms": 1003, "key": "broken"')
+    found = check_integrity(parse_log(os.path.join(DATA, "handmade", "prefixed_v07_style.log")), bad_lines=bad)
+    assert [(f.severity, f.code) for f in found if f.code in ("unparsable_line", "text_after_event")] == [
+        ("error", "unparsable_line"), ("warning", "text_after_event")]
+    assert next(f.message for f in found if f.code == "text_after_event").startswith(
+        "line 5 has text after the JSON object (read; the official checker cannot parse it): :::MLLOG {")
 
 
 @pytest.mark.parametrize("payload, reason", [

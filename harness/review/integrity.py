@@ -85,11 +85,15 @@ def _check_time_order(events: list[LogEvent]) -> list[Finding]:
 
 def check_unparsable(bad: list[BadLine]) -> list[Finding]:
     """Every `:::MLLOG` line that is not an event is an error: what it held is lost to every other check
-    (a truncated run_stop or eval_accuracy changes the verdict), and the official checker cannot read it."""
-    findings = [Finding("error", "unparsable_line", b.describe()) for b in bad[:MAX_EXAMPLES]]
-    if len(bad) > MAX_EXAMPLES:
-        findings.append(Finding("error", "unparsable_line",
-                                f"... and {len(bad) - MAX_EXAMPLES} more MLLOG lines that are not events"))
+    (a truncated run_stop or eval_accuracy changes the verdict), and the official checker cannot read it.
+    An event followed by other text on its line is a warning: it was read, only the official checker fails it."""
+    findings: list[Finding] = []
+    for severity, code, lines, what in (
+            ("error", "unparsable_line", [b for b in bad if not b.kept], "MLLOG lines that are not events"),
+            ("warning", "text_after_event", [b for b in bad if b.kept], "events with text after them")):
+        findings += [Finding(severity, code, b.describe()) for b in lines[:MAX_EXAMPLES]]
+        if len(lines) > MAX_EXAMPLES:
+            findings.append(Finding(severity, code, f"... and {len(lines) - MAX_EXAMPLES} more {what}"))
     return findings
 
 

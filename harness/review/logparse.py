@@ -8,7 +8,8 @@ Tolerated quirks of public logs:
   * other lines (framework chatter, ``# comments``) are ignored.
 A ``:::MLLOG`` line that is not an event (broken JSON, not an object, no string ``key``, no numeric
 ``time_ms``, no ``value`` or ``metadata`` object: what mllog always writes and the official checker reads) does
-not abort the file: it is returned as a `BadLine` for the integrity checks to count and name.
+not abort the file: it is returned as a `BadLine` for the integrity checks to count and name. So is an event
+with text after its JSON (`kept`: its event is read too), which the official checker cannot parse.
 The pre-0.7 ``:::MLL <time> key: value`` format is not read.
 """
 
@@ -48,18 +49,21 @@ class BadLine:
     line_no: int
     reason: str
     text: str
+    kept: bool = False  # the line's event was read; only what follows its JSON is not part of it
 
     def describe(self) -> str:
+        if self.kept:
+            return f"line {self.line_no} has {self.reason} (read; the official checker cannot parse it): {self.text}"
         return f"line {self.line_no} is not an MLLOG event ({self.reason}): {self.text}"
 
 
 def _event(line: str, start: int, decoder: json.JSONDecoder) -> tuple[dict | None, str]:
-    """(the fields of the event whose JSON begins at or after `start` in `line`, '') or (None, why it is not
-    an event)."""
+    """(the fields of the event whose JSON begins at or after `start` in `line`, what follows the JSON or '')
+    or (None, why it is not an event)."""
     while start < len(line) and line[start].isspace():
         start += 1
     try:
-        obj, _ = decoder.raw_decode(line, start)
+        obj, end = decoder.raw_decode(line, start)
     except json.JSONDecodeError as e:
         return None, f"not JSON: {e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.pos + 1}"
     if not isinstance(obj, dict):
@@ -74,7 +78,7 @@ def _event(line: str, start: int, decoder: json.JSONDecoder) -> tuple[dict | Non
         return None, "no 'value'"
     if not isinstance(obj.get("metadata"), dict):
         return None, "no 'metadata' object"
-    return dict(obj, time_ms=time_ms), ""
+    return dict(obj, time_ms=time_ms), "text after the JSON object" if line[end:].strip() else ""
 
 
 def parse_lines(lines: Iterable[str], bad: list[BadLine] | None = None) -> list[LogEvent]:
@@ -87,10 +91,11 @@ def parse_lines(lines: Iterable[str], bad: list[BadLine] | None = None) -> list[
         if pos < 0:
             continue
         obj, why = _event(line.rstrip(), pos + len(MARKER), decoder)
+        if why and bad is not None:
+            text = line.strip()
+            bad.append(BadLine(line_no, why, text[:SHOWN_CHARS] + ("..." if len(text) > SHOWN_CHARS else ""),
+                               kept=obj is not None))
         if obj is None:
-            if bad is not None:
-                text = line.strip()
-                bad.append(BadLine(line_no, why, text[:SHOWN_CHARS] + ("..." if len(text) > SHOWN_CHARS else "")))
             continue
         events.append(
             LogEvent(
@@ -115,7 +120,7 @@ def parse_log(path: str, bad: list[BadLine] | None = None) -> list[LogEvent]:
     except OSError as e:
         raise HarnessError(f"cannot read MLPerf log {path}: {e.strerror or e}") from e
     if not events:
-        if found:
+        if found:  # none of them kept
             raise HarnessError(f"{path} holds no readable MLLOG event: {found[0].describe()}")
         raise HarnessError(f"{path} contains no ':::MLLOG' lines; is it an MLPerf result log?")
     if bad is not None:
