@@ -7,6 +7,7 @@ logger that drops everything, so the loop never has to ask who it is.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import re
@@ -90,10 +91,72 @@ class Verdict:
 
 _TARGET_FAILURE = re.compile(r"Failed checks for eval_accuracy")
 _CHECKER_LINE = re.compile(r"^(INFO|WARNING|ERROR) - (.*)$")
+_PARSE_BLOCK = "Found parsing errors:"   # then, per line it could not read, the line and "^^  <why>"
+_PARSE_SUMMARY = "Log lines had parsing errors."
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def checker_version() -> str:
+    try:
+        return importlib.metadata.version("mlperf-logging")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def checker_rulesets() -> tuple[str, ...]:
+    """The training rulesets the installed compliance checker has: its `training_<ruleset>/common.yaml` rule
+    folders (what its --ruleset accepts), oldest first."""
+    from mlperf_logging import compliance_checker
+
+    folder = os.path.dirname(os.path.abspath(compliance_checker.__file__))
+    found = [m.group(1) for name in os.listdir(folder)
+             if (m := re.fullmatch(r"training_(\d+\.\d+\.\d+)", name))
+             and os.path.isfile(os.path.join(folder, name, "common.yaml"))]
+    return tuple(sorted(found, key=lambda r: tuple(int(x) for x in r.split("."))))
+
+
+def require_ruleset(ruleset: str) -> None:
+    """HarnessError (one line) unless the installed checker has `ruleset`: it would only print its usage."""
+    have = checker_rulesets()
+    if ruleset not in have:
+        raise HarnessError(f"ruleset {ruleset!r} is not one the installed mlperf-logging {checker_version()} "
+                           f"checks (its training rulesets: {', '.join(have) or 'none'})")
+
+
+def _checker_messages(output: str) -> list[str]:
+    """The checker's WARNING and ERROR messages, its per-line parse errors folded into one count: the lines
+    themselves are named by the integrity checks (`unparsable_line`), a wall of them here says nothing more."""
+    messages: list[str] = []
+    unread = 0
+    in_block = False
+    for line in output.splitlines():
+        if line.strip() == _PARSE_SUMMARY:  # one of the messages of a multi-line WARNING (rulesets >= 1.0.0)
+            messages.append(f"{unread} MLLOG line(s) it could not parse")
+            continue
+        m = _CHECKER_LINE.match(line)
+        if not m or m.group(1) not in ("WARNING", "ERROR"):
+            in_block = False
+            continue
+        text = m.group(2)
+        if text.strip() == _PARSE_BLOCK:
+            in_block = True
+            continue
+        if in_block and text.startswith("  "):  # the echoed line, or "^^  <why>" under it
+            unread += text.strip().startswith("^^")
+            continue
+        in_block = False
+        text = text.strip()
+        if text == _PARSE_SUMMARY:
+            text = f"{unread} MLLOG line(s) it could not parse"
+        if text not in ("FAILED", ""):
+            messages.append(text)
+    return messages
 
 
 def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Verdict:
-    """Runs `python -m mlperf_logging.compliance_checker` on `path` and reads its verdict."""
+    """Runs `python -m mlperf_logging.compliance_checker` on `path` and reads its verdict; HarnessError for a
+    ruleset the installed checker does not have."""
+    require_ruleset(ruleset)
     cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
            "--ruleset", ruleset, path]
     if werror:
@@ -108,12 +171,12 @@ def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Ver
         return Verdict(ruleset, False, False, ["compliance checker timed out"], "")
     output = proc.stdout + proc.stderr
     passed = proc.returncode == 0 and "SUCCESS" in output
-    errors = []
-    for line in output.splitlines():
-        m = _CHECKER_LINE.match(line)
-        if m and m.group(1) in ("WARNING", "ERROR") and m.group(2).strip() not in ("FAILED", ""):
-            errors.append(m.group(2).strip())
-    if not passed and not errors:
+    errors = _checker_messages(output)
+    if not passed and _TRACEBACK in proc.stderr:
+        # It stops with a traceback on a line it cannot read (a JSON list, an event without time_ms): one line.
+        last = next((line.strip() for line in reversed(proc.stderr.splitlines()) if line.strip()), "")
+        errors.append(f"the checker stopped with an exception: {last}")
+    elif not passed and not errors:
         errors = [line for line in output.strip().splitlines()[-5:]]
     only_target = (not passed and bool(errors)
                    and all(_TARGET_FAILURE.search(e) for e in errors)
