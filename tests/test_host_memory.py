@@ -177,7 +177,8 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     assert '"key": "harness_interrupted", "value": "SIGTERM"' in lines[-2], lines[-2:]
     assert '"key": "run_stop"' in lines[-1] and '"status": "aborted", "interrupted_by": "SIGTERM"' in lines[-1]
     check = run_cli("check", log)
-    assert check.returncode == 1 and "run_stop status is 'aborted'" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 1 and "error: [interrupted] the run was stopped by SIGTERM" in check.stdout, \
+        check.stdout + check.stderr
     before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
     again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated"))
     errors = stderr_error_lines(again)

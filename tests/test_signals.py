@@ -5,6 +5,7 @@ is tests/test_host_memory.py::test_run_stopped_by_sigterm_ends_its_log_aborted, 
 tests/test_multi_worker.py::test_lost_worker_fails_the_survivor_with_one_line."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,9 +20,9 @@ from harness.submission import campaign
 from harness.train import interrupt
 from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
-from harness.review import logparse
+from harness.review import integrity, logparse
 
-from conftest import REPO, cli_in_process
+from conftest import REPO, SMOKE, cli_in_process
 
 pytestmark = pytest.mark.quick
 
@@ -79,6 +80,10 @@ def test_an_interrupted_log_ends_with_the_signal_and_an_aborted_run_stop(tmp_pat
     tail = events(str(tmp_path / "started.log"))[-2:]
     assert [(e.key, e.value) for e in tail] == [("harness_interrupted", "SIGTERM"), ("run_stop", None)]
     assert tail[1].metadata["status"] == "aborted" and tail[1].metadata["interrupted_by"] == "SIGTERM"
+    # the integrity checks (`check`, `run`'s gate) fail it, whatever the official checker makes of an aborted log
+    stopped = [f for f in integrity.check_integrity(events(str(tmp_path / "started.log"))) if f.code == "interrupted"]
+    assert [(f.severity, f.message) for f in stopped] == [
+        ("error", f"the run was stopped by SIGTERM (line {tail[0].line_no}); not a result")]
 
     # before run_start: the signal only (a run_stop without run_start would claim a timed run)
     early = MLPerfLog(str(tmp_path / "early.log"))
@@ -157,3 +162,14 @@ def test_campaign_passes_the_signal_to_its_run():
         child.kill()
         child.wait()
         child.stdout.close()
+
+
+def test_an_interrupted_campaign_records_it_and_stops(monkeypatch, tmp_path):
+    def interrupted_run(*args) -> int:
+        raise interrupt.Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(campaign, "_run_one", interrupted_run)
+    proc = cli_in_process("campaign", SMOKE, "--runs", "2", "--campaign_dir", str(tmp_path))
+    assert proc.returncode == 143 and proc.stderr == "error: interrupted by SIGTERM\n", proc
+    state = json.loads((tmp_path / "campaign.json").read_text())
+    assert [r["status"] for r in state["runs"]] == ["interrupted", "pending"]
