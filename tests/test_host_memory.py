@@ -183,4 +183,8 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated"))
     errors = stderr_error_lines(again)
     assert again.returncode == 2 and len(errors) == 1 and "holds the log of an unfinished run" in errors[0], again
+    # another seed would write its own log beside it, but config.yaml over this run's
+    other = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated", seed=2))
+    assert stderr_error_lines(other) == [f"error: {folder} already holds another run's files (config.yaml, "
+                                         f"incomplete_result_1.log); choose another run_id"], other
     assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == before
