@@ -153,11 +153,11 @@ def _run_one(config_path: str, overrides: list[str], rec: RunRecord, campaign_di
         return wait_passing_interrupts(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
 
 
-def wait_passing_interrupts(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
+def wait_passing_interrupts(proc: subprocess.Popen, grace_s: float = 8.0) -> int:
     """`proc.wait()`; a signal that stops the campaign (SIGINT, SIGTERM, SIGHUP: raised as KeyboardInterrupt
     by the CLI, harness/train/interrupt.py) is passed on to the run, which then ends its own log as
-    interrupted, and the run is waited for up to `grace_s` before the interrupt goes on. (subprocess.run
-    would SIGKILL it, leaving a log that does not say it was stopped.)"""
+    interrupted, and the run is waited for up to `grace_s` (inside the campaign's own 10 s) before the
+    interrupt goes on. (subprocess.run would SIGKILL it, leaving a log that does not say it was stopped.)"""
     try:
         return proc.wait()
     except KeyboardInterrupt as e:
