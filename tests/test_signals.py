@@ -52,6 +52,22 @@ def test_run_stopped_by_a_signal_is_one_line_and_128_plus_signum(monkeypatch, na
     assert ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd()) == before
 
 
+def test_an_error_that_the_signal_turned_into_is_still_the_signal(monkeypatch):
+    """Raised while TensorFlow's C++ layer builds a failed op's Python error (a lost peer's), the handler's
+    exception comes out of pybind11 as a RuntimeError ("MISMATCH of original and normalized active exception
+    types"): after a signal, whatever ends the command is reported as that signal."""
+    def command(args: list[str]) -> int:
+        try:
+            stopped_by(signal.SIGTERM)(args)
+        except KeyboardInterrupt:
+            raise RuntimeError("pybind11::error_already_set: MISMATCH ... REPLACED BY Interrupted") from None
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "run", command)
+    proc = cli_in_process("run", "any.yaml")
+    assert proc.returncode == 143 and proc.stderr == "error: interrupted by SIGTERM\n", proc
+
+
 def test_an_ignored_signal_stays_ignored():
     """`nohup` ignores SIGHUP: the run goes on."""
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -99,28 +115,51 @@ def test_an_interrupted_log_ends_with_the_signal_and_an_aborted_run_stop(tmp_pat
     assert [e.key for e in events(str(tmp_path / "ended.log"))] == ["run_start", "run_stop", "harness_interrupted"]
 
 
-BACKSTOP = textwrap.dedent("""
-    import sys, time
-    from harness.train import interrupt
-    with interrupt.last_words(lambda name: open(sys.argv[1], "w").write(name)):
-        with interrupt.handled(grace_s=0.5):
-            print("ready", flush=True)
-            try:
-                time.sleep(60)
-            except KeyboardInterrupt:
-                time.sleep(60)  # stuck after the signal, as in a TensorFlow call that does not return
-    print("not reached")
-""")
+# The main thread stuck where Python cannot run its handler: inside a C call that the signal does not end (as a
+# TensorFlow op waiting on a lost peer, or an XLA compile), or in cleanup that hangs after the signal was taken.
+STUCK = {
+    "in_a_c_call": """
+        libc = ctypes.CDLL(None)
+        mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (glibc)
+        libc.pthread_mutex_lock(mutex)
+        print("ready", flush=True)
+        libc.pthread_mutex_lock(mutex)  # locked again by its owner: blocks for good, the GIL released
+    """,
+    "in_cleanup": """
+        print("ready", flush=True)
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            time.sleep(60)
+    """,
+}
 
 
-def test_backstop_ends_a_run_stuck_after_the_signal(tmp_path):
-    """The main thread took the signal but does not finish: after the grace the backstop runs the last words
+def wait_until_asleep(pid: int) -> None:
+    """Until the process's main thread sleeps in the kernel: after its "ready" line, only the call that
+    blocks puts it there."""
+    while True:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("where", list(STUCK))
+def test_backstop_ends_a_run_stuck_after_the_signal(tmp_path, where):
+    """The main thread does not finish after the signal: after the grace the backstop runs the last words
     (a log's abort lines), prints the one line and exits 128 + signum."""
+    script = ("import ctypes, sys, time\nfrom harness.train import interrupt\n"
+              "with interrupt.last_words(lambda name: open(sys.argv[1], 'w').write(name)):\n"
+              "    with interrupt.handled(grace_s=0.5):\n"
+              + textwrap.indent(textwrap.dedent(STUCK[where]).strip(), " " * 8)
+              + "\nprint('not reached')\n")
     marker = tmp_path / "last_words"
-    proc = subprocess.Popen([sys.executable, "-c", BACKSTOP, str(marker)], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script, str(marker)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline() == "ready\n"
+        assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+        wait_until_asleep(proc.pid)  # in the call that blocks, not a bytecode before it
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

@@ -33,6 +33,7 @@ GRACE_S = 10.0  # how long the main thread has, after the signal, to end the run
 
 _last_words: list[Callable[[str], None]] = []
 _installed: dict[int, Callable[[int, Any], None]] = {}  # what the active `handled()` set, for reclaim()
+_arrived: list[int] = []  # the signal the active `handled()` raised for
 
 
 class Interrupted(KeyboardInterrupt):
@@ -57,6 +58,16 @@ def message(e: BaseException) -> str:
     return f"interrupted by {signal_name(e)}"
 
 
+def stopped_by(e: BaseException) -> str | None:
+    """The signal's name when `e` is an interrupt, or ended the run after one had arrived; else None.
+
+    An `Interrupted` raised while TensorFlow's C++ layer is building a Python exception (a failed op's error)
+    comes out of pybind11 as a RuntimeError: every exception after the signal is the signal's doing."""
+    if isinstance(e, KeyboardInterrupt):
+        return signal_name(e)
+    return signal.Signals(_arrived[0]).name if _arrived else None
+
+
 @contextlib.contextmanager
 def last_words(fn: Callable[[str], None]) -> Iterator[None]:
     """Within the block, the backstop calls `fn(signal name)` before it ends the process (e.g. to end a log)."""
@@ -76,22 +87,23 @@ def reclaim() -> None:
 
 @contextlib.contextmanager
 def handled(enabled: bool = True, grace_s: float = GRACE_S) -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` within the block, with the backstop above; the previous
-    handlers come back afterwards. A no-op off the main thread (only it can set handlers) or when disabled."""
+    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` within the block, with the backstop above; any other
+    exception leaving the block after one of them becomes that `Interrupted`. The previous handlers come back
+    afterwards. A no-op off the main thread (only it can set handlers) or when disabled."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in HANDLED}
     caught = [s for s in HANDLED if previous[s] is not signal.SIG_IGN]
-    first: list[int] = []  # the signal that raised
-    late: list[int] = []   # signals that came while the block was ending
+    late: list[int] = []  # signals that came while the block was ending
     closing = threading.Event()
+    _arrived.clear()
 
     def raise_once(signum: int, frame: Any) -> None:
         if closing.is_set():
             late.append(signum)
-        elif not first:  # a repeat must not break the cleanup the first one started
-            first.append(signum)
+        elif not _arrived:  # a repeat must not break the cleanup the first one started
+            _arrived.append(signum)
             raise Interrupted(signum)
 
     read_fd, write_fd = os.pipe()
@@ -107,6 +119,10 @@ def handled(enabled: bool = True, grace_s: float = GRACE_S) -> Iterator[None]:
     _installed.update(dict.fromkeys(caught, raise_once))
     try:
         yield
+    except BaseException as e:
+        if _arrived and not isinstance(e, KeyboardInterrupt):
+            raise Interrupted(_arrived[0]) from e
+        raise
     finally:
         try:
             closing.set()  # from here a signal is raised after the handlers are restored, not halfway
@@ -120,7 +136,9 @@ def handled(enabled: bool = True, grace_s: float = GRACE_S) -> Iterator[None]:
             os.close(write_fd)  # the backstop reads end-of-file and returns
             backstop.join()
             os.close(read_fd)
-    if late and not first:
+            arrived = list(_arrived)
+            _arrived.clear()
+    if late and not arrived:
         raise Interrupted(late[0])
 
 

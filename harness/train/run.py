@@ -124,8 +124,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         with interrupt.last_words(log.interrupted):  # a run stuck past the signal's grace ends its log too
             result = _timed_run(cfg, runtime, checked, log, run_dir)
     except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):  # SIGINT, SIGTERM, SIGHUP: the log says it was stopped
-            log.interrupted(interrupt.signal_name(e))
+        stopped_by = interrupt.stopped_by(e)
+        if stopped_by:  # SIGINT, SIGTERM, SIGHUP: the log says it was stopped
+            log.interrupted(stopped_by)
             raise
         log.close()  # what was written stays under its incomplete name
         error = _as_harness_error(e, cfg, runtime)
