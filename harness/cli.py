@@ -14,6 +14,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from harness.train import interrupt
 from harness.errors import HarnessError
 from harness.outputs import check_output_dir, describe_os_error
 
@@ -255,13 +256,15 @@ def dispatch(argv: list[str]) -> int:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
     try:
-        return COMMANDS[command](args)
+        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
+        with interrupt.handled(command in ("run", "campaign")):
+            return COMMANDS[command](args)
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"error: {interrupt.message(e)}", file=sys.stderr)
+        return interrupt.exit_code(e)
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except OSError as e:  # a path the user named (or its disk) failed: the same line from every command

@@ -404,6 +404,16 @@ def check_status(events: list[LogEvent], target: float | None) -> list[Finding]:
     return []
 
 
+def _check_interrupted(events: list[LogEvent]) -> list[Finding]:
+    """A run stopped by a signal logs `harness_interrupted` (harness.mlperf.MLPerfLog.interrupted): its
+    aborted run_stop is not the end of a run, whatever the official checker makes of it."""
+    stop = _first(events, "harness_interrupted")
+    if stop is None:
+        return []
+    return [Finding("error", "interrupted", f"the run was stopped by {stop.value} (line {stop.line_no}); "
+                                            f"not a result")]
+
+
 def check_integrity(events: list[LogEvent], eval_every: float | None = None,
                     ruleset: str | None = None, bad_lines: list[BadLine] | None = None) -> list[Finding]:
     """All single-log checks; an empty list means nothing suspicious was found.
@@ -414,6 +424,7 @@ def check_integrity(events: list[LogEvent], eval_every: float | None = None,
     """
     findings = (check_unparsable(bad_lines or []) + _check_run_markers(events) + _check_time_order(events)
                 + _check_cadence(events, eval_every) + _check_eval_pairs(events) + check_closed_model(events))
+    findings += _check_interrupted(events)
     if ruleset is not None:
         findings += check_eval_schedule(events, ruleset) + check_status(events, status_target(events, ruleset))
     return findings

@@ -14,7 +14,7 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, reference, weights_init
+from harness.train import data_service, interrupt, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.outputs import check_output_dir
@@ -68,6 +68,11 @@ def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
     if chief and os.path.exists(os.path.join(path, f"incomplete_result_{cfg.seed}.log")):
         raise HarnessError(f"{path} holds the log of an unfinished run for seed {cfg.seed} (mllog appends, and "
                            f"that log is evidence); choose another run_id")
+    # Any other run's files (another seed's log, config.yaml, summary.json) would be written over.
+    held = sorted(os.listdir(path)) if chief and os.path.isdir(path) else []
+    if held:
+        raise HarnessError(f"{path} already holds another run's files ({', '.join(held[:4])}"
+                           f"{', ...' if len(held) > 4 else ''}); choose another run_id")
     return path
 
 
@@ -101,6 +106,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         cfg.output_dir = output_dir
     check_output_dir(cfg.output_dir, "--output_dir" if output_dir else "output_dir")
     runtime = make_runtime(cfg.runtime, cfg.submission.platform)
+    interrupt.reclaim()  # a multi-worker runtime's coordination service takes SIGTERM for itself
     checked = preflight(cfg, runtime)
     workload = checked.workload
     chief = runtime.is_chief
@@ -117,8 +123,13 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
               f"target {workload.target}{synthetic}", flush=True)
     log = MLPerfLog(open_path if chief else None)
     try:
-        result = _timed_run(cfg, runtime, checked, log, run_dir)
+        with interrupt.last_words(log.interrupted):  # a run stuck past the signal's grace ends its log too
+            result = _timed_run(cfg, runtime, checked, log, run_dir)
     except BaseException as e:
+        stopped_by = interrupt.stopped_by(e)
+        if stopped_by:  # SIGINT, SIGTERM, SIGHUP: the log says it was stopped
+            log.interrupted(stopped_by)
+            raise
         log.close()  # what was written stays under its incomplete name
         error = _as_harness_error(e, cfg, runtime)
         if error is not None:
