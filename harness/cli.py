@@ -15,8 +15,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from harness.train import interrupt
-from harness.errors import HarnessError
-from harness.outputs import check_output_dir, describe_os_error
+from harness.errors import HarnessError, check_output_dir, describe_os_error
 
 # ------------------------------------------------------------------ a quiet start
 # `import tensorflow` makes its C++ libraries print several lines to file descriptor 2 before absl's logging

@@ -28,8 +28,7 @@ from absl import logging
 from harness import benchmark_rules as rules
 from harness import config as config_lib
 from harness.review import logparse, scoring
-from harness.errors import HarnessError
-from harness.outputs import check_output_dir
+from harness.errors import HarnessError, check_output_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMPAIGN_FILE = "campaign.json"

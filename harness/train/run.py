@@ -16,8 +16,7 @@ from harness import platforms, sysinfo
 from harness.plan import mfu
 from harness.train import data_service, interrupt, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
-from harness.errors import BAD_DATA_MARK, HarnessError
-from harness.outputs import check_output_dir
+from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
