@@ -17,6 +17,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.nn import hf_checkpoint
 from harness.train import export
+from tests.conftest import cli_in_process
 from tests.test_hf_golden import CASES, GOLDEN, build
 
 pytestmark = pytest.mark.quick
@@ -160,3 +161,6 @@ def test_export_refusals(tmp_path):
         export.export(str(tmp_path / "run"), str(tmp_path / "out"))
     with pytest.raises(HarnessError, match="max shard size 'lots'"):
         hf_checkpoint.parse_size("lots")
+    proc = cli_in_process("export", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: export needs --out DIR for the Hugging Face checkpoint"

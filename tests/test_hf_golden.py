@@ -45,7 +45,7 @@ def build(workload: str, overrides: list[str]):
     from harness.runtime import make_runtime
 
     cfg = C.load_config(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
-                        overrides + decoder_golden.ONE_DEVICE)
+                        decoder_golden.ONE_DEVICE + overrides)
     rt = make_runtime(cfg.runtime)
     wl = registry.get(cfg.workload)(cfg, rt)
     wl.validate_config()
