@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from harness.nn.hf_checkpoint import Entry, Layout, Out, Part, linear, linear_out, same
-
-from benchmarks.lm.hf_names import Checker
+from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, linear, linear_out, same
 
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 

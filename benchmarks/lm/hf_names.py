@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from harness.nn.hf_checkpoint import Entry, Layout, Out, Part, linear, linear_out, same
+from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, linear, linear_out, same
 
 LLAMA_ARCH = "LlamaForCausalLM"
 
@@ -36,25 +36,6 @@ def rope(hf: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any
         scaling = dict(hf.get("rope_scaling") or {})
     scaling["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
     return float(theta), scaling
-
-
-class Checker:
-    """Collects config.json mismatches against the model config, one line each."""
-
-    def __init__(self, hf: dict[str, Any]) -> None:
-        self.hf, self.problems = hf, []
-
-    def same(self, key: str, want: Any, model_key: str, default: Any = None, close: bool = False) -> None:
-        got = self.hf.get(key, default)
-        if got is None:
-            self.problems.append(f"config.json has no {key} (the model has {model_key}={want})")
-        elif (not math.isclose(float(got), float(want), rel_tol=1e-6)) if close else got != want:
-            self.problems.append(f"config.json {key}={got}, the model has {model_key}={want}")
-
-    def flag(self, key: str, default: Any, want: Any, why: str) -> None:
-        got = self.hf.get(key, default)
-        if got != want:
-            self.problems.append(f"config.json {key}={got}: {why}")
 
 
 def decoder_config_problems(hf: dict[str, Any], m: Any, ffn_key: str, ffn_size: int, default_theta: float,

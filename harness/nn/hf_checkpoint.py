@@ -122,6 +122,25 @@ def same(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: np.asarray(a).reshape(shape)
 
 
+class Checker:
+    """Collects config.json mismatches against the model config, one line each."""
+
+    def __init__(self, hf: dict[str, Any]) -> None:
+        self.hf, self.problems = hf, []
+
+    def same(self, key: str, want: Any, model_key: str, default: Any = None, close: bool = False) -> None:
+        got = self.hf.get(key, default)
+        if got is None:
+            self.problems.append(f"config.json has no {key} (the model has {model_key}={want})")
+        elif (not math.isclose(float(got), float(want), rel_tol=1e-6)) if close else got != want:
+            self.problems.append(f"config.json {key}={got}, the model has {model_key}={want}")
+
+    def flag(self, key: str, default: Any, want: Any, why: str) -> None:
+        got = self.hf.get(key, default)
+        if got != want:
+            self.problems.append(f"config.json {key}={got}: {why}")
+
+
 def problems_line(where: str, problems: list[str]) -> HarnessError:
     shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
     return HarnessError(f"{where}: {len(problems)} problem(s): {shown}")
