@@ -164,3 +164,18 @@ def test_export_refusals(tmp_path):
     proc = cli_in_process("export", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: export needs --out DIR for the Hugging Face checkpoint"
+
+
+@pytest.mark.parametrize("workload", ["llama31_8b", "gpt_oss_20b"])
+def test_closed_pretraining_refuses_a_checkpoint(workload):
+    from benchmarks import registry
+    from harness.runtime import make_runtime
+    from tests.helpers import decoder_golden
+
+    cfg = config_lib.load_config(os.path.join(decoder_golden.REPO, "configs", workload, "reference.yaml"),
+                                 ["runtime.kind=default", "runtime.cpu_devices=0", "runtime.mesh={data: 1, model: 1}",
+                                  "runtime.layout={}", "runtime.fsdp=false",
+                                  f"model.init_checkpoint={os.path.join(GOLDEN, 'llama')}"])
+    wl = registry.get(workload)(cfg, make_runtime(cfg.runtime))
+    with pytest.raises(HarnessError, match="pretrains from the reference's random initialization"):
+        wl.validate_config()

@@ -18,22 +18,39 @@ from tests.conftest import REPO, run_cli, run_dir, sets
 from tests.test_hf_golden import GOLDEN, LLAMA
 
 
-def test_checkpoint_loads_onto_a_mesh_with_fsdp():
-    layout = "runtime.layout={batch: data, experts: data, heads: model, ff: model, vocab: model}"
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "hf_mesh.py"), "gpt_oss_plain",
-                           layout], cwd=REPO, capture_output=True, text=True, timeout=600,
+def mesh_load(case: str, layout: str) -> dict:
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "hf_mesh.py"), case, layout],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT "):])
     assert result["equal"] and all(result["equal"].values()), [k for k, v in result["equal"].items() if not v]
-    # The embeddings: vocab on `model`, FSDP's data split on the other axis: each device a quarter.
-    shards = result["local"]["gpt_oss/embedding/embeddings"]
-    assert len(shards) == 4 and all(math.prod(s) == 256 * 64 // 4 for s in shards)
-    golden = load_file(os.path.join(GOLDEN, "gpt_oss_plain", "golden.safetensors"))
+    golden = load_file(os.path.join(GOLDEN, case, "golden.safetensors"))
     logits = np.array(result["logits"], np.float32)
     assert np.abs(logits - golden["logits"]).max() / np.abs(golden["logits"]).max() < 1e-4
     np.testing.assert_allclose(result["loss"], float(golden["loss"].reshape(-1)[0]), rtol=1e-6)
+    return result
+
+
+def test_checkpoint_loads_onto_a_mesh_with_fsdp():
+    result = mesh_load("gpt_oss_plain", "runtime.layout={batch: data, experts: data, heads: model, ff: model, "
+                                        "vocab: model}")
+    # The embeddings: vocab on `model`, FSDP's data split on the other axis: each device a quarter.
+    shards = result["local"]["gpt_oss/embedding/embeddings"]
+    assert len(shards) == 4 and all(math.prod(s) == 256 * 64 // 4 for s in shards)
+    # Split variables are read slice by slice (each distinct device block once), never whole.
+    assert result["reads"]["model.embed_tokens.weight"] == [256 * 64 // 4] * 4
+    assert result["reads"]["lm_head.weight"] == [256 * 64 // 4] * 4
+    gate_up = result["reads"]["model.layers.0.mlp.experts.gate_up_proj"]     # gate's blocks, then up's
+    assert len(gate_up) == 8 and max(gate_up) < 4 * 64 * 64
+
+
+def test_fused_qkv_loads_onto_a_mesh_by_row_ranges():
+    """q, k and v of one fused tensor: k and v, split by FSDP, come as blocks of their own rows of it."""
+    result = mesh_load("llama_fused_qkv", "runtime.layout={batch: data, ff: model, vocab: model}")
+    reads = result["reads"]["model.layers.0.self_attn.qkv_proj.weight"]
+    assert len(reads) > 3 and sum(reads) == 4 * 128 * 64 and max(reads) < 4 * 128 * 64
 
 
 def test_run_from_a_checkpoint_then_export(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, linear, linear_out, same
+from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, direct, linear_out, same, transposed
 
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -46,10 +46,10 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
 
     def add(path: str, shape: tuple[int, ...], name: str, hf_shape: tuple[int, ...], is_linear: bool) -> None:
         if is_linear:
-            entries.append(Entry(path, shape, (Part(name, hf_shape),), linear(shape)))
+            entries.append(transposed(path, shape, Part(name, hf_shape)))
             outs.append(Out(name, hf_shape, (path,), linear_out(hf_shape[1])))
         else:
-            entries.append(Entry(path, shape, (Part(name, hf_shape),), same(shape)))
+            entries.append(direct(path, shape, Part(name, hf_shape)))
             outs.append(Out(name, hf_shape, (path,), same(hf_shape)))
 
     def dense(path: str, name: str, n_in: int, n_out: int, kernel: tuple[int, ...] | None = None,

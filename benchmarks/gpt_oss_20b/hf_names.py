@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.nn.hf_checkpoint import Entry, Layout, Neutral, Out, Part, linear, linear_out, same, sink_neutral, \
-    zero_neutral
+from harness.nn.hf_checkpoint import Entry, Layout, Neutral, Out, Part, direct, linear_out, same, sink_neutral, \
+    transposed, zero_neutral
 
 from benchmarks.lm.hf_names import decoder_config_problems, decoder_entries
 
@@ -45,6 +45,15 @@ def mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     values = np.stack([low, high], -1).reshape(*blocks.shape[:-1], 32)
     values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
     return values.reshape(*scales.shape[:-1], -1)
+
+
+def interleaved(path: str, shape: tuple[int, ...], part: Part, which: int) -> Entry:
+    """gate (which 0: even columns) or up (1: odd) of gate_up_proj [experts, hidden, 2 x ff]; a block of
+    columns [a, b) is columns [2a, 2b) of the tensor, every other one."""
+    def block(read, index):
+        cols = index[-1].indices(shape[-1])[:2]
+        return read(part.name, (*index[:-1], slice(2 * cols[0], 2 * cols[1])))[..., which::2]
+    return Entry(path, shape, (part,), lambda a: a[..., which::2], block)
 
 
 def config_problems(hf: dict[str, Any], m: Any) -> list[str]:
@@ -82,8 +91,7 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
                     "mlp.experts.gate_up_proj_bias": (e, 2 * f), "mlp.experts.down_proj_bias": (e, h)}
     for i in range(m.num_layers):
         hf, us = f"model.layers.{i}", f"gpt_oss/layer_{i}"
-        entries.append(Entry(f"{us}/moe/router/kernel", (h, e), (Part(f"{hf}.mlp.router.weight", (e, h)),),
-                             linear((h, e))))
+        entries.append(transposed(f"{us}/moe/router/kernel", (h, e), Part(f"{hf}.mlp.router.weight", (e, h))))
         outs.append(Out(f"{hf}.mlp.router.weight", (e, h), (f"{us}/moe/router/kernel",), linear_out(h)))
         gate_up, down = f"{hf}.mlp.experts.gate_up_proj", f"{hf}.mlp.experts.down_proj"
         if f"{gate_up}_blocks" in ckpt_names:
@@ -99,17 +107,17 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
                         Entry(f"{us}/moe/experts/down/kernel", (e, f, h), dn,
                               lambda b, s: mxfp4(b, s).transpose(0, 2, 1))]
         else:
-            gu = (Part(gate_up, (e, h, 2 * f)),)
-            entries += [Entry(f"{us}/moe/experts/gate/kernel", (e, h, f), gu, lambda a: a[..., ::2]),
-                        Entry(f"{us}/moe/experts/up/kernel", (e, h, f), gu, lambda a: a[..., 1::2]),
-                        Entry(f"{us}/moe/experts/down/kernel", (e, f, h), (Part(down, (e, f, h)),), same((e, f, h)))]
+            gu = Part(gate_up, (e, h, 2 * f))
+            entries += [interleaved(f"{us}/moe/experts/gate/kernel", (e, h, f), gu, 0),
+                        interleaved(f"{us}/moe/experts/up/kernel", (e, h, f), gu, 1),
+                        direct(f"{us}/moe/experts/down/kernel", (e, f, h), Part(down, (e, f, h)))]
         outs += [Out(gate_up, (e, h, 2 * f), (f"{us}/moe/experts/gate/kernel", f"{us}/moe/experts/up/kernel"),
                      lambda gate, up: np.stack([gate, up], -1).reshape(*gate.shape[:-1], -1)),
                  Out(down, (e, f, h), (f"{us}/moe/experts/down/kernel",), same((e, f, h)))]
         for suffix, shape in extra_shapes.items():
             name, path = f"{hf}.{suffix}", f"{us}/{FEATURE_PATHS[suffix]}"
             if have(path):
-                entries.append(Entry(path, shape, (Part(name, shape),), same(shape)))
+                entries.append(direct(path, shape, Part(name, shape)))
                 outs.append(Out(name, shape, (path,), same(shape)))
             else:
                 neutral.append((sink_neutral if suffix.endswith("sinks") else zero_neutral)(name, shape))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, linear, linear_out, same
+from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, direct, linear_out, same, transposed
 
 LLAMA_ARCH = "LlamaForCausalLM"
 
@@ -92,21 +92,21 @@ def decoder_entries(name: str, m: Any, ckpt_names: set[str]) -> tuple[list[Entry
     v, h, kv, d = m.vocab_size, m.hidden_size, m.num_kv_heads, m.head_dim
     g = m.num_heads // kv
     embed = Part("model.embed_tokens.weight", (v, h))
-    entries = [Entry(f"{name}/embedding/embeddings", (v, h), (embed,), same((v, h))),
-               Entry(f"{name}/final_norm/gamma", (h,), (Part("model.norm.weight", (h,)),), same((h,)))]
+    entries = [direct(f"{name}/embedding/embeddings", (v, h), embed),
+               direct(f"{name}/final_norm/gamma", (h,), Part("model.norm.weight", (h,)))]
     outs = [Out("model.embed_tokens.weight", (v, h), (f"{name}/embedding/embeddings",), same((v, h))),
             Out("model.norm.weight", (h,), (f"{name}/final_norm/gamma",), same((h,))),
             Out("lm_head.weight", (v, h), (f"{name}/output/kernel",), linear_out(h))]
     tied = "lm_head.weight" not in ckpt_names and "model.embed_tokens.weight" in ckpt_names and ckpt_names != set()
     head = Part("model.embed_tokens.weight" if tied else "lm_head.weight", (v, h))  # tied: the head is a copy
-    entries.append(Entry(f"{name}/output/kernel", (h, v), (head,), linear((h, v))))
+    entries.append(transposed(f"{name}/output/kernel", (h, v), head))
     shapes = {"query": (h, kv, g, d), "key": (h, kv, d), "value": (h, kv, d)}
     q_rows, kv_rows = kv * g * d, kv * d
     rows = {"query": (0, q_rows), "key": (q_rows, q_rows + kv_rows), "value": (q_rows + kv_rows, q_rows + 2 * kv_rows)}
     for i in range(m.num_layers):
         hf, us = f"model.layers.{i}", f"{name}/layer_{i}"
         for ours, theirs in (("attention_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
-            entries.append(Entry(f"{us}/{ours}/gamma", (h,), (Part(f"{hf}.{theirs}.weight", (h,)),), same((h,))))
+            entries.append(direct(f"{us}/{ours}/gamma", (h,), Part(f"{hf}.{theirs}.weight", (h,))))
             outs.append(Out(f"{hf}.{theirs}.weight", (h,), (f"{us}/{ours}/gamma",), same((h,))))
         fused = f"{hf}.self_attn.qkv_proj.weight"
         for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
@@ -116,12 +116,12 @@ def decoder_entries(name: str, m: Any, ckpt_names: set[str]) -> tuple[list[Entry
                 part = Part(fused, (kv * (g + 2) * d, h), rows[ours])
             else:
                 part = Part(f"{hf}.self_attn.{theirs}.weight", (out_rows, h))
-            entries.append(Entry(f"{us}/attention/{ours}/kernel", shape, (part,), linear(shape)))
+            entries.append(transposed(f"{us}/attention/{ours}/kernel", shape, part))
             outs.append(Out(f"{hf}.self_attn.{theirs}.weight", (out_rows, h), (f"{us}/attention/{ours}/kernel",),
                             linear_out(h)))
         o_shape = (kv, g, d, h)
-        entries.append(Entry(f"{us}/attention/output/kernel", o_shape,
-                             (Part(f"{hf}.self_attn.o_proj.weight", (h, kv * g * d)),), linear(o_shape)))
+        entries.append(transposed(f"{us}/attention/output/kernel", o_shape,
+                                  Part(f"{hf}.self_attn.o_proj.weight", (h, kv * g * d))))
         outs.append(Out(f"{hf}.self_attn.o_proj.weight", (h, kv * g * d), (f"{us}/attention/output/kernel",),
                         linear_out(kv * g * d)))
     return entries, outs
@@ -136,8 +136,7 @@ def llama_layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> L
         hf, us = f"model.layers.{i}.mlp", f"llama/layer_{i}/mlp"
         for ours, theirs, shape in (("gate", "gate_proj", (h, f)), ("up", "up_proj", (h, f)),
                                     ("down", "down_proj", (f, h))):
-            entries.append(Entry(f"{us}/{ours}/kernel", shape, (Part(f"{hf}.{theirs}.weight", shape[::-1]),),
-                                 linear(shape)))
+            entries.append(transposed(f"{us}/{ours}/kernel", shape, Part(f"{hf}.{theirs}.weight", shape[::-1])))
             outs.append(Out(f"{hf}.{theirs}.weight", shape[::-1], (f"{us}/{ours}/kernel",), linear_out(shape[0])))
     return Layout(entries, outs, ignore=lambda n: n.endswith("rotary_emb.inv_freq"))
 

@@ -7,8 +7,9 @@ each variable is made from parts of one or more checkpoint tensors (`Entry`), ea
 or more variables (`Out`). Import checks the whole checkpoint first (every missing, unexpected, mis-shaped
 or unreadable tensor, and the config.json mismatches the layout reports) and refuses it in one line, before
 any weight is touched; then it reads one variable at a time, file by file, so a checkpoint larger than the
-host's memory loads as long as its largest variable fits. On a DTensor mesh each local device receives only
-its own slice of the variable (`assign_host`), never a full copy. Export streams: each tensor is made and
+host's memory loads as long as its largest variable fits. A variable split over a DTensor mesh is read block
+by block (`Entry.block`, safetensors' get_slice: each local device's slice alone); otherwise it is built on
+the host and each local device still receives only its slice (`assign_host`), never a full copy. Export streams: each tensor is made and
 written on its own (`write_safetensors` writes the header from the shapes first, then the data in order).
 
 bfloat16 tensors are read and written as `ml_dtypes.bfloat16` (installed with TensorFlow; importing it
@@ -50,13 +51,20 @@ class Part:
     dtypes: tuple[str, ...] = FLOATS   # the stored dtypes accepted (MXFP4 blocks and scales are U8)
 
 
+Index = tuple[slice, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """Model variable `path` (shape `shape`) = to_var(*arrays of `parts`), in the variable's dtype after."""
+    """Model variable `path` (shape `shape`) = to_var(*arrays of `parts`), in the variable's dtype after.
+    `block(read, index)`: the block `index` of the variable read straight from the checkpoint
+    (read(name, tensor index)), or None where that block is not one rectangular slice of the tensor; a
+    sharded variable is then filled block by block, each device's slice read alone."""
     path: str
     shape: tuple[int, ...]
     parts: tuple[Part, ...]
     to_var: Callable[..., np.ndarray]
+    block: Callable[[Callable[[str, Index], np.ndarray], Index], np.ndarray | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +115,49 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------------------- transforms
+
+def flat_range(shape: Sequence[int], index: Index) -> tuple[int, int] | None:
+    """The range of the row-major flattening of `shape` that block `index` covers, when it is one range: at
+    most one axis is cut, and every axis before it has size 1."""
+    bounds = [s.indices(n)[:2] for s, n in zip(index, shape)]
+    cut = [i for i, (a, b) in enumerate(bounds) if (a, b) != (0, shape[i])]
+    if len(cut) > 1 or (cut and any(shape[i] != 1 for i in range(cut[0]))):
+        return None
+    if not cut:
+        return 0, math.prod(shape)
+    inner = math.prod(shape[cut[0] + 1:])
+    a, b = bounds[cut[0]]
+    return a * inner, b * inner
+
+
+def direct(path: str, shape: tuple[int, ...], part: Part) -> Entry:
+    """A variable that is the tensor itself (reshaped only when the shapes differ)."""
+    def block(read, index):
+        if tuple(part.shape) == tuple(shape):
+            return read(part.name, index)
+        rows = flat_range(shape, index)   # a reshape: only a contiguous run of the flat tensor is a block
+        if rows is None or len(part.shape) != 1:
+            return None
+        return read(part.name, (slice(*rows),)).reshape([s.indices(n)[1] - s.indices(n)[0]
+                                                         for s, n in zip(index, shape)])
+    return Entry(path, shape, (part,), same(shape), block)
+
+
+def transposed(path: str, shape: tuple[int, ...], part: Part) -> Entry:
+    """A kernel [in..., out...] of `shape` from a torch Linear weight [out, in] (`linear`); a block of it is one
+    rectangle of the weight when its in axes and its out axes each cover one flat range."""
+    first, n_in = (part.rows or (0, 0))[0], part.shape[1]
+    split = next(k for k in range(len(shape) + 1) if math.prod(shape[:k]) == n_in)
+
+    def block(read, index):
+        cols, rows = flat_range(shape[:split], index[:split]), flat_range(shape[split:], index[split:])
+        if cols is None or rows is None:
+            return None
+        dims = [s.indices(n)[1] - s.indices(n)[0] for s, n in zip(index, shape)]
+        rows = slice(first + rows[0], first + rows[1])   # a part of a fused tensor starts at its own rows
+        return np.ascontiguousarray(read(part.name, (rows, slice(*cols))).T).reshape(dims)
+    return Entry(path, shape, (part,), linear(shape), block)
+
 
 def linear(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
     """A torch Linear weight [out, in] -> a kernel [in, ...] of `shape` (transposed, then reshaped)."""
@@ -211,11 +262,15 @@ class Checkpoint:
         return meta
 
     def read(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
-        file = self.meta[name][0]
-        with self._open(file, framework="np") as f:
-            if rows is None:
+        if rows is None:
+            with self._open(self.meta[name][0], framework="np") as f:
                 return f.get_tensor(name)
-            return f.get_slice(name)[rows[0]:rows[1]]
+        return self.read_block(name, (slice(*rows),))
+
+    def read_block(self, name: str, index: Index) -> np.ndarray:
+        """Block `index` of tensor `name`, read without the rest of it."""
+        with self._open(self.meta[name][0], framework="np") as f:
+            return f.get_slice(name)[index]
 
 
 def read_header(file: str) -> dict[str, Any]:
@@ -273,14 +328,15 @@ def load(runtime: Any, ckpt: Checkpoint, layout: Layout, config_problems: list[s
     # File by file (a variable's first part decides): each shard is visited once.
     order = sorted(layout.entries, key=lambda e: ckpt.meta[e.parts[0].name][0])
     for e in order:
-        arrays = [ckpt.read(p.name, p.rows) for p in e.parts]
-        value = e.to_var(*arrays)
+        var = variables[e.path]
+        if e.block is not None and assign_blocks(var, lambda index: e.block(ckpt.read_block, index)):
+            continue
+        value = e.to_var(*[ckpt.read(p.name, p.rows) for p in e.parts])
         if tuple(value.shape) != e.shape:
             raise HarnessError(f"{ckpt.what} {ckpt.path}: {e.path} came out as {list(value.shape)}, "
                                f"not {list(e.shape)}")
-        var = variables[e.path]
         assign_host(var, np.asarray(value).astype(var.dtype.as_numpy_dtype))
-        del arrays, value
+        del value
     return len(order)
 
 
@@ -302,6 +358,35 @@ def assign_host(var: Any, value: np.ndarray) -> None:
              for loc in layout.mesh.local_device_locations()]
     with tf.device(dtensor.device_name()):
         var.assign(dtensor.pack(parts, layout))
+
+
+def assign_blocks(var: Any, block: Callable[[Index], np.ndarray | None]) -> bool:
+    """Fills a sharded DTensor variable from `block(index)`, one read per distinct local block (replicated
+    copies share it). False, touching nothing, when the variable is not split or a block is not readable
+    alone (the caller then builds the whole value)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    current = var.read_value()
+    if not dtensor.is_dtensor(current):
+        return False
+    layout = dtensor.fetch_layout(current)
+    if all(spec == dtensor.UNSHARDED for spec in layout.sharding_specs):
+        return False
+    shape, dtype = tuple(var.shape), var.dtype.as_numpy_dtype
+    blocks: dict[tuple, np.ndarray] = {}
+    indices = [local_slice(shape, layout, loc) for loc in layout.mesh.local_device_locations()]
+    for index in indices:
+        key = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        if key not in blocks:
+            value = block(index)
+            if value is None:
+                return False
+            blocks[key] = np.asarray(value).astype(dtype)
+    parts = [tf.constant(blocks[tuple(s.indices(n)[:2] for s, n in zip(index, shape))]) for index in indices]
+    with tf.device(dtensor.device_name()):
+        var.assign(dtensor.pack(parts, layout))
+    return True
 
 
 def local_slice(shape: Sequence[int], layout: Any, location: dict[str, int]) -> tuple[slice, ...]:

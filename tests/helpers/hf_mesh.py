@@ -3,7 +3,8 @@
 argv: case name (tests/test_hf_golden.py CASES), then overrides. Builds the case's workload on the mesh with
 `model.init_checkpoint` at its golden checkpoint and prints one RESULT line of JSON: for every layout variable,
 whether its value assembled from the devices' shards equals the layout's own transform of the checkpoint
-tensors, and the shapes each device holds; and the logits and loss the mesh computes on the golden inputs.
+tensors, and the shapes each device holds; the size of every read the load made of each tensor; and the
+logits and loss the mesh computes on the golden inputs.
 """
 from __future__ import annotations
 
@@ -28,7 +29,25 @@ MESH = ["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={data: 2, mo
 def main(case: str, overrides: list[str]) -> None:
     workload, case_overrides = CASES[case]
     path = os.path.join(GOLDEN, case)
+    reads: dict[str, list[int]] = {}   # tensor -> elements of each read during the load
+    read_block = hf_checkpoint.Checkpoint.read_block
+    read = hf_checkpoint.Checkpoint.read
+
+    def counted_block(self, name, index):
+        out = read_block(self, name, index)
+        reads.setdefault(name, []).append(int(out.size))
+        return out
+
+    def counted(self, name, rows=None):
+        if rows is None:
+            out = read(self, name)
+            reads.setdefault(name, []).append(int(out.size))
+            return out
+        return read(self, name, rows)
+
+    hf_checkpoint.Checkpoint.read_block, hf_checkpoint.Checkpoint.read = counted_block, counted
     wl = build(workload, case_overrides + [f"model.init_checkpoint={path}"] + MESH + overrides)
+    hf_checkpoint.Checkpoint.read_block, hf_checkpoint.Checkpoint.read = read_block, read
     rt = wl.runtime
     ckpt = hf_checkpoint.Checkpoint(path)
     variables = {v.path: v.variable for v in rt.variables()}
@@ -50,7 +69,7 @@ def main(case: str, overrides: list[str]) -> None:
         return dtensor.relayout(logits, dtensor.Layout.replicated(rt.mesh, 3)), loss
 
     logits, loss = rt.function(forward)(tokens)
-    print("RESULT " + json.dumps({"equal": equal, "local": local, "logits": rt.to_host(logits).tolist(),
+    print("RESULT " + json.dumps({"equal": equal, "local": local, "reads": reads, "logits": rt.to_host(logits).tolist(),
                                   "loss": float(rt.to_host(loss))}), flush=True)
     os._exit(0)
 
