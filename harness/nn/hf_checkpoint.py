@@ -9,8 +9,9 @@ or unreadable tensor, and the config.json mismatches the layout reports) and ref
 any weight is touched; then it reads one variable at a time, file by file, so a checkpoint larger than the
 host's memory loads as long as its largest variable fits. A variable split over a DTensor mesh is read block
 by block (`Entry.block`, safetensors' get_slice: each local device's slice alone); otherwise it is built on
-the host and each local device still receives only its slice (`assign_host`), never a full copy. Export streams: each tensor is made and
-written on its own (`write_safetensors` writes the header from the shapes first, then the data in order).
+the host and each local device still receives only its slice (`assign_host`), never a full copy. Export
+streams: each tensor is made and written on its own (`write_safetensors` writes the header from the shapes
+first, then the data in order).
 
 bfloat16 tensors are read and written as `ml_dtypes.bfloat16` (installed with TensorFlow; importing it
 registers the dtype numpy needs for safetensors' BF16).
