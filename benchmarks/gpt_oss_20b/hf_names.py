@@ -134,7 +134,8 @@ def hf_config(m: Any, seq_length: int, dtype: str) -> dict[str, Any]:
             "num_local_experts": m.num_experts, "num_experts_per_tok": m.experts_per_token,
             "sliding_window": m.sliding_window,
             "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(m.num_layers)],
-            "rms_norm_eps": m.norm_epsilon, "rope_theta": m.rope_base, "rope_scaling": None,
+            "rms_norm_eps": m.norm_epsilon, "rope_theta": m.rope_base,
+            "rope_scaling": {"rope_type": "default"},   # said, not left out: GptOssConfig's default is YaRN
             "swiglu_alpha": 1.0, "swiglu_limit": NO_CLAMP,
             "max_position_embeddings": seq_length, "attention_bias": True, "attention_dropout": 0.0,
             "tie_word_embeddings": False, "initializer_range": m.init_stddev, "output_router_logits": False,

@@ -143,12 +143,12 @@ def llama_layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> L
 
 def llama_config(m: Any, seq_length: int, dtype: str) -> dict[str, Any]:
     """config.json for `LlamaForCausalLM` as this model computes."""
-    scaling = None
+    scaling = {"rope_type": "default"}
     if m.rope_scaling_factor:
         scaling = {"rope_type": "llama3", "factor": m.rope_scaling_factor, "low_freq_factor": m.rope_low_freq_factor,
                    "high_freq_factor": m.rope_high_freq_factor,
                    "original_max_position_embeddings": m.rope_original_context}
-    context = max(seq_length, int(m.rope_original_context * m.rope_scaling_factor) if scaling else 0)
+    context = max(seq_length, int(m.rope_original_context * m.rope_scaling_factor))
     return {"architectures": [LLAMA_ARCH], "model_type": "llama", "vocab_size": m.vocab_size,
             "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden, "num_hidden_layers": m.num_layers,
             "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
