@@ -132,6 +132,9 @@ class Config:
     tensorboard: bool = field(False, doc="write TensorBoard scalars under <run dir>/tensorboard (chief)")
     check_rulesets: list[str] = field(default_factory=list,
                                       doc="more rulesets to run the official checker for, besides `ruleset`")
+    save_final_weights: bool = field(False, doc="after run_stop, write the model's weights to <run dir>/"
+                                     "final_weights.safetensors (mlperf-harness export makes a Hugging Face "
+                                     "checkpoint of them)")
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -14,7 +14,7 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, interrupt, reference, weights_init
+from harness.train import data_service, export, interrupt, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir
 from harness.train.input_pipeline import InputWait, pipeline_config
@@ -53,6 +53,9 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
         log.event(reference.LOG_KEY, model)
     # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
     log.event("harness_data_source", workload.data_source)
+    init = getattr(getattr(cfg, "model", None), "init_checkpoint", "")
+    if init:  # not an MLPerf key either: the initial weights came from this checkpoint
+        log.event("harness_init_checkpoint", init)
 
 
 def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
@@ -107,6 +110,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     runtime = make_runtime(cfg.runtime, cfg.submission.platform)
     interrupt.reclaim()  # a multi-worker runtime's coordination service takes SIGTERM for itself
     checked = preflight(cfg, runtime)
+    export.check(cfg, runtime)
     workload = checked.workload
     chief = runtime.is_chief
     run_dir = new_run_dir(cfg, chief)
@@ -150,9 +154,12 @@ def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPe
                         checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation)
     with data_service.StallGuard(wait, pipeline_config(cfg.data).service):
         # The submission keys come after init_start, so the loop calls back for them.
-        return run_timed(runtime, workload, log,
-                         lambda: log_submission_keys(log, cfg, workload, checked.initialized),
-                         progress=progress, wait=wait)
+        result = run_timed(runtime, workload, log,
+                           lambda: log_submission_keys(log, cfg, workload, checked.initialized),
+                           progress=progress, wait=wait)
+    if cfg.save_final_weights:  # after the log's run_stop: outside the time to train
+        print(f"final weights: {export.save(runtime, workload, run_dir)}", flush=True)
+    return result
 
 
 def _as_harness_error(e: BaseException, cfg: config_lib.Config, runtime: Any) -> HarnessError | None:
