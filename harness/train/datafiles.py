@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, op_error_line
 from harness.runtime.base import InputContext
 
 
@@ -69,6 +69,53 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
 
 COUNT_CACHE = ".mlperf-harness-counts.json"
 _HEADER = 12  # uint64 payload length + uint32 masked CRC of it; the payload is followed by a uint32 CRC
+
+
+def first_record(path: str) -> bytes | None:
+    """The payload of the first record of a TFRecord file (None: the file is empty), from its header alone."""
+    size = tf.io.gfile.stat(path).length
+    opener = open if "://" not in path else tf.io.gfile.GFile
+    with opener(path, "rb") as f:
+        header = f.read(_HEADER)
+        if not header:
+            return None
+        length = int.from_bytes(header[:8], "little")
+        if len(header) < _HEADER or _HEADER + length + 4 > size:  # checked before reading: no huge allocation
+            raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (its first record runs "
+                               f"past its end)")
+        return f.read(length)
+
+
+def check_examples(files: list[str], required: tuple[str, ...] | list[str], what: str) -> None:
+    """The first record of each file is a tf.train.Example holding the `required` features: a file of
+    something else (another format, another converter) is one line naming it here, where the pipeline's
+    in-graph parse would only say "Could not parse example input" about some record of some file."""
+    from google.protobuf.message import DecodeError
+
+    for path in files:
+        payload = first_record(path)
+        if payload is None:
+            continue  # an empty shard: the counts decide whether that is wrong
+        try:
+            example = tf.train.Example.FromString(payload)
+        except DecodeError:
+            raise HarnessError(f"{path}: its records are not tf.train.Example protos (record 0 does not parse "
+                               f"as one); expected {what}") from None
+        missing = [k for k in required if k not in example.features.feature]
+        if missing:
+            raise HarnessError(f"{path}: its records lack feature(s) {', '.join(missing)} (checked on record 0; "
+                               f"expected {what})")
+
+
+def file_error(files: list[str], read: Callable[[str], Any], error: tf.errors.OpError, what: str) -> HarnessError:
+    """One line for a read of `files` that failed on some record: the first file `read(file)` fails on, with
+    the reason. Files are re-read one by one only after a failure, so a sound read takes them together."""
+    for path in files:
+        try:
+            read(path)
+        except tf.errors.OpError as e:
+            return HarnessError(f"{path}: {op_error_line(e.message) or type(e).__name__}")
+    return HarnessError(f"{what}: {op_error_line(error.message) or type(error).__name__}")
 
 
 def count_records(files: list[str]) -> int:
