@@ -200,7 +200,7 @@ def with_one_record(imagenet_dir: str, out: str, change) -> str:
     return os.path.join(out, "train-00001-of-00002")
 
 
-def changed(feature: str, value) -> callable:
+def changed(feature: str, value):
     def change(record: bytes) -> bytes:
         ex = tf.train.Example.FromString(record)
         field = ex.features.feature[feature]
@@ -278,8 +278,8 @@ def test_check_examples_and_file_error_name_the_file(tmp_path):
         return path
 
     def example(**floats) -> bytes:
-        return tf.train.Example(features=tf.train.Features(feature={
-            k: tf.train.Feature(float_list=tf.train.FloatList(value=v)) for k, v in floats.items()})).SerializeToString()
+        feature = {k: tf.train.Feature(float_list=tf.train.FloatList(value=v)) for k, v in floats.items()}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     good = write("good", [example(**{"image/object/bbox/xmin": [0.1]})] * 3)
     empty = write("empty", [])
