@@ -422,4 +422,16 @@ def test_worker_waits_for_a_dispatcher_that_starts_later_and_refuses_a_stranger(
         stranger.bind(("127.0.0.1", free_port()))
         stranger.listen()
         with pytest.raises(HarnessError, match="is listening but is not a data-service dispatcher"):
-            data_service.wait_for_dispatcher("127.0.0.1", stranger.getsockname()[1], 120)
+            data_service.wait_for_dispatcher("127.0.0.1", stranger.getsockname()[1], 2)
+
+
+def test_run_refuses_a_dispatcher_address_that_is_not_grpc():
+    from harness.errors import HarnessError
+    from harness.train import data_service
+
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", free_port()))
+        stranger.listen()
+        cfg = ServiceConfig(dispatcher=f"grpc://127.0.0.1:{stranger.getsockname()[1]}")
+        with pytest.raises(HarnessError, match="does not answer gRPC; it is not a data-service dispatcher"):
+            data_service.check_reachable(cfg, timeout_s=1)

@@ -41,13 +41,18 @@ def address(dispatcher: str) -> tuple[str, int]:
 
 
 def check_reachable(cfg: ServiceConfig, timeout_s: float = 10.0) -> None:
-    """Refuses a dispatcher that is not listening (the tf.data client would retry it forever)."""
+    """Refuses a dispatcher that is not listening, or is not a gRPC server (the tf.data client would retry
+    it forever)."""
     host, port = address(cfg.dispatcher)
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            grpc = _speaks_http2(conn)
     except OSError as e:
         raise HarnessError(f"data.service.dispatcher {cfg.dispatcher}: no dispatcher listening ({e}); start "
                            f"one with `mlperf-harness data-service dispatcher --port {port}`") from None
+    if not grpc:
+        raise HarnessError(f"data.service.dispatcher {cfg.dispatcher}: something listens there but does not "
+                           f"answer gRPC; it is not a data-service dispatcher")
 
 
 def validate(workload: Any) -> None:
