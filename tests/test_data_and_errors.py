@@ -288,6 +288,15 @@ def test_check_examples_and_file_error_name_the_file(tmp_path):
     with pytest.raises(HarnessError, match=f"^{other}: its records lack feature\\(s\\) image/object/bbox/xmin "
                                            f"\\(checked on record 0; expected boxes\\)$"):
         check_examples([good, other], ["image/object/bbox/xmin"], "boxes")
+    # A fixed-length feature of another length or kind (data for another sequence length, another converter).
+    spec = {"image/object/bbox/xmin": tf.io.FixedLenFeature([2], tf.float32)}
+    with pytest.raises(HarnessError, match=f"^{good}: record 0's image/object/bbox/xmin holds 1 values of "
+                                           f"float_list, the config parses 2 of float_list \\(expected boxes\\)$"):
+        check_examples([good], spec, "boxes")
+    spec = {"image/object/bbox/xmin": tf.io.FixedLenFeature([1], tf.int64)}
+    with pytest.raises(HarnessError, match="holds 1 values of float_list, the config parses 1 of int64_list"):
+        check_examples([good], spec, "boxes")
+    check_examples([good], {"image/object/bbox/xmin": tf.io.FixedLenFeature([1], tf.float32)}, "boxes")
     # Record 0 sound, a later one not an Example: the count that meets it names its file.
     mixed = write("mixed", [example(**{"image/object/bbox/xmin": [0.1]}), b"\x07\x00 garbage"])
     assert count_images_with_boxes([good]) == 3

@@ -63,7 +63,7 @@ class TFRecordSource:
             pattern = self.cfg.train_pattern if key == "train_samples" else self.cfg.eval_pattern
             check_count(key, getattr(self.cfg, key), counted, "sequences", f"{pattern} under {self.cfg.data_dir}")
         for pattern in (self.cfg.train_pattern, self.cfg.eval_pattern):
-            check_examples(self.files(pattern), tuple(self.spec), "MLPerf BERT sequences (input_ids, input_mask, "
+            check_examples(self.files(pattern), self.spec, "MLPerf BERT sequences (input_ids, input_mask, "
                            "segment_ids, masked_lm_*, next_sentence_labels)")
 
     def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:

@@ -261,7 +261,7 @@ class TFRecordSource:
             pattern = self.cfg.train_pattern if key == "train_samples" else self.cfg.eval_pattern
             check_count(key, getattr(self.cfg, key), counted, "images", f"{pattern} under {self.cfg.data_dir}")
         for pattern in (self.cfg.train_pattern, self.cfg.eval_pattern):
-            check_examples(self.files(pattern), tuple(FEATURES), "ImageNet images (image/encoded JPEG, "
+            check_examples(self.files(pattern), FEATURES, "ImageNet images (image/encoded JPEG, "
                            "image/class/label)")
 
     def parse(self, record: tf.Tensor, where: list | None = None) -> tuple[tf.Tensor, tf.Tensor]:

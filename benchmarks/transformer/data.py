@@ -180,7 +180,7 @@ class TFRecordSource(Source):
         files = self.files()
         if first_record(files[0]) is None:
             raise HarnessError(f"{files[0]} holds no records")
-        check_examples(files, tuple(self.SPEC), "int64 'inputs' and 'targets', the reference's encoded format")
+        check_examples(files, self.SPEC, "int64 'inputs' and 'targets', the reference's encoded format")
         if self.cfg.train_samples:
             check_count("train_samples", self.cfg.train_samples, self.counted_rows(), "training rows",
                         f"{self.cfg.train_pattern} under {self.cfg.data_dir} (packed as data.packing, "

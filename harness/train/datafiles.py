@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError, op_error_line
@@ -86,12 +87,15 @@ def first_record(path: str) -> bytes | None:
         return f.read(length)
 
 
-def check_examples(files: list[str], required: tuple[str, ...] | list[str], what: str) -> None:
-    """The first record of each file is a tf.train.Example holding the `required` features: a file of
-    something else (another format, another converter) is one line naming it here, where the pipeline's
-    in-graph parse would only say "Could not parse example input" about some record of some file."""
+def check_examples(files: list[str], spec: dict[str, Any] | tuple[str, ...], what: str) -> None:
+    """The first record of each file is a tf.train.Example holding the features of `spec` (a parse spec, or
+    the names of the features it needs), each FixedLenFeature without a default with its number and kind of
+    values: a file of something else (another format, converter or sequence length) is one line naming it
+    here, where the pipeline's in-graph parse would say "Could not parse example input" or "Can't parse
+    serialized Example" about some record of some file."""
     from google.protobuf.message import DecodeError
 
+    kinds = {tf.int64: "int64_list", tf.float32: "float_list", tf.string: "bytes_list"}
     for path in files:
         payload = first_record(path)
         if payload is None:
@@ -101,10 +105,20 @@ def check_examples(files: list[str], required: tuple[str, ...] | list[str], what
         except DecodeError:
             raise HarnessError(f"{path}: its records are not tf.train.Example protos (record 0 does not parse "
                                f"as one); expected {what}") from None
-        missing = [k for k in required if k not in example.features.feature]
+        have = example.features.feature
+        missing = [k for k in spec if k not in have]
         if missing:
             raise HarnessError(f"{path}: its records lack feature(s) {', '.join(missing)} (checked on record 0; "
                                f"expected {what})")
+        for key, feature in (spec.items() if isinstance(spec, dict) else ()):
+            if not isinstance(feature, tf.io.FixedLenFeature) or feature.default_value is not None:
+                continue
+            field, kind, want = have[key], kinds[feature.dtype], int(np.prod(feature.shape, dtype=np.int64))
+            got = field.WhichOneof("kind")
+            n = len(getattr(field, got).value) if got else 0
+            if got != kind or n != want:
+                raise HarnessError(f"{path}: record 0's {key} holds {n} values of {got or 'no kind'}, the config "
+                                   f"parses {want} of {kind} (expected {what})")
 
 
 def file_error(files: list[str], read: Callable[[str], Any], error: tf.errors.OpError, what: str) -> HarnessError:
