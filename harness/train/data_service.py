@@ -165,9 +165,9 @@ def check_port(port: int, flag: str, allow_any: bool = False) -> None:
 
 
 def wait_for_dispatcher(host: str, port: int, wait_s: float) -> None:
-    """Returns once something listens at HOST:PORT, retrying for `wait_s` (a worker may start before its
-    dispatcher); else one error naming the address and the time waited. The tf.data worker would retry its
-    registration forever, printing nothing."""
+    """Returns once a gRPC server listens at HOST:PORT, retrying for `wait_s` (a worker may start before its
+    dispatcher); else one error naming the address and the time waited, or at once when what listens there
+    does not answer gRPC. The tf.data worker would retry its registration forever, printing nothing."""
     deadline = time.monotonic() + wait_s
     while True:
         left = deadline - time.monotonic()
