@@ -4,6 +4,7 @@ that become such a line (an output directory checked before the work that writes
 from __future__ import annotations
 
 import os
+import re
 
 
 class HarnessError(Exception):
@@ -48,3 +49,32 @@ def describe_os_error(e: OSError) -> str:
     reason = e.strerror or str(e)
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
     return f"{reason}: {paths}" if paths else reason
+
+
+# Lines of a TensorFlow op error that say where it happened, not what: the wrapper's first line, the node it
+# was detected at and the Python frames that built it, the ops it ran in.
+_NOISE = re.compile(r"^(Graph execution error:?|Detected at node .*|<stack traces unavailable>|\[\[.*\]\].*|"
+                    r".*\(most recent call last\):?)$")
+_PREFIX = re.compile(r"^(\{\{function_node [^}]*\}\}\s*)+")
+_SUFFIX = re.compile(r"(\s*\[Op:[^\]]*\])?( name:\s*\S*)?$")
+# "Error in user-defined function passed to <op> transformation with iterator: Iterator::...::Map: <what>"
+_DATASET_FN = re.compile(r"^Error in user-defined function passed to .*? transformation with iterator: "
+                         r"Iterator::\S*?: ")
+
+
+def op_error_line(text: str) -> str:
+    """The first line of a TensorFlow op error's message that says what went wrong ("" if none does): past
+    "Graph execution error:", node and stack-frame lines, without the dataset transformation and op names
+    around it. A record's bytes quoted by the Example parser are cut (they are binary)."""
+    for raw in text.splitlines():
+        line = _PREFIX.sub("", raw.strip())
+        if not line or _NOISE.match(line) or raw.startswith((" ", "\t")):  # indented: a frame or its code
+            continue
+        line = _SUFFIX.sub("", _DATASET_FN.sub("", line)).strip()
+        if "Could not parse example input" in line:
+            return "a record is not a tf.train.Example (Could not parse example input)"
+        if line.startswith("corrupted record at"):
+            line += " (a TFRecord's bytes do not match their checksum)"
+        if line:
+            return line[:300]
+    return ""

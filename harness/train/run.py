@@ -16,7 +16,7 @@ from harness import platforms, sysinfo
 from harness.plan import mfu
 from harness.train import data_service, export, interrupt, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
-from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir
+from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir, op_error_line
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
@@ -300,5 +300,4 @@ def _data_assertion(message: str) -> str | None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = getattr(e, "message", None) or str(e)
-    return text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
+    return op_error_line(getattr(e, "message", None) or str(e)) or type(e).__name__
