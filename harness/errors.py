@@ -1,5 +1,6 @@
-"""User-facing errors: one clear line and exit code 2, never a traceback wall; and the filesystem faults
-that become such a line (an output directory checked before the work that writes there).
+"""User-facing errors: one clear line and exit code 2, never a traceback wall; and the faults that become
+such a line: an output directory checked before the work that writes there, an `OSError`, TensorFlow's op
+error reduced to the line that says what went wrong.
 """
 from __future__ import annotations
 
