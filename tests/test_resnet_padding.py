@@ -184,3 +184,8 @@ def test_closed_real_data_refuses_the_other_references_padding():
         with pytest.raises(HarnessError, match=rf"^closed division on real data needs the reference ResNet-50 "
                                                rf"v1.5: model.conv_padding={have} \(reference {want}\); use "):
             reference.check_closed_model(_workload(sets))
+
+
+def test_an_unknown_padding_is_one_error():
+    with pytest.raises(HarnessError, match=r"^config model.conv_padding: 'valid' is not one of ruleset, same, fixed$"):
+        config_lib.load_config(REFERENCE, ["model.conv_padding=valid"])

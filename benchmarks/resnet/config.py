@@ -90,14 +90,15 @@ def strided_padding(model: ModelConfig, ruleset: str) -> str:
 
 
 # The MLPerf ResNet references in mlcommons/training, by the rulesets whose rounds name them:
-# - 0.7.0: the TF1 reference, image_classification/tensorflow/official/resnet/resnet_model.py (unchanged from
-#   6cb3d426 to e6f45a4d; read at 373dfeda, June 2020): conv2d_fixed_padding pads every strided conv
-#   (kernel - 1) // 2 before and the rest after, then a VALID conv (3x3/2: 1/1; 7x7/2: 3/3); the max pool is
-#   max_pooling2d(3, 2, 'SAME').
-# - 1.0.0-4.0.0: the TF2 reference, image_classification/tensorflow2/resnet_model.py (added e8210745, May
-#   2021, "This is the README for v1.0 using the TensorFlow2 model"; the same file at tag v4.0, 10786e3c;
-#   retired 3c81f6f9): conv_block's strided 3x3 is Conv2D(padding='same'), 0/1 at 56, 28 and 14; the stem is
-#   ZeroPadding2D(3) then a valid 7x7/2 (3/3); the max pool MaxPooling2D(3, 2, padding='same').
+# - 0.7.0: the TF1 reference, image_classification/tensorflow/official/resnet/resnet_model.py (one blob, ea77cb15,
+#   from 6cb3d426392b7b13f239899c13a153feb49a1c20 (2019) to the v0.7 round's 373dfedaa34a5c502e2e0d762e2b9fb20074762e):
+#   conv2d_fixed_padding pads every strided conv (kernel - 1) // 2 before and the rest after, then a VALID conv
+#   (3x3/2: 1/1; 7x7/2: 3/3); the max pool is max_pooling2d(3, 2, 'SAME').
+# - 1.0.0-4.0.0: the TF2 reference, image_classification/tensorflow2/resnet_model.py (one blob, 6a04b2cb, from
+#   e821074526f6d6619baacf70a216a59318adb32c (May 2021; its README: "the README for v1.0 using the TensorFlow2
+#   model") through tag v4.0, 10786e3c3b844c1138d6a702fc6c8ba1d376c7bb): conv_block's strided 3x3 is
+#   Conv2D(padding='same'), 0/1 at 56, 28 and 14; the stem is ZeroPadding2D(3) then a valid 7x7/2 (3/3); the
+#   max pool is MaxPooling2D(3, 2, padding='same').
 # The two differ only in the strided 3x3 convs (the 1x1/2 projections pad nothing in either).
 TF1_RULESETS = ("0.7.0",)
 
