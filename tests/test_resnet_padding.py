@@ -189,3 +189,23 @@ def test_closed_real_data_refuses_the_other_references_padding():
 def test_an_unknown_padding_is_one_error():
     with pytest.raises(HarnessError, match=r"^config model.conv_padding: 'valid' is not one of ruleset, same, fixed$"):
         config_lib.load_config(REFERENCE, ["model.conv_padding=valid"])
+
+
+def test_both_paddings_compile_to_the_flops_the_cost_model_counts():
+    from types import SimpleNamespace
+
+    from harness.plan.hlo_flops import hlo_flops
+
+    from benchmarks.resnet.cost import forward_macs_and_params
+
+    cfg = SimpleNamespace(model=ModelConfig(blocks=[1, 1, 1, 1], width=4),
+                          data=SimpleNamespace(image_size=64, num_classes=10))
+    macs, _ = forward_macs_and_params(cfg)
+    flops = {}
+    for padding in ("same", "fixed"):
+        runtime = make_runtime(RuntimeConfig())
+        with runtime.scope():
+            net = ResNet(runtime, 1, cfg.model, 10, 1, padding)
+        step = tf.function(lambda x: net(x, training=False), jit_compile=True)
+        flops[padding] = hlo_flops(step.experimental_get_compiler_ir(tf.zeros([2, 64, 64, 3]))(stage="hlo"))
+    assert flops["same"] == flops["fixed"] == pytest.approx(2 * 2 * macs, rel=0.02)  # 2 images, 2 FLOPs a MAC
