@@ -14,8 +14,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from harness.errors import HarnessError
-from harness.outputs import check_output_dir, describe_os_error
+from harness.train import interrupt
+from harness.errors import HarnessError, check_output_dir, describe_os_error
 
 # ------------------------------------------------------------------ a quiet start
 # `import tensorflow` makes its C++ libraries print several lines to file descriptor 2 before absl's logging
@@ -94,7 +94,9 @@ flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or 
 flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
 flags.DEFINE_string("campaign_dir", None, "campaign: directory holding (or to hold) the campaign's runs")
 flags.DEFINE_integer("first_seed", 1, "campaign: seed of the first run; later runs get distinct seeds")
-flags.DEFINE_string("out", None, "package/report: output directory")
+flags.DEFINE_string("out", None, "package/report/export: output directory")
+flags.DEFINE_string("max_shard_size", "5GB", "export: largest safetensors shard (e.g. 5GB, 500MB)")
+flags.DEFINE_string("dtype", "float32", "export: tensor dtype written (float32 or bfloat16)")
 flags.DEFINE_string("system", None, "package: system name (default: the logs' submission_platform)")
 flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
 flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
@@ -127,6 +129,8 @@ USAGE = """usage: mlperf-harness COMMAND ...
   plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json]
                                                         project time to train at scale
   data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
+  export RUN_DIR --out DIR [--max_shard_size 5GB] [--dtype float32|bfloat16]
+                                                        a run's final weights as a Hugging Face checkpoint
 """
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,9 +244,15 @@ def cmd_data_service(args: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: list[str]) -> int:
+    from harness.train import export
+
+    return export.main(args, FLAGS.out, FLAGS.max_shard_size, FLAGS.dtype)
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
             "campaign": cmd_campaign, "package": cmd_package, "plan": cmd_plan, "data": cmd_data,
-            "data-service": cmd_data_service}
+            "data-service": cmd_data_service, "export": cmd_export}
 
 
 def dispatch(argv: list[str]) -> int:
@@ -255,13 +265,15 @@ def dispatch(argv: list[str]) -> int:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
     try:
-        return COMMANDS[command](args)
+        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
+        with interrupt.handled(command in ("run", "campaign")):
+            return COMMANDS[command](args)
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"error: {interrupt.message(e)}", file=sys.stderr)
+        return interrupt.exit_code(e)
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except OSError as e:  # a path the user named (or its disk) failed: the same line from every command

@@ -22,6 +22,7 @@ from harness.benchmark_rules import RULESETS
 from harness.errors import HarnessError
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 def field(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, min: float | None = None,
@@ -131,6 +132,9 @@ class Config:
     tensorboard: bool = field(False, doc="write TensorBoard scalars under <run dir>/tensorboard (chief)")
     check_rulesets: list[str] = field(default_factory=list,
                                       doc="more rulesets to run the official checker for, besides `ruleset`")
+    save_final_weights: bool = field(False, doc="after run_stop, write the model's weights to <run dir>/"
+                                     "final_weights.safetensors (mlperf-harness export makes a Hugging Face "
+                                     "checkpoint of them)")
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -138,6 +142,13 @@ class Config:
     config_file = ""
     # The workload's own sections (data, model, optimizer, ...), keyed by their top-level YAML name.
     sections: dict[str, Any] = field(default_factory=dict, doc="internal")
+
+    def __post_init__(self) -> None:
+        # run_id names one directory under output_dir/<workload>: a path (/abs, a/b, ..) would write elsewhere.
+        if self.run_id and not _RUN_ID.fullmatch(self.run_id):
+            raise HarnessError(f"config run_id: {self.run_id!r} is not a directory name; use letters, digits, "
+                               f"'.', '_' and '-', not starting with '.' ('' = timestamp + seed); the run "
+                               f"goes to <output_dir>/<workload>/<run_id>/")
 
     @property
     def data(self) -> Any:

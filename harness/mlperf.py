@@ -7,12 +7,14 @@ logger that drops everything, so the loop never has to ask who it is.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any
 
 from mlperf_logging.mllog import mllog
@@ -28,6 +30,9 @@ class Logged:
     metadata: dict
 
 
+INTERRUPTED_KEY = "harness_interrupted"
+
+
 class MLPerfLog:
     """One run's MLPerf log file; a no-op on non-chief hosts."""
 
@@ -36,6 +41,8 @@ class MLPerfLog:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._handler: logging.Handler | None = None
+        self._keys: set[str] = set()  # start/end keys written (has the timed run started, stopped?)
+        self._closing = threading.Lock()  # the signal backstop thread may end the log too
         if path is None:
             self._mllog = None
             return
@@ -58,12 +65,30 @@ class MLPerfLog:
     def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._mllog:
             self._mllog.start(key=key, value=value, metadata=metadata)
+            self._keys.add(key)
 
     def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._mllog:
             self._mllog.end(key=key, value=value, metadata=metadata)
+            self._keys.add(key)
+
+    def interrupted(self, signal_name: str) -> None:
+        """Ends the log of a run stopped by a signal so that it says so: `harness_interrupted` (not an MLPerf
+        key; checkers ignore it) naming the signal, then, once the timed run has started, its `run_stop`
+        with status aborted. Then closes it; a no-op once closed (and on non-chief hosts)."""
+        with self._closing:
+            if self._handler is None:
+                return
+            self.event(INTERRUPTED_KEY, signal_name)
+            if K.RUN_START in self._keys and K.RUN_STOP not in self._keys:
+                self.end(K.RUN_STOP, metadata={"status": "aborted", "interrupted_by": signal_name})
+            self._close()
 
     def close(self) -> None:
+        with self._closing:
+            self._close()
+
+    def _close(self) -> None:
         if self._handler:
             self._handler.flush()
             self._handler.close()
@@ -90,10 +115,72 @@ class Verdict:
 
 _TARGET_FAILURE = re.compile(r"Failed checks for eval_accuracy")
 _CHECKER_LINE = re.compile(r"^(INFO|WARNING|ERROR) - (.*)$")
+_PARSE_BLOCK = "Found parsing errors:"   # then, per line it could not read, the line and "^^  <why>"
+_PARSE_SUMMARY = "Log lines had parsing errors."
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def checker_version() -> str:
+    try:
+        return importlib.metadata.version("mlperf-logging")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def checker_rulesets() -> tuple[str, ...]:
+    """The training rulesets the installed compliance checker has: its `training_<ruleset>/common.yaml` rule
+    folders (what its --ruleset accepts), oldest first."""
+    from mlperf_logging import compliance_checker
+
+    folder = os.path.dirname(os.path.abspath(compliance_checker.__file__))
+    found = [m.group(1) for name in os.listdir(folder)
+             if (m := re.fullmatch(r"training_(\d+\.\d+\.\d+)", name))
+             and os.path.isfile(os.path.join(folder, name, "common.yaml"))]
+    return tuple(sorted(found, key=lambda r: tuple(int(x) for x in r.split("."))))
+
+
+def require_ruleset(ruleset: str) -> None:
+    """HarnessError (one line) unless the installed checker has `ruleset`: it would only print its usage."""
+    have = checker_rulesets()
+    if ruleset not in have:
+        raise HarnessError(f"ruleset {ruleset!r} is not one the installed mlperf-logging {checker_version()} "
+                           f"checks (its training rulesets: {', '.join(have) or 'none'})")
+
+
+def _checker_messages(output: str) -> list[str]:
+    """The checker's WARNING and ERROR messages, its per-line parse errors folded into one count: the lines
+    themselves are named by the integrity checks (`unparsable_line`), a wall of them here says nothing more."""
+    messages: list[str] = []
+    unread = 0
+    in_block = False
+    for line in output.splitlines():
+        if line.strip() == _PARSE_SUMMARY:  # one of the messages of a multi-line WARNING (rulesets >= 1.0.0)
+            messages.append(f"{unread} MLLOG line(s) it could not parse")
+            continue
+        m = _CHECKER_LINE.match(line)
+        if not m or m.group(1) not in ("WARNING", "ERROR"):
+            in_block = False
+            continue
+        text = m.group(2)
+        if text.strip() == _PARSE_BLOCK:
+            in_block = True
+            continue
+        if in_block and text.startswith("  "):  # the echoed line, or "^^  <why>" under it
+            unread += text.strip().startswith("^^")
+            continue
+        in_block = False
+        text = text.strip()
+        if text == _PARSE_SUMMARY:
+            text = f"{unread} MLLOG line(s) it could not parse"
+        if text not in ("FAILED", ""):
+            messages.append(text)
+    return messages
 
 
 def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Verdict:
-    """Runs `python -m mlperf_logging.compliance_checker` on `path` and reads its verdict."""
+    """Runs `python -m mlperf_logging.compliance_checker` on `path` and reads its verdict; HarnessError for a
+    ruleset the installed checker does not have."""
+    require_ruleset(ruleset)
     cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
            "--ruleset", ruleset, path]
     if werror:
@@ -108,12 +195,12 @@ def run_compliance_checker(path: str, ruleset: str, werror: bool = False) -> Ver
         return Verdict(ruleset, False, False, ["compliance checker timed out"], "")
     output = proc.stdout + proc.stderr
     passed = proc.returncode == 0 and "SUCCESS" in output
-    errors = []
-    for line in output.splitlines():
-        m = _CHECKER_LINE.match(line)
-        if m and m.group(1) in ("WARNING", "ERROR") and m.group(2).strip() not in ("FAILED", ""):
-            errors.append(m.group(2).strip())
-    if not passed and not errors:
+    errors = _checker_messages(output)
+    if not passed and _TRACEBACK in proc.stderr:
+        # It stops with a traceback on a line it cannot read (a JSON list, an event without time_ms): one line.
+        last = next((line.strip() for line in reversed(proc.stderr.splitlines()) if line.strip()), "")
+        errors.append(f"the checker stopped with an exception: {last}")
+    elif not passed and not errors:
         errors = [line for line in output.strip().splitlines()[-5:]]
     only_target = (not passed and bool(errors)
                    and all(_TARGET_FAILURE.search(e) for e in errors)

@@ -314,7 +314,8 @@ def test_check_without_ruleset_checks_every_ruleset_the_run_gated_on(tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--ruleset", "4.0.0"], "ruleset 4.0.0 has no closed llama31_8b benchmark"),
-    (["--ruleset", "9.9.9"], "ruleset '9.9.9' is not one the harness reads"),
+    (["--ruleset", "9.9.9"], "ruleset '9.9.9' is not one the installed mlperf-logging"),
+    (["--ruleset", "0.6.0"], "ruleset '0.6.0' is not one the harness reads"),  # installed, pre-0.7 format
 ])
 def test_check_refuses_a_ruleset_without_the_benchmark_in_one_line(tmp_path, args, fragment):
     from conftest import cli_in_process
@@ -344,7 +345,7 @@ def test_report_shows_a_decoder_lm_logs_quality_target(tmp_path):
     with open(path) as f:
         text = f.read()
     assert "Quality target: <= 3.3 (closed, ruleset 6.1.0)" in text
-    assert "target_not_reached" not in text
+    assert "status_contradicts_evals" not in text
 
 
 def test_report_flags_a_success_short_of_a_lower_is_better_target(tmp_path):
@@ -353,7 +354,7 @@ def test_report_flags_a_success_short_of_a_lower_is_better_target(tmp_path):
     lm_log(tmp_path / "logs", "gpt_oss_20b", 3.5)
     with open(report.write_report([str(tmp_path / "logs")], str(tmp_path / "out"), quiet=True)) as f:
         text = f.read()
-    assert "Quality target: <= 3.34" in text and "does not reach target <= 3.34" in text
+    assert "Quality target: <= 3.34" in text and "does not reach the target <= 3.34" in text
 
 
 def test_campaign_without_runs_takes_the_records_run_count(tmp_path, monkeypatch, capsys):

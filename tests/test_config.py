@@ -64,6 +64,16 @@ def test_out_of_range_and_choices():
         config_lib.load_config(SMOKE, ["optimizer.name=adam"])
 
 
+def test_run_id_is_one_directory_name():
+    """run_id names a directory under <output_dir>/<workload>: a path would put the run elsewhere."""
+    for bad in ("/abs/path", "..", "a/b", "../up", ".hidden", "a\\b", "x y"):
+        with pytest.raises(HarnessError) as e:
+            config_lib.load_config(SMOKE, [f"run_id={bad}"])
+        assert str(e.value).startswith(f"config run_id: {bad!r} is not a directory name; use letters"), e.value
+    for good in ("seed1-20261126-090000", "run_0_seed1_attempt2", "v1.2"):
+        assert config_lib.load_config(SMOKE, [f"run_id={good}"]).run_id == good
+
+
 def test_missing_base_file(tmp_path):
     path = write(tmp_path, "c.yaml", "base: nowhere.yaml\nseed: 1\n")
     with pytest.raises(HarnessError, match=r"base file not found: .*nowhere.yaml"):

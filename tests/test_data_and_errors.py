@@ -132,7 +132,9 @@ def test_corrupt_record_gives_clear_error_and_no_valid_looking_log(imagenet_dir,
         with open(os.path.join(data, os.path.basename(f)), "wb") as dst:
             dst.write(raw)
     proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(data))
-    assert_clean_error(proc, "corrupt")
+    # The reader's own words, past TensorFlow's "Graph execution error:" (it knows the offset, not the file).
+    assert_clean_error(proc, "error: corrupt or unreadable input data: corrupted record at ",
+                       "(a TFRecord's bytes do not match their checksum)")
     folder = run_dir(tmp_out)
     assert not glob.glob(os.path.join(folder, "result_*.txt"))
     assert glob.glob(os.path.join(folder, "incomplete_result_*.log"))  # kept, under a name no tool reads
@@ -178,3 +180,149 @@ def test_closed_bert_eval_schedule_breaking_the_rules_is_refused(tmp_out):
                           "--set", "data.eval_every_samples=0", "--set", "data.train_samples=200000",
                           "--set", "schedule.max_epochs=1")
     assert_clean_error(proc, "budget of 200000 samples", "off the eval cadence", "end it at 150016 or 300032 samples")
+
+
+# ------------------------------------------------------------- records that are wrong inside: named with the reason
+
+BAD_RECORD = 100  # of train-00001-of-00002
+
+
+def with_one_record(imagenet_dir: str, out: str, change) -> str:
+    """A copy of the test data whose training record BAD_RECORD of the second shard is `change(record)`."""
+    os.makedirs(out)
+    for f in glob.glob(os.path.join(imagenet_dir, "*")):
+        records = [r.numpy() for r in tf.data.TFRecordDataset(f)]
+        if os.path.basename(f) == "train-00001-of-00002":
+            records[BAD_RECORD] = change(records[BAD_RECORD])
+        with tf.io.TFRecordWriter(os.path.join(out, os.path.basename(f))) as w:
+            for r in records:
+                w.write(r)
+    return os.path.join(out, "train-00001-of-00002")
+
+
+def changed(feature: str, value):
+    def change(record: bytes) -> bytes:
+        ex = tf.train.Example.FromString(record)
+        field = ex.features.feature[feature]
+        (field.int64_list if isinstance(value, int) else field.bytes_list).value[0] = value
+        return ex.SerializeToString()
+    return change
+
+
+def run_error(data_dir: str) -> str:
+    """The `error:` line a run prints when its training input meets the bad record (the run's own mapping of
+    the op error, on this pipeline's batches in this process)."""
+    from types import SimpleNamespace
+
+    from harness.train import run
+
+    cfg = DataConfig(source="tfrecord", data_dir=data_dir, image_size=32, num_classes=10, train_samples=N_TRAIN,
+                     eval_samples=N_EVAL)
+    source = TFRecordSource(cfg)
+    source.validate()
+    with pytest.raises(tf.errors.OpError) as raised:
+        for _ in source.train(InputContext(1, 0, 64, seed=3), repeat=False).batch(64):
+            pass
+    error = run._as_harness_error(raised.value, None, SimpleNamespace(kind="local"))
+    assert error is not None, raised.value
+    return f"error: {error}"
+
+
+def test_label_out_of_range_names_the_file_record_and_label(imagenet_dir, tmp_path):
+    bad = with_one_record(imagenet_dir, str(tmp_path / "d"), changed("image/class/label", 4000))
+    assert run_error(str(tmp_path / "d")) == (
+        f"error: corrupt input data: record {BAD_RECORD} of {bad} has image/class/label minus data.label_offset = "
+        f"3999 outside [0, 10) (data.num_classes; a wrong data.label_offset?)")
+
+
+def test_image_that_is_not_a_jpeg_names_the_file_and_record(imagenet_dir, tmp_path):
+    png = tf.io.encode_png(tf.zeros([8, 8, 3], tf.uint8)).numpy()
+    bad = with_one_record(imagenet_dir, str(tmp_path / "d"), changed("image/encoded", png))
+    assert run_error(str(tmp_path / "d")) == (
+        f"error: corrupt input data: record {BAD_RECORD} of {bad} has an image/encoded that is not a JPEG")
+
+
+def test_damaged_jpeg_gives_the_decoders_reason(imagenet_dir, tmp_path):
+    # A JPEG header followed by garbage: only the decoder finds it, and its error cannot name the record.
+    with_one_record(imagenet_dir, str(tmp_path / "d"), changed("image/encoded", b"\xff\xd8\xff\xe0" + b"x" * 300))
+    line = run_error(str(tmp_path / "d"))
+    assert line.startswith("error: corrupt or unreadable input data: ") and "Invalid JPEG data" in line, line
+    assert "Graph execution error" not in line
+
+
+def test_files_of_records_that_are_not_examples_are_named_before_the_run(imagenet_dir, tmp_path):
+    from harness.errors import HarnessError
+
+    bad = with_one_record(imagenet_dir, str(tmp_path / "d"), lambda r: r)
+    with tf.io.TFRecordWriter(bad) as w:
+        for _ in range(256):
+            w.write(b"\x07\x00 not a protocol buffer")
+    cfg = DataConfig(source="tfrecord", data_dir=str(tmp_path / "d"), image_size=32, num_classes=10,
+                     train_samples=N_TRAIN, eval_samples=N_EVAL)
+    with pytest.raises(HarnessError) as raised:
+        TFRecordSource(cfg).validate()
+    assert str(raised.value) == (f"{bad}: its records are not tf.train.Example protos (record 0 does not parse as "
+                                 f"one); expected ImageNet images (image/encoded JPEG, image/class/label)")
+
+
+def test_check_examples_and_file_error_name_the_file(tmp_path):
+    from benchmarks.ssd.data import count_images_with_boxes
+    from harness.errors import HarnessError
+    from harness.train.datafiles import check_examples
+
+    def write(name: str, records: list[bytes]) -> str:
+        path = str(tmp_path / name)
+        with tf.io.TFRecordWriter(path) as w:
+            for r in records:
+                w.write(r)
+        return path
+
+    def example(**floats) -> bytes:
+        feature = {k: tf.train.Feature(float_list=tf.train.FloatList(value=v)) for k, v in floats.items()}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    good = write("good", [example(**{"image/object/bbox/xmin": [0.1]})] * 3)
+    empty = write("empty", [])
+    other = write("other", [example(score=[1.0])])
+    check_examples([good, empty], ["image/object/bbox/xmin"], "boxes")
+    with pytest.raises(HarnessError, match=f"^{other}: its records lack feature\\(s\\) image/object/bbox/xmin "
+                                           f"\\(checked on record 0; expected boxes\\)$"):
+        check_examples([good, other], ["image/object/bbox/xmin"], "boxes")
+    # A fixed-length feature of another length or kind (data for another sequence length, another converter).
+    spec = {"image/object/bbox/xmin": tf.io.FixedLenFeature([2], tf.float32)}
+    with pytest.raises(HarnessError, match=f"^{good}: record 0's image/object/bbox/xmin holds 1 values of "
+                                           f"float_list, the config parses 2 of float_list \\(expected boxes\\)$"):
+        check_examples([good], spec, "boxes")
+    spec = {"image/object/bbox/xmin": tf.io.FixedLenFeature([1], tf.int64)}
+    with pytest.raises(HarnessError, match="holds 1 values of float_list, the config parses 1 of int64_list"):
+        check_examples([good], spec, "boxes")
+    check_examples([good], {"image/object/bbox/xmin": tf.io.FixedLenFeature([1], tf.float32)}, "boxes")
+    # Record 0 sound, a later one not an Example: the count that meets it names its file.
+    mixed = write("mixed", [example(**{"image/object/bbox/xmin": [0.1]}), b"\x07\x00 garbage"])
+    assert count_images_with_boxes([good]) == 3
+    with pytest.raises(HarnessError) as raised:
+        count_images_with_boxes([good, mixed])
+    assert str(raised.value) == f"{mixed}: a record is not a tf.train.Example (Could not parse example input)"
+
+
+@pytest.mark.parametrize("message, line", [
+    ("Graph execution error:\n\nDetected at node ExtractJpegShape defined at (most recent call last):\n"
+     "<stack traces unavailable>\nError in user-defined function passed to ParallelMapDatasetV2:10 transformation "
+     "with iterator: Iterator::Root::Map::Zip[1]::Prefetch::BatchV2::ParallelMapV2: Invalid JPEG data, size 354\n"
+     "\t [[{{node ExtractJpegShape}}]]\n\t [[while/body/_1/while/IteratorGetNext]] [Op:__inference__train_loop_4323]",
+     "Invalid JPEG data, size 354"),
+    ("Graph execution error:\n\nDetected at node Assert/Assert defined at (most recent call last):\n"
+     '  File "/x/y.py", line 3, in <module>\n\n    check()\n\nassertion failed: [label outside [0, 10):] [3999]\n'
+     "\t [[{{node Assert/Assert}}]]", "assertion failed: [label outside [0, 10):] [3999]"),
+    ("{{function_node __wrapped__IteratorGetNext_output_types_3_device_/job:localhost/replica:0/task:0/device:CPU:0}}"
+     " corrupted record at 4105 [Op:IteratorGetNext] name: ",
+     "corrupted record at 4105 (a TFRecord's bytes do not match their checksum)"),
+    ("Graph execution error:\n\nError in user-defined function passed to ParallelMapDatasetV2:10 transformation "
+     "with iterator: Iterator::Root::ParallelMapV2: Could not parse example input, value: '\x07\x00ga\nrbage'",
+     "a record is not a tf.train.Example (Could not parse example input)"),
+    ("Graph execution error:\n\n", ""),
+])
+def test_op_error_line_is_the_line_that_says_what_went_wrong(message, line):
+    from harness.errors import op_error_line
+
+    assert op_error_line(message) == line

@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, free_ports, harness_cmd, stderr_error_lines
+from conftest import REPO, cli_in_process, free_ports, harness_cmd, stderr_error_lines
 from harness.runtime.base import InputContext
 from harness.train.data_service import distribute_epochs
 from harness.train.input_pipeline import ServiceConfig, pipeline_config, train_options
@@ -332,3 +333,105 @@ def test_service_refusals_come_before_the_log(workload, dispatcher, message):
     wl = registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
     with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
         data_service.validate(wl)
+
+
+# ------------------------------------------------------------------------ fleet processes: bounded, one line
+
+def one_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    errors = stderr_error_lines(proc)
+    assert proc.returncode == 2 and len(errors) == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for f in fragments:
+        assert f in errors[0], errors[0]
+    return errors[0]
+
+
+def test_worker_without_a_dispatcher_gives_up_with_one_line():
+    port = free_port()
+    proc = subprocess.run(harness_cmd("data-service", "worker", f"--dispatcher=127.0.0.1:{port}"), cwd=REPO,
+                          env=dict(ENV, MLPERF_HARNESS_DISPATCHER_WAIT_S="1"), capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S)
+    one_error(proc, f"no data-service dispatcher at 127.0.0.1:{port} after waiting 1 s", "Connection refused")
+
+
+def test_dispatcher_port_out_of_range_or_taken_is_one_line():
+    def dispatcher(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(harness_cmd("data-service", "dispatcher", *args), cwd=REPO, env=ENV,
+                              capture_output=True, text=True, timeout=START_TIMEOUT_S)
+
+    one_error(dispatcher("--port", "-5"), "--port -5: a port is 1..65535")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_error(dispatcher(f"--port={port}"), f"--port {port}: the port is in use")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dispatcher", "--port=70000"], "--port 70000: a port is 1..65535"),
+    (["worker", "--dispatcher=127.0.0.1:5050", "--port=70000"], "--port 70000: a port is 0..65535"),
+    (["worker", "--dispatcher=127.0.0.1:5050", "--port=-1"], "--port -1: a port is 0..65535"),
+])
+def test_server_ports_are_checked_where_read(args, message):
+    one_error(cli_in_process("data-service", *args), message)
+
+
+def test_worker_port_taken_is_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_error(cli_in_process("data-service", "worker", "--dispatcher=127.0.0.1:5050", f"--port={port}"),
+                  f"--port {port}: the port is in use")
+
+
+def test_dispatcher_wait_comes_from_the_environment(monkeypatch):
+    from harness.errors import HarnessError
+    from harness.train import data_service
+
+    monkeypatch.delenv(data_service.DISPATCHER_WAIT_ENV, raising=False)
+    assert data_service.dispatcher_wait_s() == data_service.DISPATCHER_WAIT_S == 60.0
+    monkeypatch.setenv(data_service.DISPATCHER_WAIT_ENV, "2.5")
+    assert data_service.dispatcher_wait_s() == 2.5
+    for bad in ("0", "-3", "soon", "inf"):
+        monkeypatch.setenv(data_service.DISPATCHER_WAIT_ENV, bad)
+        with pytest.raises(HarnessError, match=data_service.DISPATCHER_WAIT_ENV):
+            data_service.dispatcher_wait_s()
+
+
+def test_worker_waits_for_a_dispatcher_that_starts_later_and_refuses_a_stranger():
+    from harness.errors import HarnessError
+    from harness.train import data_service
+
+    port = free_port()
+    started: list = []
+
+    def start_later() -> None:
+        time.sleep(2)  # the worker's first connection attempts are refused
+        started.append(tf.data.experimental.service.DispatchServer(
+            tf.data.experimental.service.DispatcherConfig(port=port)))
+
+    later = threading.Thread(target=start_later, daemon=True)
+    later.start()
+    data_service.wait_for_dispatcher("127.0.0.1", port, 120)
+    later.join(60)
+    assert started, "the dispatcher thread did not start one"
+    started[0].stop()
+    # Something listening that is not a gRPC server: refused at once, not retried.
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", free_port()))
+        stranger.listen()
+        with pytest.raises(HarnessError, match="is listening but is not a data-service dispatcher"):
+            data_service.wait_for_dispatcher("127.0.0.1", stranger.getsockname()[1], 2)
+
+
+def test_run_refuses_a_dispatcher_address_that_is_not_grpc():
+    from harness.errors import HarnessError
+    from harness.train import data_service
+
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", free_port()))
+        stranger.listen()
+        cfg = ServiceConfig(dispatcher=f"grpc://127.0.0.1:{stranger.getsockname()[1]}")
+        with pytest.raises(HarnessError, match="does not answer gRPC; it is not a data-service dispatcher"):
+            data_service.check_reachable(cfg, timeout_s=1)

@@ -141,3 +141,50 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     lines = stderr_error_lines(again)
     assert again.returncode == 2 and len(lines) == 1 and "holds the log of an unfinished run" in lines[0], again.stderr
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
+
+
+def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
+    """SIGTERM (SLURM, Kubernetes, preemption) after the first progress line: one `error:` line naming it, exit
+    143, the log under its incomplete name ending with the signal and an aborted run_stop, which `check` fails;
+    the same run_id again is refused and leaves every file as it was."""
+    stderr_path = tmp_path / "stderr"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(harness_cmd("run", LLAMA, "--output_dir", tmp_out,
+                                            *sets(schedule__target=0.01, run_id="terminated")),
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))
+        seen = []
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                if line.startswith("sample "):
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            seen += proc.stdout.readlines()
+            proc.wait(timeout=300)
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+    err = stderr_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted by SIGTERM"], err
+    assert "Traceback" not in err
+    folder = os.path.join(tmp_out, "llama31_8b", "terminated")
+    assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
+    log = os.path.join(folder, "incomplete_result_1.log")
+    lines = open(log).read().splitlines()
+    assert '"key": "harness_interrupted", "value": "SIGTERM"' in lines[-2], lines[-2:]
+    assert '"key": "run_stop"' in lines[-1] and '"status": "aborted", "interrupted_by": "SIGTERM"' in lines[-1]
+    check = run_cli("check", log)
+    assert check.returncode == 1 and "error: [interrupted] the run was stopped by SIGTERM" in check.stdout, \
+        check.stdout + check.stderr
+    before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
+    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated"))
+    errors = stderr_error_lines(again)
+    assert again.returncode == 2 and len(errors) == 1 and "holds the log of an unfinished run" in errors[0], again
+    # another seed would write its own log beside it, but config.yaml over this run's
+    other = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated", seed=2))
+    assert stderr_error_lines(other) == [f"error: {folder} already holds another run's files (config.yaml, "
+                                         f"incomplete_result_1.log); choose another run_id"], other
+    assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == before

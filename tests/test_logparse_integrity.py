@@ -8,7 +8,8 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.benchmark_rules import bert_eval_every
-from harness.review.integrity import check_eval_schedule, check_integrity, check_seeds
+from harness.review.integrity import (check_eval_schedule, check_integrity, check_seeds, check_status,
+                                     status_target)
 from harness.review.logparse import parse_lines, parse_log, summarize
 
 pytestmark = pytest.mark.quick
@@ -27,7 +28,8 @@ T0 = 1_600_000_000_000  # a realistic epoch-ms start; time_ms 0 means "untimed" 
 
 def good_log(evals=(4, 8, 12, 16), t_init=T0, stop_status="success", seed=1, benchmark="resnet",
              division="closed", batch=1024):
-    """A resnet-like run: init 0->60 s, run_start 60 s, 4-epoch blocks of 50 s, eval 10 s each."""
+    """A resnet-like run: init 0->60 s, run_start 60 s, 4-epoch blocks of 50 s, eval 10 s each; the last
+    eval (0.76) reaches the closed targets of resnet, bert and ssd."""
     out = [line("submission_benchmark", t_init, benchmark), line("submission_org", t_init, "Org"),
            line("submission_platform", t_init, "sys"), line("submission_division", t_init, division),
            line("init_start", t_init), line("global_batch_size", t_init + 1, batch),
@@ -42,7 +44,7 @@ def good_log(evals=(4, 8, 12, 16), t_init=T0, stop_status="success", seed=1, ben
         out.append(line("block_stop", t, first_epoch_num=prev))
         out.append(line("eval_start", t, epoch_num=e))
         t += 10_000
-        out.append(line("eval_accuracy", t, 0.5 + 0.07 * e / max(evals), epoch_num=e))
+        out.append(line("eval_accuracy", t, 0.7 + 0.06 * e / max(evals), epoch_num=e))
         out.append(line("eval_stop", t, epoch_num=e))
         prev = e
     if stop_status is not None:
@@ -70,6 +72,56 @@ def test_parse_tolerates_prefixes_garbage_and_broken_lines():
     assert s.init_time_s == pytest.approx(60.0)
 
 
+def test_the_broken_line_of_the_handmade_log_is_named():
+    bad = []
+    parse_log(os.path.join(DATA, "handmade", "prefixed_v07_style.log"), bad)
+    assert [(b.line_no, b.reason, b.kept) for b in bad] == [(5, "text after the JSON object", True),
+                                                            (6, "not JSON: Expecting value at column 70", False)]
+    assert bad[1].text.startswith(':::MLLOG {"namespace": "", "time_ms": 1003, "key": "broken"')
+    found = check_integrity(parse_log(os.path.join(DATA, "handmade", "prefixed_v07_style.log")), bad_lines=bad)
+    assert [(f.severity, f.code) for f in found if f.code in ("unparsable_line", "text_after_event")] == [
+        ("error", "unparsable_line"), ("warning", "text_after_event")]
+    assert next(f.message for f in found if f.code == "text_after_event").startswith(
+        "line 5 has text after the JSON object (read; the official checker cannot parse it): :::MLLOG {")
+
+
+@pytest.mark.parametrize("payload, reason", [
+    ('{"namespace": "", "time_ms": 5, "key": "eval_acc', "not JSON: Unterminated string starting at column"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"time_ms": 5, "value": 1, "metadata": {}}', "no string 'key'"),
+    ('{"key": "eval_accuracy", "value": 1, "metadata": {}}', "no numeric 'time_ms'"),
+    ('{"key": "eval_accuracy", "time_ms": "soon", "value": 1, "metadata": {}}', "no numeric 'time_ms'"),
+    ('{"key": "eval_accuracy", "time_ms": 5, "metadata": {}}', "no 'value'"),
+    ('{"key": "eval_accuracy", "time_ms": 5, "value": 1, "metadata": 3}', "no 'metadata' object"),
+])
+def test_mllog_lines_that_are_not_events_are_integrity_errors(payload, reason):
+    lines = good_log()
+    lines.insert(9, "[rank 0] :::MLLOG " + payload)
+    bad = []
+    events = parse_lines(lines, bad)
+    assert len(events) == len(good_log())
+    assert len(bad) == 1 and bad[0].line_no == 10 and bad[0].reason.startswith(reason)
+    assert bad[0].text == ("[rank 0] :::MLLOG " + payload)[:60] + ("..." if len(payload) > 42 else "")
+    errors = [f for f in check_integrity(events, bad_lines=bad) if f.severity == "error"]
+    assert [f.code for f in errors] == ["unparsable_line"]
+    assert errors[0].message.startswith(f"line 10 is not an MLLOG event ({reason}")
+    assert check_integrity(events) == []  # the lines are only known to whoever collected them
+
+
+def test_many_unparsable_lines_are_capped():
+    bad = []
+    events = parse_lines(good_log() + [":::MLLOG {"] * 5, bad)
+    found = check_integrity(events, bad_lines=bad)
+    assert len(found) == 4 and found[-1].message == "... and 2 more MLLOG lines that are not events"
+
+
+def test_a_log_of_only_unparsable_lines_names_the_first(tmp_path):
+    path = tmp_path / "result_0.txt"
+    path.write_text(':::MLLOG {"key": "init_start"}\n')
+    with pytest.raises(HarnessError, match="line 1 is not an MLLOG event \\(no numeric 'time_ms'\\)"):
+        parse_log(str(path))
+
+
 def test_parse_log_errors_are_harness_errors(tmp_path):
     with pytest.raises(HarnessError, match="no ':::MLLOG'"):
         parse_log(os.path.join(DATA, "handmade", "not_a_log.txt"))
@@ -84,7 +136,7 @@ def test_summary_fields_from_known_times():
     assert s.time_to_train_min == pytest.approx((4 * 60_000 + 1) / 60_000)
     assert s.train_time_s == pytest.approx(200.0) and s.eval_time_s == pytest.approx(40.0)
     assert s.epochs_or_samples_to_converge == 16 and len(s.evals) == 4
-    assert s.evals[-1][0] == 16 and s.evals[-1][1] == pytest.approx(0.57)
+    assert s.evals[-1][0] == 16 and s.evals[-1][1] == pytest.approx(0.76)
     # 16 epochs * 1000 samples inside 200 s of blocks
     assert s.throughput == pytest.approx(80.0)
 
@@ -151,6 +203,41 @@ def test_missing_run_markers_and_status():
     assert "missing_run_start" in codes(check_integrity(parse_lines(no_start)), "error")
     assert "run_stop_no_status" in codes(check_integrity(parse_lines(good_log(stop_status=None))), "error")
     assert "run_not_successful" in codes(check_integrity(parse_lines(good_log(stop_status="aborted"))))
+
+
+def test_more_than_one_run_stop_is_an_error():
+    lines = good_log()
+    stop = next(i for i, l in enumerate(lines) if '"run_stop"' in l)
+    twice = lines + [line("run_stop", T0 + 400_000, status="aborted")]
+    found = [f for f in check_integrity(parse_lines(twice)) if f.code == "run_stop_repeated"]
+    assert len(found) == 1 and found[0].severity == "error"
+    assert found[0].message.startswith(f"2 run_stop lines (lines {stop + 1}, {len(twice)})")
+    assert "run_stop_repeated" not in codes(check_integrity(parse_lines(lines)))
+
+
+def test_run_stop_status_must_agree_with_the_target():
+    def status_errors(lines, ruleset="4.0.0"):
+        events = parse_lines(lines)
+        return [f.message for f in check_status(events, status_target(events, ruleset))]
+
+    assert status_errors(good_log()) == []  # success, last eval 0.76 >= 0.759
+    aborted = status_errors(good_log(stop_status="aborted"))
+    assert len(aborted) == 1 and "says 'aborted' but eval_accuracy 0.76" in aborted[0]
+    assert "reached the target >= 0.759" in aborted[0]
+    missed = [l.replace('"value": 0.76', '"value": 0.75') for l in good_log()]
+    [msg] = status_errors(missed)
+    assert "says success but the last eval_accuracy 0.75" in msg and "does not reach the target >= 0.759" in msg
+    assert status_errors([l.replace('"success"', '"aborted"') for l in missed]) == []  # aborted, short of it
+    no_evals = [l for l in good_log() if '"eval_accuracy"' not in l]
+    assert "no eval_accuracy is logged" in status_errors(no_evals)[0]
+    # An open-division run sets its own target: nothing to judge it by.
+    assert status_errors(good_log(stop_status="aborted", division="open")) == []
+    # A target that reads lower-is-better (llama31_8b: log perplexity <= 3.3).
+    lm = [l.replace('"value": 0.76', '"value": 3.2') for l in good_log(benchmark="llama31_8b", stop_status="aborted")]
+    assert "reached the target <= 3.3" in status_errors(lm, "6.1.0")[0]
+    # check_integrity judges the status under the ruleset it is given.
+    assert "status_contradicts_evals" in codes(check_integrity(parse_lines(good_log(stop_status="aborted")),
+                                                               ruleset="4.0.0"), "error")
 
 
 def test_off_cadence_eval_inferred_and_explicit():
@@ -293,6 +380,9 @@ def test_check_eval_schedule_is_what_check_integrity_adds():
     events = parse_lines(good_log(evals=(1, 2, 3, 4, 5)))
     extra = [f for f in check_integrity(events, ruleset="4.0.0") if f not in check_integrity(events)]
     assert extra == check_eval_schedule(events, "4.0.0") != []
+    aborted = parse_lines(good_log(evals=(1, 2, 3, 4, 5), stop_status="aborted"))
+    extra = [f for f in check_integrity(aborted, ruleset="4.0.0") if f not in check_integrity(aborted)]
+    assert extra == check_eval_schedule(aborted, "4.0.0") + check_status(aborted, 0.759) != []
 
 
 # ---------------------------------------------------------------- real public v0.7 logs

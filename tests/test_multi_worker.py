@@ -99,16 +99,21 @@ def wait_for_block(procs: list[subprocess.Popen], log: str) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "SIGTERM"])
 def test_lost_worker_fails_the_survivor_with_one_line(tmp_out, fault):
-    """Worker 1 killed (dies) or stopped (stops answering) mid-run: the chief exits non-zero with one
-    error line naming worker 1, no traceback, and its log renamed incomplete."""
+    """Worker 1 killed (dies), stopped (stops answering) or sent SIGTERM (stops itself, as preemption asks)
+    mid-run: the chief exits non-zero with one error line naming worker 1, no traceback, and its log
+    renamed incomplete."""
     procs = start_workers(tmp_out, *ENDLESS)
     run_dir = os.path.join(tmp_out, "resnet", "mw")
     try:
         wait_for_block(procs, os.path.join(run_dir, "incomplete_result_1.log"))  # its name until the run ends
         procs[1].send_signal(getattr(signal, fault))
         stdout, stderr = procs[0].communicate(timeout=WAIT_S)
+        if fault == "SIGTERM":  # the worker itself says why it stopped
+            _, worker_stderr = procs[1].communicate(timeout=WAIT_S)
+            assert procs[1].returncode == 143 and error_lines(worker_stderr) == ["error: interrupted by SIGTERM"], \
+                worker_stderr
     finally:
         stop_all(procs)
     assert procs[0].returncode not in (0, None), stdout + stderr

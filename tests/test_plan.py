@@ -16,7 +16,7 @@ from harness.plan.calibrate import chips_from_platform, measure
 from harness.plan.project import solve_efficiency, step_time
 from harness.plan.system import available, load_system
 
-from conftest import REPO, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, run_cli, stderr_error_lines
 
 LAST_LINE = re.compile(r"^projected time to train: ([0-9.]+) min on (\d+) x (\S+) \(global batch (\d+)\)$")
 
@@ -253,6 +253,67 @@ def test_bad_system_file_and_bad_chip_counts_are_one_error_line(tmp_path):
         proc = run_cli("plan", ref, *args, timeout=120)
         lines = stderr_error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1 and want in lines[0], (args, proc.stderr[-500:])
+
+
+@pytest.mark.parametrize("batch", ["0", "-4"])
+def test_a_non_positive_global_batch_is_refused(batch):
+    proc = cli_in_process("plan", os.path.join(REPO, "configs", "resnet", "reference.yaml"), "--system", "tpu-v3",
+                          "--chips", "8", "--global_batch", batch)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"error: --global_batch {batch}: give a positive global batch (leave it "
+                                        "out for the config's)"]
+
+
+def test_chips_beyond_the_tables_largest_batch_are_refused_not_projected_past_the_cap(capsys):
+    ref = os.path.join(REPO, "configs", "resnet", "reference.yaml")
+    plan = planner.build(ref, [], "tpu-v3", [], None, None, False)
+    cap = int(max(b for b, _ in planner._table_points(plan)))  # the RCP table's largest batch
+    # At the cap the projection uses the batch its note states.
+    assert planner.main(ref, [], "tpu-v3", cap, None, [], None, False, False, None, False, None) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(f"capped at the convergence table's largest batch {cap}" in line for line in out)
+    assert LAST_LINE.match(out[-1]).group(4) == str(cap)
+    for chips in (cap + 1, 99999999999):
+        with pytest.raises(HarnessError) as e:
+            planner.main(ref, [], "tpu-v3", chips, None, [], None, False, False, None, False, None)
+        assert str(e.value) == (f"--chips {chips}: {chips} data-parallel replicas need a global batch of at least "
+                                f"{chips}, above the convergence table's largest batch {cap} (the config's is "
+                                f"{plan.cfg.schedule.global_batch_size}); use at most {cap} chips, or --global_batch N "
+                                f"(N >= {chips}) to project beyond the table")
+    # Asked for explicitly, a batch past the table is projected, flagged as outside it.
+    assert planner.main(ref, [], "tpu-v3", cap + 1, cap + 1, [], None, False, False, None, False, None) == 0
+    out = capsys.readouterr().out
+    assert "outside the table's range" in out and out.rstrip().endswith(f"(global batch {cap + 1})")
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"[1, 2]", "holds an array; expected a JSON object (a ModelCost, or a dry-run compile report"),
+    (b'"resnet"', "holds a string; expected a JSON object"),
+    (b"null", "holds null; expected a JSON object"),
+    (b'{"workload": ', "not JSON (Expecting value: line 1 column 14 (char 13)); expected a JSON object"),
+    (b"\xff\xfe{}", "not UTF-8 text; expected a JSON object"),
+    (b'{"workload": "resnet", "source": "x", "train_flops_per_sample": "lots"}',
+     "train_flops_per_sample must be a number, not 'lots'"),
+    (b'{"workload": "resnet", "params": 2.5}', "params must be a whole number, not 2.5"),
+])
+def test_a_model_cost_file_that_is_not_a_cost_object_is_one_line(tmp_path, content, says):
+    path = tmp_path / "cost.json"
+    path.write_bytes(content)
+    with pytest.raises(HarnessError) as e:
+        costs.from_file(str(path))
+    assert str(e.value).startswith(f"--model_cost {path}: {says}")
+
+
+def test_a_model_cost_list_through_the_cli(tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text("[]")
+    proc = cli_in_process("plan", os.path.join(REPO, "configs", "resnet", "reference.yaml"), "--system", "tpu-v3",
+                          "--chips", "8", "--model_cost", str(path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"error: --model_cost {path}: holds an array; expected a JSON object (a "
+                                        "ModelCost, or a dry-run compile report from run --dry_run --report_json)"]
+    with pytest.raises(HarnessError, match="a directory; expected a JSON object"):
+        costs.from_file(str(tmp_path))
 
 
 # ------------------------------------------------------------------------------------------ whole plans

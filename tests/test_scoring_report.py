@@ -201,3 +201,31 @@ def test_result_sets_split_by_submission_system_dir(tmp_path):
     md = open(write_report([str(tmp_path)], str(tmp_path / "out"), quiet=True)).read()
     assert "## resnet / Org / sys [sysA]" in md and "**Olympic score: 11.000 min**" in md
     assert "## resnet / Org / sys [sysB]" in md and "**Olympic score: 21.000 min**" in md
+
+
+def test_report_counts_and_shows_unparsable_mllog_lines(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    write_logs(str(logs), [(10, "success"), (11, "success"), (12, "success")])
+    with open(logs / "result_1.txt", "a") as f:
+        f.write(':::MLLOG {"namespace": "", "time_ms": 1600000900000, "key": "eval_acc\n:::MLLOG [1]\n')
+    md = open(write_report([str(logs)], str(tmp_path / "out"))).read()
+    assert "resnet / Org / sys: 3 run(s), olympic score 11.000 min, 2 integrity error(s)" in capsys.readouterr().out
+    assert "| result_1.txt | 1 | success | 11.000 | 4 | 0.7600 | 60.0 | - | 0.0 | - | 2 error(s), 0 warning(s) |" in md
+    assert ("- **error** `unparsable_line` result_1.txt: line 15 is not an MLLOG event (not JSON: Unterminated "
+            'string starting at column 61): :::MLLOG {"namespace": "", "time_ms": 1600000900000, "key": ...') in md
+    assert "- **error** `unparsable_line` result_1.txt: line 16 is not an MLLOG event (not a JSON object): " \
+        ":::MLLOG [1]" in md
+
+
+def test_report_holds_the_status_to_the_evals(tmp_path):
+    logs = tmp_path / "logs"
+    write_logs(str(logs), [(10, "success"), (11, "aborted"), (12, "success")])
+    md = open(write_report([str(logs)], str(tmp_path / "out"), quiet=True)).read()
+    [found] = [l for l in md.splitlines() if "`status_contradicts_evals`" in l]
+    assert found.startswith("- **error** `status_contradicts_evals` result_1.txt: run_stop (line 14) says "
+                            "'aborted' but eval_accuracy 0.76 (line 12) reached the target >= 0.759")
+    # With a target given for the benchmark, that one judges it.
+    md = open(write_report([str(logs)], str(tmp_path / "out2"), targets={"resnet": 0.8}, quiet=True)).read()
+    assert [l for l in md.splitlines() if "`status_contradicts_evals`" in l] == [
+        f"- **error** `status_contradicts_evals` result_{i}.txt: run_stop (line 14) says success but the last "
+        f"eval_accuracy 0.76 (line 12) does not reach the target >= 0.8" for i in (0, 2)]

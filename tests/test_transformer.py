@@ -359,3 +359,18 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
     assert same >= 29, f"{30 - same} of 30 hypotheses differ"
     assert len({tuple(h) for h in single["hyps"]}) > 1  # the decode is not degenerate
     np.testing.assert_allclose(mesh["bleu"], single["bleu"], atol=0.02)
+
+
+def test_records_that_are_not_examples_are_named_before_any_log(tmp_path):
+    _, fields = write_wmt_files(str(tmp_path))
+    first, last = sorted(glob.glob(os.path.join(str(tmp_path), "*encoded-train*")))
+    sound = next(iter(tf.data.TFRecordDataset(last))).numpy()
+    with tf.io.TFRecordWriter(last) as w:  # record 0 sound, the rest not protocol buffers: met by the count
+        w.write(sound)
+        for _ in range(3):
+            w.write(b"\x07\x00 not a protocol buffer")
+    base = data_sets(fields) + ["submission.division=open"]
+    refused(tmp_path, base, f"^{last}: a record is not a tf.train.Example \\(Could not parse example input\\)$")
+    with tf.io.TFRecordWriter(first) as w:  # a whole shard of something else: met by the check of record 0
+        w.write(b"\x07\x00 not a protocol buffer")
+    refused(tmp_path, base, f"^{first}: its records are not tf.train.Example protos")

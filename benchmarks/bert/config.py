@@ -45,7 +45,8 @@ class ModelConfig:
     attention_dropout: float = field(0.1, min=0.0, max=1.0)
     init_stddev: float = field(0.02, min=0.0)
     layer_norm_epsilon: float = field(1e-12, min=0.0)
-    init_checkpoint: str = field("", doc="TF checkpoint (reference variable names) loaded during init")
+    init_checkpoint: str = field("", doc="TF checkpoint (reference variable names) or Hugging Face checkpoint "
+                                 "directory (BertForPreTraining) loaded during init")
 
 
 @dataclasses.dataclass

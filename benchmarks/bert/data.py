@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import check_count, counted_records, list_files, sharded_records
+from harness.train.datafiles import check_count, check_examples, counted_records, list_files, sharded_records
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -62,6 +62,9 @@ class TFRecordSource:
         for key, counted in self.counts().items():
             pattern = self.cfg.train_pattern if key == "train_samples" else self.cfg.eval_pattern
             check_count(key, getattr(self.cfg, key), counted, "sequences", f"{pattern} under {self.cfg.data_dir}")
+        for pattern in (self.cfg.train_pattern, self.cfg.eval_pattern):
+            check_examples(self.files(pattern), self.spec, "MLPerf BERT sequences (input_ids, input_mask, "
+                           "segment_ids, masked_lm_*, next_sentence_labels)")
 
     def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
         return to_model_features(tf.io.parse_single_example(record, self.spec))

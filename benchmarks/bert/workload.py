@@ -3,6 +3,7 @@ accuracy over the whole eval set, evaluation cadence and epoch numbers counted i
 from __future__ import annotations
 
 import math
+import os
 
 from typing import Any
 
@@ -10,11 +11,12 @@ import tensorflow as tf
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
+from harness.nn import hf_checkpoint
 from harness.nn.optim import LAMB
 from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.bert import tensor_names, checkpoint, config, data
+from benchmarks.bert import tensor_names, checkpoint, config, data, hf_names
 from benchmarks.bert.model import Bert
 
 
@@ -50,6 +52,8 @@ class BertWorkload(Workload):
     RULESET_NOTE = ("MLPerf Training 5.1 retired BERT: the 5.1.0 checker's closed and open common rules reject "
                     "submission_benchmark 'bert' (mlperf-logging 4.1.68)")
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    HF_FORMAT = hf_checkpoint.Format(hf_names.layout, hf_names.config_problems,
+                                     lambda cfg, dtype: hf_names.hf_config(cfg.model, dtype))
     METRIC = "masked-LM accuracy"
 
     def __init__(self, cfg, runtime) -> None:
@@ -111,6 +115,8 @@ class BertWorkload(Workload):
         self.validate_config()
         if m.init_checkpoint and not tf.io.gfile.glob(m.init_checkpoint + "*"):
             raise HarnessError(f"model.init_checkpoint {m.init_checkpoint} does not exist")
+        if m.init_checkpoint and os.path.isdir(m.init_checkpoint):
+            hf_checkpoint.check_config(m.init_checkpoint, self.HF_FORMAT, m)
         self.source.validate()
 
     def validate_config(self) -> None:
@@ -131,7 +137,9 @@ class BertWorkload(Workload):
     def build(self) -> None:
         c = self.cfg
         self.model = Bert(self.runtime, c.seed, c.model)
-        if c.model.init_checkpoint:
+        if c.model.init_checkpoint and os.path.isdir(c.model.init_checkpoint):
+            hf_checkpoint.load_into(self.runtime, c.model.init_checkpoint, self.HF_FORMAT, c.model)
+        elif c.model.init_checkpoint:
             checkpoint.load(self.runtime, c.model.hidden_size, c.model.init_checkpoint)
         o = c.optimizer
         schedule = lamb_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps, o.start_warmup_step,

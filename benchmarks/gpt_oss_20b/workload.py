@@ -12,10 +12,11 @@ from typing import Any
 import tensorflow as tf
 
 from harness.errors import HarnessError
+from harness.nn.hf_checkpoint import Format
 from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm
 
-from benchmarks.gpt_oss_20b import config
+from benchmarks.gpt_oss_20b import config, hf_names
 from benchmarks.gpt_oss_20b.model import GptOss
 from benchmarks.lm.workload import DecoderLMWorkload
 
@@ -50,6 +51,8 @@ class GptOssWorkload(DecoderLMWorkload):
     DRY_RUN_LINEAR = {"model.num_layers": (2, 4), "model.expert_hidden": (8, 16), "model.vocab_size": (512, 1024)}
     DRY_RUN_PAIRS = (("model.num_layers", "model.expert_hidden"),)
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, "model.num_experts": "experts", "model.expert_hidden": "ff"}
+    HF_FORMAT = Format(hf_names.layout, hf_names.config_problems,
+                       lambda cfg, dtype: hf_names.hf_config(cfg.model, cfg.data.seq_length, dtype))
 
     def validate_model(self) -> None:
         m, d = self.cfg.model, self.cfg.data

@@ -4,9 +4,11 @@ for the target 3.3; 6.1.0's disclosure keys logged in all three): the decoder LM
 grouped-query attention with Llama 3.1's RoPE scaling, every position trained and scored."""
 from __future__ import annotations
 
+from harness.nn.hf_checkpoint import Format
 from harness.train.reference import ReferenceModel
 
 from benchmarks.llama31_8b import config
+from benchmarks.lm import hf_names
 from benchmarks.lm.llama import LLAMA_SPLIT_DIMS, Llama
 from benchmarks.lm.workload import DecoderLMWorkload
 
@@ -31,6 +33,8 @@ class LlamaWorkload(DecoderLMWorkload):
     # at full width and extrapolates (harness.train.dryrun.linear_stand_in).
     DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.vocab_size": (512, 1024)}
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, **LLAMA_SPLIT_DIMS}
+    HF_FORMAT = Format(hf_names.llama_layout, hf_names.llama_config_problems,
+                       lambda cfg, dtype: hf_names.llama_config(cfg.model, cfg.data.seq_length, dtype))
 
     def validate_model(self) -> None:
         self.cfg.model.validate()

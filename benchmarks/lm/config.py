@@ -21,6 +21,8 @@ class DecoderModelConfig:
     rope_base: float = field(500000.0, min=1.0)
     norm_epsilon: float = field(1e-5, min=0.0)
     init_stddev: float = field(0.02, min=0.0, doc="normal init of the weights (init_method_std)")
+    init_checkpoint: str = field("", doc="a Hugging Face checkpoint directory (config.json, safetensors) "
+                                 "loaded into the model after it is built, before the timed run (open division)")
     remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): only "
                         "each layer's input is kept for the backward pass, at the cost of a second forward pass")
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
-from harness.nn import cross_entropy
+from harness.nn import cross_entropy, hf_checkpoint
 from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel, lookup
@@ -88,6 +88,8 @@ class DecoderLMWorkload(Workload):
     def validate(self) -> None:
         self.validate_config()
         self.source.validate()
+        if self.cfg.model.init_checkpoint:
+            hf_checkpoint.check_config(self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
         d = self.cfg.data
         if self.cfg.submission.division == "closed" and d.source == "indexed" and d.train_samples:
             rows = self.source.indexed_rows(d.train_prefix)
@@ -104,6 +106,10 @@ class DecoderLMWorkload(Workload):
             d.train_samples = self.cfg.optimizer.max_steps * self.cfg.schedule.global_batch_size
             notes.append(f"data.train_samples stood in as optimizer.max_steps x global batch = {d.train_samples} "
                          f"rows (the index files are not read)")
+        if self.cfg.model.init_checkpoint:
+            notes.append(f"model.init_checkpoint {self.cfg.model.init_checkpoint} not read: weights from the "
+                         f"initializers")
+            self.cfg.model.init_checkpoint = ""  # the dry run's own config: build() then reads no file
         row = {"tokens": tf.TensorSpec([d.seq_length + 1], tf.int32)}
         return row, dict(row), notes
 
@@ -129,6 +135,9 @@ class DecoderLMWorkload(Workload):
                 raise HarnessError(f"closed {self.NAME}: the rules fix optimizer.end_learning_rate at 0.1 x "
                                    f"base_learning_rate = {0.1 * o.base_learning_rate:g} (got "
                                    f"{o.end_learning_rate:g}){fix}")
+            if m.init_checkpoint:
+                raise HarnessError(f"closed {self.NAME} pretrains from the reference's random initialization: "
+                                   f"remove model.init_checkpoint{fix}")
         if m.num_heads % m.num_kv_heads:
             raise HarnessError(f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
                                f"{m.num_kv_heads}")
@@ -150,6 +159,8 @@ class DecoderLMWorkload(Workload):
     def build(self) -> None:
         o = self.cfg.optimizer
         self.model = self.make_model()
+        if self.cfg.model.init_checkpoint:
+            hf_checkpoint.load_into(self.runtime, self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
         schedule = cosine_warmup_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps,
                                           self.decay_steps)
         self.optimizer = AdamW(self.runtime, self.runtime.variables(trainable=True), schedule,

@@ -74,6 +74,33 @@ class ModelConfig:
         False, doc="last batch norm of each block starts at gamma 0 (Google's TPU code, NVIDIA's BNZeroInit); "
         "false = gamma 1, as both TF references")
     label_smoothing: float = field(0.1, min=0.0, max=1.0)
+    conv_padding: str = field(
+        "ruleset", choices=("ruleset", "same", "fixed"),
+        doc="how the stride-2 3x3 convs pad. same: TF 'SAME' (0/1 at even sizes), the TF2 reference's; "
+        "fixed: 1/1 whatever the size, the TF1 reference's; ruleset: the reference of the run's `ruleset` "
+        "(0.7.0: fixed, 1.0.0 on: same). The 7x7/2 stem pads 3/3 and the max pool 'SAME' in both")
+
+
+def strided_padding(model: ModelConfig, ruleset: str) -> str:
+    """The padding of the stride-2 3x3 convs for a run of `ruleset`: `model.conv_padding`, or with
+    `ruleset`, the padding of the MLPerf reference that ruleset names (below)."""
+    if model.conv_padding != "ruleset":
+        return model.conv_padding
+    return "fixed" if ruleset in TF1_RULESETS else "same"
+
+
+# The MLPerf ResNet references in mlcommons/training, by the rulesets whose rounds name them:
+# - 0.7.0: the TF1 reference, image_classification/tensorflow/official/resnet/resnet_model.py (one blob, ea77cb15,
+#   from 6cb3d426392b7b13f239899c13a153feb49a1c20 (2019) to the v0.7 round's 373dfedaa34a5c502e2e0d762e2b9fb20074762e):
+#   conv2d_fixed_padding pads every strided conv (kernel - 1) // 2 before and the rest after, then a VALID conv
+#   (3x3/2: 1/1; 7x7/2: 3/3); the max pool is max_pooling2d(3, 2, 'SAME').
+# - 1.0.0-4.0.0: the TF2 reference, image_classification/tensorflow2/resnet_model.py (one blob, 6a04b2cb, from
+#   e821074526f6d6619baacf70a216a59318adb32c (May 2021; its README: "the README for v1.0 using the TensorFlow2
+#   model") through tag v4.0, 10786e3c3b844c1138d6a702fc6c8ba1d376c7bb): conv_block's strided 3x3 is
+#   Conv2D(padding='same'), 0/1 at 56, 28 and 14; the stem is ZeroPadding2D(3) then a valid 7x7/2 (3/3); the
+#   max pool is MaxPooling2D(3, 2, padding='same').
+# The two differ only in the strided 3x3 convs (the 1x1/2 projections pad nothing in either).
+TF1_RULESETS = ("0.7.0",)
 
 
 @dataclasses.dataclass

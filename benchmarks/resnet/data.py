@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import check_count, counted_records, list_files, sharded_records
-from harness.errors import HarnessError
+from harness.train.datafiles import check_count, check_examples, counted_records, list_files, sharded_records
+from harness.errors import BAD_DATA_MARK, HarnessError
 from harness.runtime.base import InputContext
 from harness.train.input_pipeline import to_uint8
 
@@ -222,6 +222,11 @@ BOX_KEYS = ("ymin", "xmin", "ymax", "xmax")  # the reference's order for sample_
 BOX_FEATURES = {f"image/object/bbox/{k}": tf.io.RaggedFeature(tf.float32) for k in BOX_KEYS}
 
 
+def numbered_records(file: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The records of one file as (file, index in it, record): what an in-graph check about a record names."""
+    return tf.data.TFRecordDataset(file).enumerate().map(lambda i, record: (file, i, record))
+
+
 def image_dtype(cfg: DataConfig, compute_dtype: tf.DType) -> tf.DType:
     """The dtype of the images the host sends (see `data.images_in_compute_dtype`)."""
     return compute_dtype if cfg.images_in_compute_dtype else tf.float32
@@ -255,15 +260,21 @@ class TFRecordSource:
         for key, counted in self.counts().items():
             pattern = self.cfg.train_pattern if key == "train_samples" else self.cfg.eval_pattern
             check_count(key, getattr(self.cfg, key), counted, "images", f"{pattern} under {self.cfg.data_dir}")
+        for pattern in (self.cfg.train_pattern, self.cfg.eval_pattern):
+            check_examples(self.files(pattern), FEATURES, "ImageNet images (image/encoded JPEG, "
+                           "image/class/label)")
 
-    def parse(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return self._parse(record, FEATURES)[:2]
+    def parse(self, record: tf.Tensor, where: list | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        return self._parse(record, FEATURES, where)[:2]
 
-    def parse_with_boxes(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def parse_with_boxes(self, record: tf.Tensor, where: list | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Image, label and the record's object boxes as [1, N, 4] (N = 0 when it has none)."""
-        return self._parse(record, {**FEATURES, **BOX_FEATURES})
+        return self._parse(record, {**FEATURES, **BOX_FEATURES}, where)
 
-    def _parse(self, record: tf.Tensor, features: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def _parse(self, record: tf.Tensor, features: dict,
+               where: list | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`where` names the record in a failed check (items of a tf.debugging.Assert: strings and tensors)."""
+        where = where or [f"a record under {self.cfg.data_dir}"]
         ex = tf.io.parse_single_example(record, features)
         if BOX_FEATURES.keys() <= ex.keys():
             coords = [ex[f"image/object/bbox/{k}"] for k in BOX_KEYS]
@@ -274,8 +285,8 @@ class TFRecordSource:
         # A wrong label_offset would otherwise give all-zero one-hot targets and train on silently.
         check = tf.debugging.Assert(
             tf.logical_and(label >= 0, label < self.cfg.num_classes),
-            ["corrupt or mislabeled record: image/class/label minus data.label_offset is outside "
-             "[0, data.num_classes):", label])
+            [BAD_DATA_MARK, *where, "has image/class/label minus data.label_offset =", label,
+             f"outside [0, {self.cfg.num_classes}) (data.num_classes; a wrong data.label_offset?)"])
         with tf.control_dependencies([check]):
             return tf.identity(ex["image/encoded"]), tf.identity(label), boxes
 
@@ -285,21 +296,29 @@ class TFRecordSource:
         c = self.cfg
         ds = sharded_records(self.files(c.train_pattern), ctx, c.shuffle_buffer, cycle_length=c.parallel_reads,
                              deterministic=None, repeat=repeat, read_threads=c.read_threads,
-                             read_ahead=True)
+                             read_ahead=True, reader=numbered_records)
         size = c.image_size
         base = tf.constant([ctx.seed, ctx.host_id], tf.int64)
 
         prep = self.prep
 
-        def preprocess(index: tf.Tensor, record: tf.Tensor) -> dict[str, tf.Tensor]:
-            encoded, label, boxes = self.parse_with_boxes(record)
+        def preprocess(index: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
+            file, number, record = item
+            where = ["record", number, "of", file]
+            encoded, label, boxes = self.parse_with_boxes(record, where)
+            # A record whose image is not a JPEG at all (another format, garbage) is named here; the decoder's
+            # own error could not say which record it met.
+            is_jpeg = tf.debugging.Assert(tf.io.is_jpeg(encoded), [BAD_DATA_MARK, *where,
+                                                                   "has an image/encoded that is not a JPEG"])
+            with tf.control_dependencies([is_jpeg]):
+                encoded = tf.identity(encoded)
             seed = tf.stack([base[0] * 1000003 + base[1], index])
             image = random_resized_crop_jpeg(encoded, size, seed, prep, boxes if prep.dataset_boxes else None,
                                              c.decode_and_crop, flip=not c.flip_on_device)
             return train_features(image, label, seed, c, prep, self.image_dtype)
 
         if not repeat:  # every service job would restart the index at 0: draw each example's crop seed
-            return ds.map(lambda r: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), r),
+            return ds.map(lambda *item: preprocess(tf.random.uniform([], 0, 1 << 62, tf.int64), item),
                           num_parallel_calls=tf.data.AUTOTUNE)
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -307,7 +326,7 @@ class TFRecordSource:
         return tf.data.TFRecordDataset(self.files(self.cfg.eval_pattern))
 
     def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
-        encoded, label = self.parse(record)
+        encoded, label = self.parse(record, [f"an eval record ({self.cfg.eval_pattern} under {self.cfg.data_dir})"])
         image = tf.image.decode_jpeg(encoded, channels=3)
         image = normalize(eval_crop(image, self.cfg.image_size, self.prep), self.prep)
         return {"image": tf.cast(image, self.image_dtype), "label": label}

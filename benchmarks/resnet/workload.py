@@ -17,9 +17,9 @@ from benchmarks.resnet.model import ResNet
 
 
 # ResNet-50 v1.5 on 224 px ImageNet-1k (the MLPerf reference); both TF references start every BN gamma at 1.
-REFERENCE_MODEL = ReferenceModel("ResNet-50 v1.5", {
+REFERENCE_VALUES = {
     "model.blocks": [3, 4, 6, 3], "model.width": 64, "model.stem": "imagenet", "model.zero_init_residual": False,
-    "data.image_size": 224, "data.num_classes": 1000})
+    "data.image_size": 224, "data.num_classes": 1000}
 
 
 class ResNetWorkload(Workload):
@@ -39,7 +39,18 @@ class ResNetWorkload(Workload):
         self.bn_span = self.bn_group * self.replica_batch
 
     def reference_model(self) -> ReferenceModel:
-        return REFERENCE_MODEL
+        """ResNet-50 v1.5 with the strided-conv padding of the run's ruleset's reference (config.TF1_RULESETS)."""
+        padding = config.strided_padding(config.ModelConfig(), self.cfg.ruleset)
+        return ReferenceModel("ResNet-50 v1.5", {**REFERENCE_VALUES, "model.conv_padding": padding})
+
+    def model_settings(self) -> dict[str, Any]:
+        settings = super().model_settings()
+        settings["model.conv_padding"] = self.padding
+        return settings
+
+    @property
+    def padding(self) -> str:
+        return config.strided_padding(self.cfg.model, self.cfg.ruleset)
 
     def validate(self) -> None:
         if self.cfg.submission.division == "closed":
@@ -83,7 +94,7 @@ class ResNetWorkload(Workload):
 
     def build(self) -> None:
         c = self.cfg
-        self.model = ResNet(self.runtime, c.seed, c.model, c.data.num_classes, self.bn_group)
+        self.model = ResNet(self.runtime, c.seed, c.model, c.data.num_classes, self.bn_group, self.padding)
         o = c.optimizer
         schedule = poly_warmup_schedule(o.base_learning_rate, self.warmup_steps(), self.decay_steps(),
                                         o.end_learning_rate, o.poly_power)

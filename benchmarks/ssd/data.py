@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import cached_count, check_count, counted_records, list_files, sharded_records
-from harness.errors import BAD_DATA_MARK, HarnessError
+from harness.train.datafiles import (cached_count, check_count, check_examples, counted_records, file_error, list_files,
+                                     sharded_records)
+from harness.errors import BAD_DATA_MARK, HarnessError, op_error_line
 from harness.runtime.base import InputContext
 from harness.train.input_pipeline import to_uint8
 
@@ -390,6 +391,14 @@ def _records_with_objects(file: tf.Tensor) -> tf.data.Dataset:
     return tf.data.TFRecordDataset(file).map(pair).filter(_has_objects)
 
 
+def _named_errors(ds: tf.data.Dataset, path: str) -> Iterator[Any]:
+    """The elements of `ds` (read from the file `path`); a record it cannot read or parse is one line naming it."""
+    try:
+        yield from ds
+    except tf.errors.OpError as e:
+        raise HarnessError(f"{path}: {op_error_line(e.message) or type(e).__name__}") from None
+
+
 def _check_count(what: str, want: int, have: int, key: str, where: str) -> None:
     check_count(key, want, have, what, where)
 
@@ -404,8 +413,14 @@ def _boxes_per_record(records: tf.Tensor) -> tf.Tensor:
 
 def count_images_with_boxes(files: list[str]) -> int:
     """Records of `files` with at least one box: the images training uses (empty ones are dropped)."""
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(8, len(files))).batch(1024).map(_boxes_per_record)
-    return sum(int(np.count_nonzero(n)) for n in ds.as_numpy_iterator())
+    def count(paths: list[str]) -> int:
+        ds = tf.data.TFRecordDataset(paths, num_parallel_reads=min(8, len(paths))).batch(1024).map(_boxes_per_record)
+        return sum(int(np.count_nonzero(n)) for n in ds.as_numpy_iterator())
+
+    try:
+        return count(files)
+    except tf.errors.OpError as e:  # a record that is not an Example with float box lists
+        raise file_error(files, lambda f: count([f]), e, "COCO training records") from None
 
 
 def _indexed(ds: tf.data.Dataset, repeat: bool) -> tf.data.Dataset:
@@ -705,7 +720,7 @@ class TFRecordSource(_Source):
             if left is not None:
                 ds = ds.take(left)
             ds = ds.batch(256).map(_parse_scan_batch)
-            for batch in ds:
+            for batch in _named_errors(ds, path):
                 size = int(batch["image/height"].shape[0])
                 cols = {k: tf.RaggedTensor.from_sparse(v).to_list() for k, v in batch.items()
                         if isinstance(v, tf.sparse.SparseTensor)}
@@ -775,7 +790,8 @@ class TFRecordSource(_Source):
 
     def validate(self) -> None:
         train_files = self._files(self.cfg.train_pattern)
-        self._files(self.cfg.eval_pattern)
+        for files in (train_files, self._files(self.cfg.eval_pattern)):
+            check_examples(files, ("image/encoded",), "COCO images (image/encoded, image/object/bbox/*)")
         self._annotations()
         self._check_ids()
         _check_count("eval images", self.cfg.eval_samples, len(self._eval()["ids"]), "eval_samples",

@@ -14,7 +14,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import tensorflow as tf
 
-from harness.train.datafiles import cached_count, check_count, list_files, sharded_records
+from harness.train.datafiles import (cached_count, check_count, check_examples, file_error, first_record, list_files,
+                                     sharded_records)
 from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 
@@ -177,17 +178,9 @@ class TFRecordSource(Source):
 
     def validate(self) -> None:
         files = self.files()
-        first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
-        if first is None:
+        if first_record(files[0]) is None:
             raise HarnessError(f"{files[0]} holds no records")
-        try:
-            example = tf.train.Example.FromString(first.numpy())
-        except Exception:  # noqa: BLE001 - any parse failure is a corrupt file
-            raise HarnessError(f"{files[0]}: the first record is not a tf.Example") from None
-        missing = [k for k in self.SPEC if k not in example.features.feature]
-        if missing:
-            raise HarnessError(f"{files[0]}: records lack feature(s) {', '.join(missing)} (expected int64 "
-                               f"'inputs' and 'targets', the reference's encoded format)")
+        check_examples(files, self.SPEC, "int64 'inputs' and 'targets', the reference's encoded format")
         if self.cfg.train_samples:
             check_count("train_samples", self.cfg.train_samples, self.counted_rows(), "training rows",
                         f"{self.cfg.train_pattern} under {self.cfg.data_dir} (packed as data.packing, "
@@ -204,8 +197,16 @@ class TFRecordSource(Source):
             files, c = self.files(), self.cfg
             settings = {"row_length": self.row_length, "max_sequence_length": c.max_sequence_length,
                         "packing": c.packing}
-            self._rows_counted = cached_count(files, "packed rows", settings, lambda: packing.count_rows(
-                _pair_lengths(files), self.row_length, c.max_sequence_length, c.packing))
+
+            def count() -> int:
+                try:
+                    return packing.count_rows(_pair_lengths(files), self.row_length, c.max_sequence_length,
+                                              c.packing)
+                except tf.errors.OpError as e:  # a record that is not an Example of int64 lists
+                    raise file_error(files, lambda f: sum(1 for _ in _pair_lengths([f])), e,
+                                     f"{c.train_pattern} under {c.data_dir}") from None
+
+            self._rows_counted = cached_count(files, "packed rows", settings, count)
         return self._rows_counted
 
     def parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:

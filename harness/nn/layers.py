@@ -98,23 +98,40 @@ class Dense(Block):
 
 
 class Conv2D(Block):
+    """Convolution without bias, He fan-in init. Stride 1 pads TF 'SAME' ((size - 1) // 2 before, the rest
+    after). A strided conv pads as `padding` says, since the MLPerf references differ there:
+
+    - "fixed": (size - 1) // 2 zeros before and the rest after, whatever the input size, then a VALID conv:
+      the TF1 ResNet reference's `fixed_padding` (3x3/2 pads 1/1, 7x7/2 3/3), and the TF2 reference's stem
+      (ZeroPadding2D(3) then a valid 7x7/2).
+    - "same": TF/Keras 'SAME', which depends on the input size: pad_total = max((ceil(in / stride) - 1) *
+      stride + size - in, 0), pad_total // 2 before and the rest after; a 3x3/2 pads 0/1 at even sizes and
+      1/1 at odd ones. The TF2 ResNet reference's strided 3x3 convs (Conv2D(padding='same')).
+
+    Both give ceil(in / stride) outputs for an odd `size`, so shapes and FLOPs do not depend on the choice.
+    """
+
+    PADDINGS = ("fixed", "same")
+
     def __init__(self, runtime: Runtime, path: str, seed: int, in_ch: int, out_ch: int, size: int,
-                 stride: int = 1) -> None:
+                 stride: int = 1, padding: str = "fixed") -> None:
         super().__init__(runtime, path, seed)
+        if padding not in self.PADDINGS:
+            raise ValueError(f"{path}: padding {padding!r} is not one of {self.PADDINGS}")
         self.stride = stride
         self.size = size
+        self.padding = padding
         self.kernel = self.var("kernel", (size, size, in_ch, out_ch), (None, None, None, "channels"),
                                he_normal_fan_in(f"{path}/kernel", seed))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         kernel = tf.cast(self.kernel, self.dtype)
         x = tf.cast(x, self.dtype)
-        if self.stride > 1:
-            # Explicit padding independent of input size, as in the MLPerf reference ("fixed padding").
+        if self.stride > 1 and self.padding == "fixed":
             pad = self.size - 1
             x = tf.pad(x, [[0, 0], [pad // 2, pad - pad // 2], [pad // 2, pad - pad // 2], [0, 0]])
             return tf.nn.conv2d(x, kernel, self.stride, "VALID")
-        return tf.nn.conv2d(x, kernel, 1, "SAME")
+        return tf.nn.conv2d(x, kernel, self.stride, "SAME")
 
 
 class BatchNorm(Block):

@@ -17,6 +17,20 @@ from typing import Any
 from harness.errors import HarnessError
 
 
+_KIND_WORDS = {"float": "a number", "int": "a whole number", "str": "a string"}
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    """Whether a JSON value fits a ModelCost field annotated `kind` ('float', 'int' or 'str'; others: any)."""
+    if kind not in _KIND_WORDS:
+        return True
+    if kind == "str":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return kind == "float" or float(value).is_integer()
+
+
 @dataclasses.dataclass
 class ModelCost:
     workload: str
@@ -51,6 +65,11 @@ class ModelCost:
         unknown = sorted(set(data) - names)
         if unknown:
             raise HarnessError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        # A string or null where a number belongs would only fail later, deep in the projection.
+        wrong = [f"{f.name} must be {_KIND_WORDS[f.type]}, not {data[f.name]!r}" for f in dataclasses.fields(cls)
+                 if f.name in data and not _of_kind(data[f.name], f.type)]
+        if wrong:
+            raise HarnessError(f"{where}: {'; '.join(wrong)}")
         try:
             return cls(**data)
         except TypeError as e:
@@ -71,14 +90,27 @@ def analytic(cfg: Any) -> ModelCost:
     return workload_cost_module(cfg.workload).model_cost(cfg)
 
 
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
+               type(None): "null"}
+EXPECTED = "a JSON object (a ModelCost, or a dry-run compile report from run --dry_run --report_json)"
+
+
 def from_file(path: str) -> ModelCost:
     if not os.path.isfile(path):
-        raise HarnessError(f"--model_cost {path}: no such file")
+        raise HarnessError(f"--model_cost {path}: {'a directory' if os.path.isdir(path) else 'no such file'}; "
+                           f"expected {EXPECTED}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
+    except OSError as e:
+        raise HarnessError(f"--model_cost {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise HarnessError(f"--model_cost {path}: not UTF-8 text; expected {EXPECTED}") from None
     except json.JSONDecodeError as e:
-        raise HarnessError(f"--model_cost {path}: not JSON ({e})") from None
+        raise HarnessError(f"--model_cost {path}: not JSON ({e}); expected {EXPECTED}") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"--model_cost {path}: holds {_JSON_KINDS.get(type(data), 'no object')}; expected "
+                           f"{EXPECTED}")
     if "train_flops_per_replica_step" in data:  # a CompileReport.to_dict()
         return from_compile_report_dict(data, None)
     cost = ModelCost.from_dict(data, f"--model_cost {path}")

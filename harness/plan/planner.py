@@ -161,11 +161,19 @@ def header(plan: Plan) -> list[str]:
 
 def default_batch(plan: Plan, chips: int) -> tuple[int, str]:
     """A global batch for `chips` when the config's cannot fill them: the calibration logs' per-chip batch
-    (else one sample per replica) held up to the convergence table's largest batch, as --sweep does."""
+    (else one sample per replica) held up to the convergence table's largest batch, as --sweep does;
+    HarnessError when even one sample per replica is above that batch (--sweep leaves such points out)."""
     replicas = chips // plan.mesh_model_axis
     per_chip = plan.measurement.global_batch / plan.measurement.chips if plan.measurement else 1.0
     points = _table_points(plan)
     cap = max(b for b, _ in points) if points else replicas * per_chip
+    if replicas > cap:
+        # No batch both fills the replicas and stays in the table; projecting at `replicas` would break the cap.
+        raise HarnessError(f"--chips {chips}: {replicas} data-parallel replicas need a global batch of at least "
+                           f"{replicas}, above the convergence table's largest batch {cap:g} (the config's is "
+                           f"{plan.cfg.schedule.global_batch_size}); use at most "
+                           f"{int(cap) * plan.mesh_model_axis} chips, or --global_batch N (N >= {replicas}) to "
+                           f"project beyond the table")
     batch = int(max(replicas, min(cap, round(per_chip * chips))))
     held = f"the calibration logs' {per_chip:g} per chip" if plan.measurement else "one sample per replica"
     return batch, f"{held}, capped at the convergence table's largest batch {cap:g}"
@@ -333,14 +341,15 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
          compile_model: bool, out_dir: str | None) -> int:
     if chips is None:
         raise HarnessError("plan needs --chips N")
+    if global_batch is not None and global_batch < 1:
+        raise HarnessError(f"--global_batch {global_batch}: give a positive global batch (leave it out for the "
+                           f"config's)")
     if not system_name:
         raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
     check_chips(load_system(system_name), chips)  # before the config (and TensorFlow) loads
     plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model)
     check_chips(plan.system, chips, plan.mesh_model_axis)
-    batch = global_batch or plan.cfg.schedule.global_batch_size
-    if batch < 1:
-        raise HarnessError(f"--global_batch {batch}: give a positive global batch")
+    batch = plan.cfg.schedule.global_batch_size if global_batch is None else global_batch
     batch_note = []
     if global_batch is None and batch < chips // plan.mesh_model_axis:
         batch, why = default_batch(plan, chips)

@@ -1,10 +1,12 @@
 """`mlperf-harness check`: the official compliance checker plus the harness's integrity checks, on any log."""
 from __future__ import annotations
 
+import math
+
 from harness import benchmark_rules as rules
 from harness.review import integrity, logparse
 from harness.errors import HarnessError
-from harness.mlperf import run_compliance_checker
+from harness.mlperf import require_ruleset, run_compliance_checker
 
 
 DEFAULTED = "the benchmark's newest for this log"
@@ -32,6 +34,7 @@ def rulesets_for(path: str, events: list[logparse.LogEvent], given: list[str]) -
             chosen = [logparse.log_ruleset(path, events, run_files)]
             origin = DEFAULTED
     for r in chosen:
+        require_ruleset(r)
         try:
             rules.check_accepts(benchmark, r, division if division in ("closed", "open") else None)
         except HarnessError as e:
@@ -43,9 +46,15 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
     """Exit 0 when every log passes every check, 1 otherwise."""
     if not paths:
         raise HarnessError("no logs given")
+    if eval_every is not None and not (math.isfinite(eval_every) and eval_every > 0):
+        raise HarnessError(f"--eval_every {eval_every:g}: give the expected eval cadence as a positive number of "
+                           f"epochs or samples (leave it out to infer it from the log)")
+    for r in rulesets:
+        require_ruleset(r)
     ok = True
     for path in paths:
-        events = logparse.parse_log(path)
+        bad: list[logparse.BadLine] = []
+        events = logparse.parse_log(path, bad)
         benchmark, chosen, origin = rulesets_for(path, events, rulesets)
         print(f"{path} (benchmark {benchmark}; ruleset {', '.join(chosen)}: {origin})")
         for r in chosen:
@@ -59,9 +68,11 @@ def main(paths: list[str], rulesets: list[str], eval_every: float | None) -> int
                 print(f"      (no ruleset named by the run; the benchmark is also in {', '.join(others)}: "
                       f"--ruleset picks one)")
             ok = ok and v.passed
-        findings = integrity.check_integrity(events, eval_every=eval_every)
-        for r in chosen:  # each ruleset's eval schedule (closed logs of benchmarks with a recorded cadence)
+        findings = integrity.check_integrity(events, eval_every=eval_every, bad_lines=bad)
+        for r in chosen:  # each ruleset's eval schedule and status target (closed targets differ by ruleset)
             findings += integrity.check_eval_schedule(events, r)
+            findings += [f for f in integrity.check_status(events, integrity.status_target(events, r))
+                         if f not in findings]
         errors = [f for f in findings if f.severity == "error"]
         print(f"  integrity checks: {'PASS' if not errors else 'FAIL'}")
         for f in findings:

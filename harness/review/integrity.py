@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from harness import benchmark_rules as rules
-from harness.review.logparse import LogEvent, RunSummary, eval_position
+from harness.review.logparse import BadLine, LogEvent, RunSummary, closed_target, eval_position
 
 MAX_EXAMPLES = 3  # per problem kind, so a broken log does not drown the report
 JITTER_MS = 1000.0  # steps back in time up to this are interleaving noise, not corruption
@@ -83,10 +83,30 @@ def _check_time_order(events: list[LogEvent]) -> list[Finding]:
     return findings
 
 
+def check_unparsable(bad: list[BadLine]) -> list[Finding]:
+    """Every `:::MLLOG` line that is not an event is an error: what it held is lost to every other check
+    (a truncated run_stop or eval_accuracy changes the verdict), and the official checker cannot read it.
+    An event followed by other text on its line is a warning: it was read, only the official checker fails it."""
+    findings: list[Finding] = []
+    for severity, code, lines, what in (
+            ("error", "unparsable_line", [b for b in bad if not b.kept], "MLLOG lines that are not events"),
+            ("warning", "text_after_event", [b for b in bad if b.kept], "events with text after them")):
+        findings += [Finding(severity, code, b.describe()) for b in lines[:MAX_EXAMPLES]]
+        if len(lines) > MAX_EXAMPLES:
+            findings.append(Finding(severity, code, f"... and {len(lines) - MAX_EXAMPLES} more {what}"))
+    return findings
+
+
 def _check_run_markers(events: list[LogEvent]) -> list[Finding]:
     findings: list[Finding] = []
     run_start, run_stop = _first(events, "run_start"), _first(events, "run_stop")
     init_stop = _first(events, "init_stop")
+    stops = [e for e in events if e.key == "run_stop"]
+    if len(stops) > 1:
+        # The official checker only warns; which stop (and status) counts would be a guess.
+        findings.append(Finding("error", "run_stop_repeated",
+                                f"{len(stops)} run_stop lines (lines {', '.join(str(e.line_no) for e in stops)}); "
+                                "a run stops once, so its time to train and status are ambiguous"))
     if run_start is None:
         findings.append(Finding("error", "missing_run_start", "no run_start: time to train is unknown"))
     if run_stop is None:
@@ -342,16 +362,71 @@ def check_closed_model(events: list[LogEvent]) -> list[Finding]:
     return findings
 
 
+def status_target(events: list[LogEvent], ruleset: str) -> float | None:
+    """The target a log's run_stop status is judged by: its benchmark's closed target under `ruleset` (at the
+    logged global batch); None for an open-division log (its run sets its own) or no single closed target."""
+    if _value(events, "submission_division") == "open":
+        return None
+    gbs = _value(events, "global_batch_size")
+    batch = int(gbs) if isinstance(gbs, (int, float)) and not isinstance(gbs, bool) else None
+    return closed_target(_value(events, "submission_benchmark"), ruleset, batch)
+
+
+def check_status(events: list[LogEvent], target: float | None) -> list[Finding]:
+    """run_stop's status must agree with the evals: 'success' needs the last eval_accuracy at the target, any
+    other status needs no eval_accuracy at it (a run ends at the first eval that reaches it). The official
+    checker passes a reached target logged as aborted, and words a missed one through its per-benchmark rules;
+    this check holds both in its own words. No `target` (or no run_stop): nothing to judge."""
+    run_stop = _first(events, "run_stop")
+    if target is None or run_stop is None or "status" not in run_stop.metadata:
+        return []
+    benchmark = _value(events, "submission_benchmark")
+    bound = f"{rules.relation(str(benchmark))} {target:g}"
+    accs = [e for e in events if e.key == "eval_accuracy"
+            and isinstance(e.value, (int, float)) and not isinstance(e.value, bool)]
+    status = run_stop.metadata["status"]
+    if status == "success":
+        if not accs:
+            return [Finding("error", "status_contradicts_evals",
+                            f"run_stop (line {run_stop.line_no}) says success but no eval_accuracy is logged "
+                            f"(target {bound})")]
+        last = accs[-1]
+        if not rules.reaches(str(benchmark), float(last.value), target):
+            return [Finding("error", "status_contradicts_evals",
+                            f"run_stop (line {run_stop.line_no}) says success but the last eval_accuracy "
+                            f"{last.value:.4g} (line {last.line_no}) does not reach the target {bound}")]
+        return []
+    reached = next((e for e in accs if rules.reaches(str(benchmark), float(e.value), target)), None)
+    if reached is not None:
+        return [Finding("error", "status_contradicts_evals",
+                        f"run_stop (line {run_stop.line_no}) says {status!r} but eval_accuracy {reached.value:.4g} "
+                        f"(line {reached.line_no}) reached the target {bound}")]
+    return []
+
+
+def _check_interrupted(events: list[LogEvent]) -> list[Finding]:
+    """A run stopped by a signal logs `harness_interrupted` (harness.mlperf.MLPerfLog.interrupted): its
+    aborted run_stop is not the end of a run, whatever the official checker makes of it."""
+    stop = _first(events, "harness_interrupted")
+    if stop is None:
+        return []
+    return [Finding("error", "interrupted", f"the run was stopped by {stop.value} (line {stop.line_no}); "
+                                            f"not a result")]
+
+
 def check_integrity(events: list[LogEvent], eval_every: float | None = None,
-                    ruleset: str | None = None) -> list[Finding]:
+                    ruleset: str | None = None, bad_lines: list[BadLine] | None = None) -> list[Finding]:
     """All single-log checks; an empty list means nothing suspicious was found.
 
-    With a `ruleset`, closed logs are also held to their benchmark's eval schedule under it (check_eval_schedule).
+    `bad_lines`: the log's MLLOG lines that are not events (logparse.parse_log collects them), each an error.
+    With a `ruleset`, closed logs are also held to their benchmark's eval schedule under it (check_eval_schedule)
+    and the run_stop status to the target under it (check_status).
     """
-    findings = (_check_run_markers(events) + _check_time_order(events)
+    findings = (check_unparsable(bad_lines or []) + _check_run_markers(events) + _check_time_order(events)
                 + _check_cadence(events, eval_every) + _check_eval_pairs(events) + check_closed_model(events))
+    findings += _check_interrupted(events)
     if ruleset is not None:
-        findings += check_eval_schedule(events, ruleset)
+        findings += check_eval_schedule(events, ruleset) + check_status(events, status_target(events, ruleset))
     return findings
 
 

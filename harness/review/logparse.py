@@ -5,8 +5,11 @@ Workload-agnostic on purpose: the review report has to read our own logs and pub
 
 Tolerated quirks of public logs:
   * text before ``:::MLLOG`` on a line (launcher/rank prefixes) and anything after the JSON object;
-  * other lines (framework chatter, ``# comments``) are ignored;
-  * lines whose JSON is broken are skipped rather than aborting the whole file.
+  * other lines (framework chatter, ``# comments``) are ignored.
+A ``:::MLLOG`` line that is not an event (broken JSON, not an object, no string ``key``, no numeric
+``time_ms``, no ``value`` or ``metadata`` object: what mllog always writes and the official checker reads) does
+not abort the file: it is returned as a `BadLine` for the integrity checks to count and name. So is an event
+with text after its JSON (`kept`: its event is read too), which the official checker cannot parse.
 The pre-0.7 ``:::MLL <time> key: value`` format is not read.
 """
 
@@ -24,6 +27,7 @@ from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
 MARKER = ":::MLLOG"
+SHOWN_CHARS = 60  # of an unparsable line, in messages
 
 
 @dataclass
@@ -38,48 +42,89 @@ class LogEvent:
     line_no: int
 
 
-def parse_lines(lines: Iterable[str]) -> list[LogEvent]:
-    """Parse MLLOG events from text lines, keeping file order; non-MLLOG lines are ignored."""
+@dataclass
+class BadLine:
+    """A ``:::MLLOG`` line that is not an event: where it is, why, and how it starts (for a person to find it)."""
+
+    line_no: int
+    reason: str
+    text: str
+    kept: bool = False  # the line's event was read; only what follows its JSON is not part of it
+
+    def describe(self) -> str:
+        if self.kept:
+            return f"line {self.line_no} has {self.reason} (read; the official checker cannot parse it): {self.text}"
+        return f"line {self.line_no} is not an MLLOG event ({self.reason}): {self.text}"
+
+
+def _event(line: str, start: int, decoder: json.JSONDecoder) -> tuple[dict | None, str]:
+    """(the fields of the event whose JSON begins at or after `start` in `line`, what follows the JSON or '')
+    or (None, why it is not an event)."""
+    while start < len(line) and line[start].isspace():
+        start += 1
+    try:
+        obj, end = decoder.raw_decode(line, start)
+    except json.JSONDecodeError as e:
+        return None, f"not JSON: {e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.pos + 1}"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    if not isinstance(obj.get("key"), str):
+        return None, "no string 'key'"
+    try:
+        time_ms = float(obj["time_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None, "no numeric 'time_ms'"
+    if "value" not in obj:
+        return None, "no 'value'"
+    if not isinstance(obj.get("metadata"), dict):
+        return None, "no 'metadata' object"
+    return dict(obj, time_ms=time_ms), "text after the JSON object" if line[end:].strip() else ""
+
+
+def parse_lines(lines: Iterable[str], bad: list[BadLine] | None = None) -> list[LogEvent]:
+    """Parse MLLOG events from text lines, keeping file order; non-MLLOG lines are ignored, and MLLOG lines
+    that are not events are appended to `bad` (when given)."""
     decoder = json.JSONDecoder()
     events: list[LogEvent] = []
     for line_no, line in enumerate(lines, start=1):
         pos = line.find(MARKER)
         if pos < 0:
             continue
-        payload = line[pos + len(MARKER):].strip()
-        try:
-            obj, _ = decoder.raw_decode(payload)
-        except ValueError:
+        obj, why = _event(line.rstrip(), pos + len(MARKER), decoder)
+        if why and bad is not None:
+            text = line.strip()
+            bad.append(BadLine(line_no, why, text[:SHOWN_CHARS] + ("..." if len(text) > SHOWN_CHARS else ""),
+                               kept=obj is not None))
+        if obj is None:
             continue
-        if not isinstance(obj, dict) or "key" not in obj:
-            continue
-        try:
-            time_ms = float(obj.get("time_ms", 0.0))
-        except (TypeError, ValueError):
-            continue
-        metadata = obj.get("metadata")
         events.append(
             LogEvent(
-                key=str(obj["key"]),
-                value=obj.get("value"),
-                time_ms=time_ms,
+                key=obj["key"],
+                value=obj["value"],
+                time_ms=obj["time_ms"],
                 event_type=str(obj.get("event_type", "POINT_IN_TIME")),
-                metadata=metadata if isinstance(metadata, dict) else {},
+                metadata=obj["metadata"],
                 line_no=line_no,
             )
         )
     return events
 
 
-def parse_log(path: str) -> list[LogEvent]:
-    """Parse one log file; HarnessError when it cannot be read or holds no MLLOG line."""
+def parse_log(path: str, bad: list[BadLine] | None = None) -> list[LogEvent]:
+    """Parse one log file; HarnessError when it cannot be read or holds no MLLOG event. MLLOG lines that are
+    not events are appended to `bad` (when given)."""
+    found: list[BadLine] = []
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            events = parse_lines(f)
+            events = parse_lines(f, found)
     except OSError as e:
         raise HarnessError(f"cannot read MLPerf log {path}: {e.strerror or e}") from e
     if not events:
+        if found:  # none of them kept
+            raise HarnessError(f"{path} holds no readable MLLOG event: {found[0].describe()}")
         raise HarnessError(f"{path} contains no ':::MLLOG' lines; is it an MLPerf result log?")
+    if bad is not None:
+        bad.extend(found)
     return events
 
 

@@ -11,7 +11,6 @@ state alone.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import os
 import re
@@ -23,9 +22,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
-from harness.review.integrity import Finding, check_integrity, check_seeds
+from harness.mlperf import checker_version
+from harness.review.integrity import Finding, check_integrity, check_seeds, check_status
 from harness import benchmark_rules as rules
-from harness.review.logparse import LogEvent, RunSummary, parse_log, summarize
+from harness.review.logparse import BadLine, LogEvent, RunSummary, parse_log, summarize
 from harness.review.scoring import OlympicScore, olympic_score
 
 LOG_SUFFIXES = (".txt", ".log")
@@ -130,13 +130,6 @@ def plot_convergence(summaries: list[RunSummary], target: float | None, title: s
     return fig
 
 
-def _checker_version() -> str:
-    try:
-        return importlib.metadata.version("mlperf-logging")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _fmt(v: float | int | None, spec: str = ".3f") -> str:
     if v is None:
         return "-"
@@ -161,12 +154,17 @@ def _load(paths: list[str], targets: dict[str, float] | None) -> tuple[list[Run]
     runs: list[Run] = []
     skipped: list[str] = []
     for p in paths:
+        bad: list[BadLine] = []
         try:
-            events = parse_log(p)
+            events = parse_log(p, bad)
         except HarnessError as e:
             skipped.append(str(e))
             continue
-        runs.append(Run(summarize(events, p, targets), events, check_integrity(events)))
+        summary = summarize(events, p, targets)
+        # The status is judged by a closed target, or by the caller's; an open run sets its own.
+        given = bool(targets) and summary.benchmark in targets
+        status = check_status(events, summary.target if given or summary.division != "open" else None)
+        runs.append(Run(summary, events, check_integrity(events, bad_lines=bad) + status))
     return runs, skipped
 
 
@@ -218,17 +216,6 @@ def _score_lines(score: OlympicScore, names: dict[str, str]) -> list[str]:
     return lines
 
 
-def _target_check(run: Run) -> Finding | None:
-    s = run.summary
-    if s.status == "success" and s.target is not None and s.last_accuracy is not None \
-            and not rules.reaches(s.benchmark, s.last_accuracy, s.target):
-        needed = rules.relation(s.benchmark)
-        return Finding("warning", "target_not_reached",
-                       f"status success but last eval_accuracy {s.last_accuracy:.4f} does not reach target "
-                       f"{needed} {s.target:g}")
-    return None
-
-
 def _set_target(rs: ResultSet) -> float | None:
     """The result set's target: its first run's (runs of one set share a benchmark and, normally, a ruleset)."""
     return next((r.summary.target for r in rs.runs if r.summary.target is not None), None)
@@ -255,10 +242,6 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
     if not runs:
         detail = f" ({skipped[0]})" if skipped else ""
         raise HarnessError(f"no readable MLPerf result logs in {', '.join(inputs) or 'no inputs'}{detail}")
-    for r in runs:
-        extra = _target_check(r)
-        if extra:
-            r.findings.append(extra)
     names = _display_paths([r.summary.path for r in runs])
     os.makedirs(out_dir, exist_ok=True)
     sets = _group(runs)
@@ -280,7 +263,7 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
               "and eval_start->eval_stop intervals (they overlap when evals run asynchronously). "
               "Throughput = training samples in logged blocks / time inside blocks (see harness/review/logparse.py). "
               "Findings come from harness/review/integrity.py: checks the official compliance checker does not make.")
-    md.append(f"Official checker installed: mlperf-logging {_checker_version()} (verdicts depend on its version).")
+    md.append(f"Official checker installed: mlperf-logging {checker_version()} (verdicts depend on its version).")
     md.append("")
     for rs in sets:
         md += [f"## {rs.label}", ""]

@@ -12,10 +12,12 @@ Layout: <campaign_dir>/campaign.json, <campaign_dir>/<workload>/<run_id>/ (writt
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -26,8 +28,7 @@ from absl import logging
 from harness import benchmark_rules as rules
 from harness import config as config_lib
 from harness.review import logparse, scoring
-from harness.errors import HarnessError
-from harness.outputs import check_output_dir
+from harness.errors import HarnessError, check_output_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMPAIGN_FILE = "campaign.json"
@@ -42,7 +43,7 @@ class RunRecord:
     seed: int
     run_id: str
     run_dir: str
-    status: str  # success | aborted | ... (from summary.json), or crashed / pending / bad_input
+    status: str  # success | aborted | ... (from summary.json), or crashed / pending / bad_input / interrupted
     exit_code: int | None = None
     compliant: bool | None = None
     time_to_train_min: float | None = None
@@ -145,11 +146,26 @@ def _run_one(config_path: str, overrides: list[str], rec: RunRecord, campaign_di
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     logging.info("campaign run %d: %s", rec.index, " ".join(cmd))
-    with open(console_path, "w") as out:
+    # Appended to: a retry under the same run_id (one that never made its directory) keeps the earlier output.
+    with open(console_path, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc.returncode
+        return wait_passing_interrupts(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
+
+
+def wait_passing_interrupts(proc: subprocess.Popen, grace_s: float = 8.0) -> int:
+    """`proc.wait()`; a signal that stops the campaign (SIGINT, SIGTERM, SIGHUP: raised as KeyboardInterrupt
+    by the CLI, harness/train/interrupt.py) is passed on to the run, which then ends its own log as
+    interrupted, and the run is waited for up to `grace_s` (inside the campaign's own 10 s) before the
+    interrupt goes on. (subprocess.run would SIGKILL it, leaving a log that does not say it was stopped.)"""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt as e:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(getattr(e, "signum", signal.SIGINT))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        raise
 
 
 def _print_run(rec: RunRecord, n: int, note: str = "") -> None:
@@ -226,7 +242,12 @@ def main(config_path: str, overrides: list[str], runs: int = 0, campaign_dir: st
             print(f"run {rec.index + 1}/{n} seed {rec.seed}: {', '.join(rec.attempts)} left an incomplete "
                   f"log; redoing as {rec.run_id}", flush=True)
         console = os.path.join(campaign_dir, "console", f"{rec.run_id}.log")
-        rec.exit_code = _run_one(config_path, overrides, rec, campaign_dir, console)
+        try:
+            rec.exit_code = _run_one(config_path, overrides, rec, campaign_dir, console)
+        except KeyboardInterrupt:
+            rec.status = "interrupted"  # its directory, if any, is redone under a fresh run_id on resume
+            _write_campaign(state_path, state, records)
+            raise
         summary = _read_summary(rec.run_dir)
         if summary is not None:
             _record_from_summary(rec, summary)

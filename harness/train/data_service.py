@@ -9,7 +9,8 @@ without dropping a remainder. Eval never uses the service: it stays local and ex
 
 A worker that dies mid-epoch loses the files it held; the epoch then comes up short and the run ends with
 one `error:` line (never a silent short epoch, never a hang). A dispatcher that is not listening is
-refused before the log is created.
+refused before the log is created. A worker started before its dispatcher waits for it at most
+DISPATCHER_WAIT_S, then ends with one line; a server port out of range or taken is one line.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -39,13 +41,18 @@ def address(dispatcher: str) -> tuple[str, int]:
 
 
 def check_reachable(cfg: ServiceConfig, timeout_s: float = 10.0) -> None:
-    """Refuses a dispatcher that is not listening (the tf.data client would retry it forever)."""
+    """Refuses a dispatcher that is not listening, or is not a gRPC server (the tf.data client would retry
+    it forever)."""
     host, port = address(cfg.dispatcher)
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            grpc = _speaks_http2(conn)
     except OSError as e:
         raise HarnessError(f"data.service.dispatcher {cfg.dispatcher}: no dispatcher listening ({e}); start "
                            f"one with `mlperf-harness data-service dispatcher --port {port}`") from None
+    if not grpc:
+        raise HarnessError(f"data.service.dispatcher {cfg.dispatcher}: something listens there but does not "
+                           f"answer gRPC; it is not a data-service dispatcher")
 
 
 def validate(workload: Any) -> None:
@@ -118,26 +125,121 @@ class StallGuard:
 
 # ------------------------------------------------------------------------------ fleet processes
 
+DISPATCHER_WAIT_ENV = "MLPERF_HARNESS_DISPATCHER_WAIT_S"
+DISPATCHER_WAIT_S = 60.0  # how long a worker waits for its dispatcher (docs/accelerators.md states it)
+
+
+def dispatcher_wait_s() -> float:
+    """How long a starting worker waits for its dispatcher: DISPATCHER_WAIT_S, or the seconds in the
+    MLPERF_HARNESS_DISPATCHER_WAIT_S environment variable."""
+    raw = os.environ.get(DISPATCHER_WAIT_ENV, "").strip()
+    if not raw:
+        return DISPATCHER_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not 0 < wait < float("inf"):
+        raise HarnessError(f"{DISPATCHER_WAIT_ENV}={raw!r}: expected a number of seconds above 0")
+    return wait
+
+
+def check_port(port: int, flag: str, allow_any: bool = False) -> None:
+    """A port this process can listen on: in range (`allow_any`: 0 picks a free one) and not taken. The
+    server itself would print a gRPC log line and raise a bare RuntimeError for a taken port."""
+    low = 0 if allow_any else 1
+    if not low <= port <= 65535:
+        raise HarnessError(f"{flag} {port}: a port is {low}..65535" + (" (0 = any free port)" if allow_any else ""))
+    if port == 0:
+        return
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # SO_REUSEADDR: a port left in TIME_WAIT by a stopped server is free; one another socket holds is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("0.0.0.0", port))
+    except OSError as e:
+        raise HarnessError(f"{flag} {port}: the port is in use or not allowed ({e.strerror or e}); "
+                           f"pick another") from None
+    finally:
+        probe.close()
+
+
+def wait_for_dispatcher(host: str, port: int, wait_s: float) -> None:
+    """Returns once a gRPC server listens at HOST:PORT, retrying for `wait_s` (a worker may start before its
+    dispatcher); else one error naming the address and the time waited, or at once when what listens there
+    does not answer gRPC. The tf.data worker would retry its registration forever, printing nothing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))) as conn:
+                if _speaks_http2(conn):
+                    return
+            raise HarnessError(f"{host}:{port} is listening but is not a data-service dispatcher (it does not "
+                               f"answer gRPC); fix --dispatcher")
+        except OSError as e:
+            reason = e.strerror or str(e) or type(e).__name__
+        if time.monotonic() + 1.0 > deadline:
+            raise HarnessError(f"no data-service dispatcher at {host}:{port} after waiting {wait_s:g} s "
+                               f"({reason}); start it with `mlperf-harness data-service dispatcher --port {port}` "
+                               f"or fix --dispatcher")
+        time.sleep(1.0)
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def _speaks_http2(conn: socket.socket) -> bool:
+    """Whether the server on `conn` answers an HTTP/2 client preface with a SETTINGS frame, as every gRPC
+    server does. The tf.data worker registering with something else would retry forever, holding the
+    interpreter's lock, so no timer in this process could end it."""
+    try:
+        conn.sendall(_HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:
+        return False
+    return head[3] == 4  # frame type SETTINGS
+
+
 def serve_dispatcher(port: int) -> None:
     """Runs a dispatcher on `port` in the foreground; prints one line when it is listening."""
-    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
-        port=port, worker_timeout_ms=WORKER_TIMEOUT_MS))
+    check_port(port, "--port")
+    try:
+        server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
+            port=port, worker_timeout_ms=WORKER_TIMEOUT_MS))
+    except RuntimeError as e:  # the port taken between the check and the bind
+        raise HarnessError(f"--port {port}: the dispatcher could not listen ({e})") from None
     print(f"data-service dispatcher ready: grpc://{socket.gethostname()}:{port} (port {port})", flush=True)
     _wait(server)
 
 
-def serve_worker(dispatcher: str, port: int = 0, advertise: str = "") -> None:
+def serve_worker(dispatcher: str, port: int = 0, advertise: str = "", wait_s: float | None = None) -> None:
     """Runs a worker for `dispatcher` (HOST:PORT) in the foreground; prints one line when registered.
 
     `advertise` is the host name clients use to reach this worker: localhost for a dispatcher on this
-    machine, else this machine's name.
+    machine, else this machine's name. The dispatcher must be listening, and answer as a gRPC server,
+    within `wait_s` (default `dispatcher_wait_s()`); a gRPC server that is not one refuses the registration.
     """
     host, dport = address(dispatcher)
+    check_port(port, "--port", allow_any=True)
+    wait_s = dispatcher_wait_s() if wait_s is None else wait_s
+    wait_for_dispatcher(host, dport, wait_s)
     if not advertise:
         advertise = "localhost" if host in ("localhost", "127.0.0.1", "::1") else socket.getfqdn()
-    server = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+    config = tf.data.experimental.service.WorkerConfig(
         dispatcher_address=f"{host}:{dport}", worker_address=f"{advertise}:%port%", port=port,
-        heartbeat_interval_ms=1000))
+        heartbeat_interval_ms=1000)
+    try:
+        server = tf.data.experimental.service.WorkerServer(config)
+    except (tf.errors.OpError, RuntimeError, NotImplementedError) as e:  # e.g. a gRPC server, not a dispatcher
+        detail = (getattr(e, "message", "") or str(e)).strip().splitlines()
+        raise HarnessError(f"data-service worker could not register with {host}:{dport}: "
+                           f"{detail[0].rstrip(': ') if detail else type(e).__name__}") from None
     print(f"data-service worker ready: {advertise}:{server._address.split(':')[-1]} -> dispatcher "
           f"{host}:{dport}", flush=True)
     _wait(server)

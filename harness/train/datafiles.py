@@ -13,9 +13,10 @@ import json
 import os
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, op_error_line
 from harness.runtime.base import InputContext
 
 
@@ -69,6 +70,66 @@ def sharded_records(files: list[str], ctx: InputContext, shuffle_buffer: int, cy
 
 COUNT_CACHE = ".mlperf-harness-counts.json"
 _HEADER = 12  # uint64 payload length + uint32 masked CRC of it; the payload is followed by a uint32 CRC
+
+
+def first_record(path: str) -> bytes | None:
+    """The payload of the first record of a TFRecord file (None: the file is empty), from its header alone."""
+    size = tf.io.gfile.stat(path).length
+    opener = open if "://" not in path else tf.io.gfile.GFile
+    with opener(path, "rb") as f:
+        header = f.read(_HEADER)
+        if not header:
+            return None
+        length = int.from_bytes(header[:8], "little")
+        if len(header) < _HEADER or _HEADER + length + 4 > size:  # checked before reading: no huge allocation
+            raise HarnessError(f"{path} is corrupt or truncated: not a TFRecord file (its first record runs "
+                               f"past its end)")
+        return f.read(length)
+
+
+def check_examples(files: list[str], spec: dict[str, Any] | tuple[str, ...], what: str) -> None:
+    """The first record of each file is a tf.train.Example holding the features of `spec` (a parse spec, or
+    the names of the features it needs), each FixedLenFeature without a default with its number and kind of
+    values: a file of something else (another format, converter or sequence length) is one line naming it
+    here, where the pipeline's in-graph parse would say "Could not parse example input" or "Can't parse
+    serialized Example" about some record of some file."""
+    from google.protobuf.message import DecodeError
+
+    kinds = {tf.int64: "int64_list", tf.float32: "float_list", tf.string: "bytes_list"}
+    for path in files:
+        payload = first_record(path)
+        if payload is None:
+            continue  # an empty shard: the counts decide whether that is wrong
+        try:
+            example = tf.train.Example.FromString(payload)
+        except DecodeError:
+            raise HarnessError(f"{path}: its records are not tf.train.Example protos (record 0 does not parse "
+                               f"as one); expected {what}") from None
+        have = example.features.feature
+        missing = [k for k in spec if k not in have]
+        if missing:
+            raise HarnessError(f"{path}: its records lack feature(s) {', '.join(missing)} (checked on record 0; "
+                               f"expected {what})")
+        for key, feature in (spec.items() if isinstance(spec, dict) else ()):
+            if not isinstance(feature, tf.io.FixedLenFeature) or feature.default_value is not None:
+                continue
+            field, kind, want = have[key], kinds[feature.dtype], int(np.prod(feature.shape, dtype=np.int64))
+            got = field.WhichOneof("kind")
+            n = len(getattr(field, got).value) if got else 0
+            if got != kind or n != want:
+                raise HarnessError(f"{path}: record 0's {key} holds {n} values of {got or 'no kind'}, the config "
+                                   f"parses {want} of {kind} (expected {what})")
+
+
+def file_error(files: list[str], read: Callable[[str], Any], error: tf.errors.OpError, what: str) -> HarnessError:
+    """One line for a read of `files` that failed on some record: the first file `read(file)` fails on, with
+    the reason. Files are re-read one by one only after a failure, so a sound read takes them together."""
+    for path in files:
+        try:
+            read(path)
+        except tf.errors.OpError as e:
+            return HarnessError(f"{path}: {op_error_line(e.message) or type(e).__name__}")
+    return HarnessError(f"{what}: {op_error_line(error.message) or type(error).__name__}")
 
 
 def count_records(files: list[str]) -> int:

@@ -14,10 +14,9 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, reference, weights_init
+from harness.train import data_service, export, interrupt, reference, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
-from harness.errors import BAD_DATA_MARK, HarnessError
-from harness.outputs import check_output_dir
+from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir, op_error_line
 from harness.train.input_pipeline import InputWait, pipeline_config
 from harness.train.loop import RunResult, run_timed
 from harness.train.progress import Progress
@@ -54,6 +53,9 @@ def log_submission_keys(log: MLPerfLog, cfg: config_lib.Config, workload: Any,
         log.event(reference.LOG_KEY, model)
     # Not an MLPerf key (checkers ignore it): makes a synthetic-data log say so itself.
     log.event("harness_data_source", workload.data_source)
+    init = getattr(getattr(cfg, "model", None), "init_checkpoint", "")
+    if init:  # not an MLPerf key either: the initial weights came from this checkpoint
+        log.event("harness_init_checkpoint", init)
 
 
 def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
@@ -68,6 +70,11 @@ def new_run_dir(cfg: config_lib.Config, chief: bool) -> str:
     if chief and os.path.exists(os.path.join(path, f"incomplete_result_{cfg.seed}.log")):
         raise HarnessError(f"{path} holds the log of an unfinished run for seed {cfg.seed} (mllog appends, and "
                            f"that log is evidence); choose another run_id")
+    # Any other run's files (another seed's log, config.yaml, summary.json) would be written over.
+    held = sorted(os.listdir(path)) if chief and os.path.isdir(path) else []
+    if held:
+        raise HarnessError(f"{path} already holds another run's files ({', '.join(held[:4])}"
+                           f"{', ...' if len(held) > 4 else ''}); choose another run_id")
     return path
 
 
@@ -101,7 +108,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         cfg.output_dir = output_dir
     check_output_dir(cfg.output_dir, "--output_dir" if output_dir else "output_dir")
     runtime = make_runtime(cfg.runtime, cfg.submission.platform)
+    interrupt.reclaim()  # a multi-worker runtime's coordination service takes SIGTERM for itself
     checked = preflight(cfg, runtime)
+    export.check(cfg, runtime)
     workload = checked.workload
     chief = runtime.is_chief
     run_dir = new_run_dir(cfg, chief)
@@ -117,8 +126,13 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
               f"target {workload.target}{synthetic}", flush=True)
     log = MLPerfLog(open_path if chief else None)
     try:
-        result = _timed_run(cfg, runtime, checked, log, run_dir)
+        with interrupt.last_words(log.interrupted):  # a run stuck past the signal's grace ends its log too
+            result = _timed_run(cfg, runtime, checked, log, run_dir)
     except BaseException as e:
+        stopped_by = interrupt.stopped_by(e)
+        if stopped_by:  # SIGINT, SIGTERM, SIGHUP: the log says it was stopped
+            log.interrupted(stopped_by)
+            raise
         log.close()  # what was written stays under its incomplete name
         error = _as_harness_error(e, cfg, runtime)
         if error is not None:
@@ -140,9 +154,12 @@ def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPe
                         checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation)
     with data_service.StallGuard(wait, pipeline_config(cfg.data).service):
         # The submission keys come after init_start, so the loop calls back for them.
-        return run_timed(runtime, workload, log,
-                         lambda: log_submission_keys(log, cfg, workload, checked.initialized),
-                         progress=progress, wait=wait)
+        result = run_timed(runtime, workload, log,
+                           lambda: log_submission_keys(log, cfg, workload, checked.initialized),
+                           progress=progress, wait=wait)
+    if cfg.save_final_weights:  # after the log's run_stop: outside the time to train
+        print(f"final weights: {export.save(runtime, workload, run_dir)}", flush=True)
+    return result
 
 
 def _as_harness_error(e: BaseException, cfg: config_lib.Config, runtime: Any) -> HarnessError | None:
@@ -283,5 +300,4 @@ def _data_assertion(message: str) -> str | None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = getattr(e, "message", None) or str(e)
-    return text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
+    return op_error_line(getattr(e, "message", None) or str(e)) or type(e).__name__

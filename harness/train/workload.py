@@ -148,6 +148,9 @@ class Workload(abc.ABC):
     # Whether a larger METRIC is better (accuracy, BLEU, mAP) or a smaller one (a validation loss): the
     # benchmark record's, set for each class that names its MLPERF_KEY (harness.benchmark_rules).
     HIGHER_IS_BETTER: ClassVar[bool] = True
+    # The model in Hugging Face layout (a harness.nn.hf_checkpoint.Format): what `model.init_checkpoint`
+    # reads from a checkpoint directory and `mlperf-harness export` writes; None: the workload has none.
+    HF_FORMAT: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,0 +1,110 @@
+"""The harness's models equal the reference implementations: tiny checkpoints written by Hugging Face
+transformers (tests/data/hf_golden/, made by scripts/make_hf_goldens.py with torch and transformers, which the
+harness never imports) load through `model.init_checkpoint` and give transformers' logits (within 1e-4 of
+max |logit|) and loss (1e-6 relative), float32 on one device.
+
+Cases: Llama 3.1 with its RoPE scaling exercised (head_dim 128, rows 4x the scaling's original context),
+the same weights with q/k/v fused and sharded under 0-based file names (the index's weight_map decides),
+gpt-oss with the features the base model lacks neutralized (sinks, biases, YaRN, clamp; the `+ 1` patched
+in the script) and BERT pre-training heads with the tanh GELU. Each would fail with its feature off: the
+script records how far the logits move (rope_scaling_moves_logits 1.15 of max |logit| for Llama)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from tests.helpers import decoder_golden
+
+pytestmark = pytest.mark.quick
+
+GOLDEN = os.path.join(decoder_golden.REPO, "tests", "data", "hf_golden")
+LLAMA = ["model.vocab_size=256", "model.hidden_size=64", "model.ffn_hidden=128", "model.num_layers=2",
+         "model.num_heads=2", "model.num_kv_heads=1", "model.head_dim=128", "model.rope_base=500000",
+         "model.rope_scaling_factor=8", "model.rope_low_freq_factor=1", "model.rope_high_freq_factor=4",
+         "model.rope_original_context=16", "model.norm_epsilon=1e-5", "data.seq_length=64"]
+GPT_OSS = ["model.vocab_size=256", "model.hidden_size=64", "model.expert_hidden=32", "model.num_layers=2",
+           "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=64", "model.rope_base=150000",
+           "model.num_experts=4", "model.experts_per_token=2", "model.sliding_window=8", "model.attention_block=8",
+           "model.full_attention_span=0", "model.document_attention=false", "model.moe_group_size=32",
+           "model.moe_block_size=8", "model.norm_epsilon=1e-5", "data.seq_length=32", "data.eod_id=0"]
+BERT = ["model.vocab_size=128", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
+        "model.ff_size=128", "model.max_position=32", "model.type_vocab_size=2", "model.layer_norm_epsilon=1e-12",
+        "data.seq_length=32", "data.max_predictions=32"]
+CASES = {"llama": ("llama31_8b", LLAMA), "llama_fused_qkv": ("llama31_8b", LLAMA),
+         "gpt_oss_plain": ("gpt_oss_20b", GPT_OSS), "bert": ("bert", BERT)}
+
+
+def build(workload: str, overrides: list[str]):
+    """The workload built on one CPU device, float32, its weights from `model.init_checkpoint`."""
+    from benchmarks import registry
+    from harness import config as C
+    from harness.runtime import make_runtime
+
+    cfg = C.load_config(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
+                        decoder_golden.ONE_DEVICE + overrides)
+    rt = make_runtime(cfg.runtime)
+    wl = registry.get(cfg.workload)(cfg, rt)
+    wl.validate_config()
+    with rt.scope():
+        wl.build()
+    return wl
+
+
+def harness_outputs(case: str, golden: dict[str, np.ndarray], checkpoint: str,
+                    extra: list[str] = ()) -> tuple[np.ndarray, float]:
+    """(logits, loss) of the harness model loaded from `checkpoint` on the case's inputs."""
+    import tensorflow as tf
+
+    workload, overrides = CASES[case]
+    wl = build(workload, overrides + [f"model.init_checkpoint={checkpoint}", *extra])
+    if workload == "bert":
+        ids = tf.constant(golden["input_ids"])
+        rows, seq = ids.shape
+        batch = {"input_ids": ids, "input_mask": tf.ones_like(ids), "segment_ids": tf.constant(golden["segment_ids"]),
+                 "masked_lm_positions": tf.tile(tf.range(seq)[None], [rows, 1]),
+                 "masked_lm_ids": tf.constant(golden["masked_lm_ids"]),
+                 "masked_lm_weights": tf.ones([rows, seq]),
+                 "next_sentence_labels": tf.constant(golden["next_sentence_labels"])}
+        mlm_sum, weights, nsp, mlm = wl.losses(batch, False)
+        loss = float(mlm_sum / (weights + 1e-5) + tf.reduce_mean(nsp))
+        return mlm.numpy(), loss
+    tokens = tf.constant(golden["tokens"])
+    hidden, _ = wl.model(tokens[:, :-1])
+    terms = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
+    loss = float(tf.add_n([t.total / (t.count + t.epsilon) for t in terms.values()]))
+    return wl.model.logits(hidden).numpy(), loss
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_and_loss_equal_transformers(case):
+    golden = load_file(os.path.join(GOLDEN, case, "golden.safetensors"))
+    logits, loss = harness_outputs(case, golden, os.path.join(GOLDEN, case))
+    assert logits.shape == golden["logits"].shape
+    assert relative(logits, golden["logits"]) < 1e-4, relative(logits, golden["logits"])
+    np.testing.assert_allclose(loss, float(golden["loss"].reshape(-1)[0]), rtol=1e-6)
+
+
+def test_llama_scaling_is_exercised():
+    """With Llama 3.1's RoPE scaling switched off (and the checkpoint's config.json saying so, else the import
+    refuses it), the same weights miss the golden logits by far more than the tolerance."""
+    import shutil
+    import tempfile
+
+    golden = load_file(os.path.join(GOLDEN, "llama", "golden.safetensors"))
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(os.path.join(GOLDEN, "llama", "model.safetensors"), tmp)
+        with open(os.path.join(GOLDEN, "llama", "config.json")) as f:
+            config = json.load(f)
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f)
+        logits, _ = harness_outputs("llama", golden, tmp, ["model.rope_scaling_factor=0"])
+    assert relative(logits, golden["logits"]) > 0.1
