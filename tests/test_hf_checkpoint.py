@@ -34,7 +34,7 @@ def save_run(wl, run_dir: str) -> None:
     export.save(wl.runtime, wl, run_dir)
 
 
-@pytest.mark.parametrize("case", ["llama", "llama_fused_qkv", "gpt_oss_plain", "bert"])
+@pytest.mark.parametrize("case", ["llama", "llama_fused_qkv", "gpt_oss_plain", "gpt_oss_features", "bert"])
 def test_import_export_round_trip_is_bit_exact(case, tmp_path):
     workload, overrides = CASES[case]
     wl = build(workload, overrides + [f"model.init_checkpoint={os.path.join(GOLDEN, case)}"])
@@ -179,3 +179,18 @@ def test_closed_pretraining_refuses_a_checkpoint(workload):
     wl = registry.get(workload)(cfg, make_runtime(cfg.runtime))
     with pytest.raises(HarnessError, match="pretrains from the reference's random initialization"):
         wl.validate_config()
+
+
+def test_the_reference_gpt_oss_q_k_norm_neither_imports_nor_exports(tmp_path):
+    """The MLPerf reference's gpt_oss_20b normalizes q and k (model.qk_norm, its default), which transformers'
+    GptOssForCausalLM cannot express: a checkpoint import into it and an export of it are refused in one line."""
+    workload, overrides = CASES["gpt_oss_plain"]
+    with pytest.raises(HarnessError, match=r"model.qk_norm") as e:
+        build(workload, overrides + ["model.qk_norm=true",
+                                     f"model.init_checkpoint={os.path.join(GOLDEN, 'gpt_oss_plain')}"])
+    assert "\n" not in str(e.value)
+    wl = build(workload, overrides + ["model.qk_norm=true"])
+    save_run(wl, str(tmp_path / "run"))
+    with pytest.raises(HarnessError, match=r"model.qk_norm: .* cannot express"):
+        export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert not os.path.exists(tmp_path / "hf")

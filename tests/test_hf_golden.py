@@ -6,7 +6,8 @@ max |logit|) and loss (1e-6 relative), float32 on one device.
 Cases: Llama 3.1 with its RoPE scaling exercised (head_dim 128, rows 4x the scaling's original context),
 the same weights with q/k/v fused and sharded under 0-based file names (the index's weight_map decides),
 gpt-oss with the features the base model lacks neutralized (sinks, biases, YaRN, clamp; the `+ 1` patched
-in the script) and BERT pre-training heads with the tanh GELU. Each would fail with its feature off: the
+in the script), gpt-oss as transformers defines it (the model's options for sinks, biases, clamped GLU and
+YaRN on) and BERT pre-training heads with the tanh GELU. Each would fail with its feature off: the
 script records how far the logits move (rope_scaling_moves_logits 1.15 of max |logit| for Llama)."""
 from __future__ import annotations
 
@@ -30,12 +31,19 @@ GPT_OSS = ["model.vocab_size=256", "model.hidden_size=64", "model.expert_hidden=
            "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=64", "model.rope_base=150000",
            "model.num_experts=4", "model.experts_per_token=2", "model.sliding_window=8", "model.attention_block=8",
            "model.full_attention_span=0", "model.document_attention=false", "model.moe_group_size=32",
-           "model.moe_block_size=8", "model.norm_epsilon=1e-5", "data.seq_length=32", "data.eod_id=0"]
+           "model.moe_block_size=8", "model.norm_epsilon=1e-5", "data.seq_length=32", "data.eod_id=0",
+           "model.qk_norm=false"]   # transformers' gpt-oss has no q/k norm (the MLPerf reference's model does)
+# The published architecture (model options of benchmarks/gpt_oss_20b/config.py): sinks, biases, the clamped
+# GLU with its + 1, YaRN at the golden's original context.
+GPT_OSS_FEATURES = GPT_OSS + ["model.attention_sinks=true", "model.attention_bias=true", "model.router_bias=true",
+                              "model.expert_bias=true", "model.swiglu_alpha=1.702", "model.swiglu_limit=7",
+                              "model.swiglu_up_offset=1", "model.rope_type=yarn", "model.rope_original_context=16"]
 BERT = ["model.vocab_size=128", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
         "model.ff_size=128", "model.max_position=32", "model.type_vocab_size=2", "model.layer_norm_epsilon=1e-12",
         "data.seq_length=32", "data.max_predictions=32"]
 CASES = {"llama": ("llama31_8b", LLAMA), "llama_fused_qkv": ("llama31_8b", LLAMA),
-         "gpt_oss_plain": ("gpt_oss_20b", GPT_OSS), "bert": ("bert", BERT)}
+         "gpt_oss_plain": ("gpt_oss_20b", GPT_OSS), "gpt_oss_features": ("gpt_oss_20b", GPT_OSS_FEATURES),
+         "bert": ("bert", BERT)}
 
 
 def build(workload: str, overrides: list[str]):
@@ -108,3 +116,35 @@ def test_llama_scaling_is_exercised():
             json.dump(config, f)
         logits, _ = harness_outputs("llama", golden, tmp, ["model.rope_scaling_factor=0"])
     assert relative(logits, golden["logits"]) > 0.1
+
+
+@pytest.mark.parametrize("option", ["model.attention_sinks=false", "model.swiglu_limit=0",
+                                    "model.swiglu_up_offset=0", "model.rope_type=default"])
+def test_each_gpt_oss_feature_is_exercised(option, tmp_path):
+    """The published gpt-oss case with one option off (the checkpoint's config.json and tensors made to say so
+    where the import checks them: sinks at -1e9, no clamp, plain RoPE; the + 1 is no key) misses transformers'
+    logits by far more than the tolerance."""
+    import shutil
+
+    golden = load_file(os.path.join(GOLDEN, "gpt_oss_features", "golden.safetensors"))
+    checkpoint = str(tmp_path / "ckpt")
+    shutil.copytree(os.path.join(GOLDEN, "gpt_oss_features"), checkpoint)
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        config = json.load(f)
+    if option == "model.swiglu_limit=0":
+        config["swiglu_limit"] = 1e9
+    if option == "model.rope_type=default":
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": 150000.0}
+    with open(os.path.join(checkpoint, "config.json"), "w") as f:
+        json.dump(config, f)
+    extra = [option]
+    if option == "model.attention_sinks=false":
+        from safetensors.numpy import save_file
+        with open(os.path.join(checkpoint, "model.safetensors.index.json")) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        for shard in shards:
+            tensors = load_file(os.path.join(checkpoint, shard))
+            tensors = {k: np.full_like(v, -1e9) if k.endswith("sinks") else v for k, v in tensors.items()}
+            save_file(tensors, os.path.join(checkpoint, shard))
+    case_logits, _ = harness_outputs("gpt_oss_features", golden, checkpoint, extra)
+    assert relative(case_logits, golden["logits"]) > 0.01
