@@ -41,8 +41,8 @@ class GptOss(Decoder):
     def attention(self, path: str, layer: int) -> Attention:
         c = self.cfg
         return Attention(self.runtime, path, self.seed, c, layer_window(c, layer, self.seq),
-                         rope_scaling=c.rope_scaling(), bias=c.attention_bias, sinks=c.attention_sinks,
-                         qk_norm=c.qk_norm)
+                         rope_scaling=c.rope_scaling(), output_stddev=c.output_stddev(), bias=c.attention_bias,
+                         sinks=c.attention_sinks, qk_norm=c.qk_norm)
 
     def ffn(self, path: str, layer: int) -> MoE:
         return MoE(self.runtime, path, self.seed, self.cfg)

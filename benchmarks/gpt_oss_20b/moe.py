@@ -297,7 +297,8 @@ class MoE(Block):
         self.router = self.var("router/kernel", (m, e), (None, None), init("router/kernel"))
         self.w_gate = self.var("experts/gate/kernel", (e, m, h), ("experts", None, "ff"), init("experts/gate"))
         self.w_up = self.var("experts/up/kernel", (e, m, h), ("experts", None, "ff"), init("experts/up"))
-        self.w_down = self.var("experts/down/kernel", (e, h, m), ("experts", "ff", None), init("experts/down"))
+        self.w_down = self.var("experts/down/kernel", (e, h, m), ("experts", "ff", None),
+                               normal(cfg.output_stddev(), f"{path}/experts/down", seed))   # Megatron's linear_fc2
         # model.router_bias / model.expert_bias: zero init; each bias split as its kernel's output dimension
         self.router_bias = self.var("router/bias", (e,), (None,), constant(0.0)) if cfg.router_bias else None
         self.b_gate = self.b_up = self.b_down = None

@@ -30,7 +30,8 @@ REFERENCE_MODEL = ReferenceModel("GPT-OSS 20B", {
     "model.capacity_factor": 0.0, "model.load_balancing_coef": 0.0, "model.router_z_loss_coef": 0.0,
     "model.qk_norm": True, "model.attention_sinks": False, "model.attention_bias": False,
     "model.router_bias": False, "model.expert_bias": False, "model.swiglu_alpha": 1.0, "model.swiglu_limit": 0.0,
-    "model.swiglu_up_offset": 0.0, "model.rope_type": "default"})
+    "model.swiglu_up_offset": 0.0, "model.rope_type": "default", "model.norm_epsilon": 1e-6,
+    "model.init_stddev": 0.008, "model.output_init_stddev": 0.0})
 
 
 class GptOssWorkload(DecoderLMWorkload):

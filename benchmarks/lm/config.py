@@ -3,6 +3,7 @@ of their model sections."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from harness.config import field
 from harness.train.input_pipeline import PipelineConfig
@@ -21,10 +22,17 @@ class DecoderModelConfig:
     rope_base: float = field(500000.0, min=1.0)
     norm_epsilon: float = field(1e-5, min=0.0)
     init_stddev: float = field(0.02, min=0.0, doc="normal init of the weights (init_method_std)")
+    output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
+                                      "(or experts') down projections; 0 = init_stddev / sqrt(2 * num_layers), "
+                                      "Megatron's scaled init (output_layer_init_method), which the references keep")
     init_checkpoint: str = field("", doc="a Hugging Face checkpoint directory (config.json, safetensors) "
                                  "loaded into the model after it is built, before the timed run (open division)")
     remat: bool = field(False, doc="recompute each decoder layer in the backward pass (tf.recompute_grad): only "
                         "each layer's input is kept for the backward pass, at the cost of a second forward pass")
+
+
+    def output_stddev(self) -> float:
+        return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
 
 
 @dataclasses.dataclass

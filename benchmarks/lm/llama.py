@@ -5,7 +5,6 @@ defaults plus this block."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from harness.config import field
 from harness.errors import HarnessError
@@ -24,12 +23,6 @@ class LlamaModelConfig(DecoderModelConfig):  # the decoder's fields (defaults: L
     rope_low_freq_factor: float = field(1.0, min=0.0)
     rope_high_freq_factor: float = field(4.0, min=0.0)
     rope_original_context: int = field(8192, min=1, doc="original_max_position_embeddings of the scaling")
-    output_init_stddev: float = field(0.0, min=0.0, doc="normal init of the attention output and feed-forward "
-                                      "down projections; 0 = init_stddev / sqrt(2 * num_layers), Megatron's scaled "
-                                      "init (output_layer_init_method), which the reference keeps")
-
-    def output_stddev(self) -> float:
-        return self.output_init_stddev or self.init_stddev / math.sqrt(2.0 * self.num_layers)
 
     def rope_scaling(self) -> RopeScaling | None:
         if not self.rope_scaling_factor:

@@ -32,7 +32,8 @@ GPT = ["data.seq_length=256", "data.eod_id=0", "model.vocab_size=64", "model.hid
        "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=8", "model.full_attention_span=128",
        "model.document_attention=true", "model.attention_block=64", "model.num_experts=8",
        "model.experts_per_token=2", "model.expert_hidden=32", "model.moe_group_size=32", "model.moe_block_size=8",
-       "model.moe_chunk_blocks=5", "model.sliding_window=128", "model.qk_norm=false"]
+       "model.moe_chunk_blocks=5", "model.sliding_window=128", "model.qk_norm=false",
+       "model.output_init_stddev=0.008"]
 CASES = {
     "llama": ("llama31_8b", LLAMA),
     "llama_remat": ("llama31_8b", LLAMA + ["model.remat=true", "model.rope_scaling_factor=0"]),
