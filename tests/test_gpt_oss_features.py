@@ -6,7 +6,6 @@ reference's q/k norm), whose logits must match and move when any one option is d
 The mesh and smoke runs with the options on are in tests/test_gpt_oss.py."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
