@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 from harness.train import remote_input
 from harness import benchmark_rules
-from harness.review import logparse, report
+from harness.review import integrity, logparse
 
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
@@ -259,11 +259,16 @@ def test_a_bad_indexed_file_is_one_error_line_from_the_cli(tmp_path):
 def test_review_tools_treat_log_perplexity_as_lower_is_better():
     rec = benchmark_rules.record("gpt_oss_20b")
     assert rec.targets["6.0.0"].value == 3.34 and not rec.higher_is_better and rec.runs == 10
-    s = logparse.RunSummary(path="x", benchmark="gpt_oss_20b", target=3.34, status="success")
-    s.evals = [(16, 3.9, 0.0), (32, 3.3, 1.0)]
-    assert report._target_check(report.Run(s, [], [])) is None
-    s.evals = [(16, 3.9, 0.0), (32, 3.5, 1.0)]
-    assert report._target_check(report.Run(s, [], [])).code == "target_not_reached"
+
+    def events(*scores: float) -> list[logparse.LogEvent]:
+        made = [logparse.LogEvent("submission_benchmark", "gpt_oss_20b", 0.0, "POINT_IN_TIME", {}, 1)]
+        made += [logparse.LogEvent("eval_accuracy", v, float(i), "POINT_IN_TIME", {}, 2 + i) for i, v in
+                 enumerate(scores)]
+        return made + [logparse.LogEvent("run_stop", None, 9.0, "INTERVAL_END", {"status": "success"}, 9)]
+
+    assert integrity.check_status(events(3.9, 3.3), 3.34) == []
+    missed = integrity.check_status(events(3.9, 3.5), 3.34)
+    assert [f.code for f in missed] == ["status_contradicts_evals"] and "<= 3.34" in missed[0].message
 
 
 # --------------------------------------------------------------------------------- the smoke run
