@@ -17,7 +17,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.nn import hf_checkpoint
 from harness.train import export
-from tests.conftest import cli_in_process
+from tests.conftest import REPO, cli_in_process
 from tests.test_hf_golden import CASES, GOLDEN, build
 
 pytestmark = pytest.mark.quick
@@ -194,3 +194,88 @@ def test_the_reference_gpt_oss_q_k_norm_neither_imports_nor_exports(tmp_path):
     with pytest.raises(HarnessError, match=r"model.qk_norm: .* cannot express"):
         export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
     assert not os.path.exists(tmp_path / "hf")
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_the_log_opens(tmp_path):
+    """Names and shapes come from the file headers, so a run refuses them before its run directory exists."""
+    workload, overrides = CASES["llama"]
+    runs = tmp_path / "runs"
+    from tests.helpers import decoder_golden
+
+    path = _llama_copy(tmp_path)   # config.json as the model has it; one tensor mis-shaped
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    tensors["model.norm.weight"] = np.ones((32,), np.float32)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    items = decoder_golden.ONE_DEVICE + overrides + [f"model.init_checkpoint={path}"]
+    proc = cli_in_process("run", os.path.join(REPO, "configs", workload, "smoke.yaml"), "--output_dir", str(runs),
+                          *[o for item in items for o in ("--set", item)])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "1 problem(s)" in lines[0], proc.stderr[-2000:]
+    assert "tensor model.norm.weight has shape [32], the model needs [64]" in lines[0]
+    assert not runs.exists() or not any(runs.rglob("*")), sorted(runs.rglob("*"))
+
+
+def _llama_copy(tmp_path) -> str:
+    out = tmp_path / "copy"
+    shutil.copytree(os.path.join(GOLDEN, "llama"), out)
+    return str(out)
+
+
+def _write_header(path: str, header: object) -> None:
+    blob = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("header_list", "its header is a JSON list, not an object"),
+    ("header_entry", "its header entry 'x' is not {dtype, shape, data_offsets}"),
+    ("weight_map", "weight_map must give each tensor a file name in the directory"),
+    ("config_value", "config.json rms_norm_eps='abc' is not a number"),
+])
+def test_malformed_checkpoint_files_are_one_line(damage, says, tmp_path):
+    workload, overrides = CASES["llama"]
+    path = _llama_copy(tmp_path)
+    if damage == "header_list":
+        _write_header(os.path.join(path, "model.safetensors"), [1, 2, 3])
+    elif damage == "header_entry":
+        _write_header(os.path.join(path, "model.safetensors"), {"x": 5})
+    elif damage == "weight_map":
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"model.norm.weight": 5}}, f)
+    else:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["rms_norm_eps"] = "abc"
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"), overrides)
+    from benchmarks import registry
+
+    with pytest.raises(HarnessError) as e:
+        hf_checkpoint.check_config(path, registry.get(workload).HF_FORMAT, cfg.model)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_gpt_oss_clamp_keys_that_are_not_numbers_are_one_line():
+    from benchmarks.gpt_oss_20b import hf_names
+
+    workload, overrides = CASES["gpt_oss_plain"]
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"), overrides)
+    with open(os.path.join(GOLDEN, "gpt_oss_plain", "config.json")) as f:
+        config = dict(json.load(f), swiglu_limit=None)
+    assert hf_names.config_problems(config, cfg.model) == ["config.json swiglu_limit=None is not a number"]
+
+
+def test_export_refuses_a_directory_holding_files_and_a_zero_shard(tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"old")
+    proc = cli_in_process("export", str(tmp_path / "run"), "--out", str(out))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: --out {out}: not empty; export writes a whole checkpoint into an empty or new directory")
+    assert (out / "model.safetensors").read_bytes() == b"old"
+    with pytest.raises(HarnessError, match="give a positive number of bytes"):
+        hf_checkpoint.parse_size("0")
+    with pytest.raises(HarnessError, match="give a positive number of bytes"):
+        hf_checkpoint.parse_size("0GB")

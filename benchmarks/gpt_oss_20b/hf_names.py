@@ -95,6 +95,11 @@ def config_problems(hf: dict[str, Any], m: Any) -> list[str]:
                 c.problems.append(f"config.json RoPE {key}={scaling[key]}: the model's YaRN scales attention by "
                                   f"0.1 ln(factor) + 1")
     alpha, limit = hf.get("swiglu_alpha", 1.702), hf.get("swiglu_limit", 7.0)
+    odd = [(k, v) for k, v in (("swiglu_alpha", alpha), ("swiglu_limit", limit))
+           if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if odd:
+        c.problems.append(f"config.json {odd[0][0]}={odd[0][1]!r} is not a number")
+        return c.problems
     clamps = limit < NO_CLAMP
     if not math.isclose(alpha, m.swiglu_alpha) or clamps != (m.swiglu_limit > 0) or (
             clamps and not math.isclose(limit, m.swiglu_limit)):

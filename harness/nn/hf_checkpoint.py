@@ -184,6 +184,8 @@ class Checker:
         got = self.hf.get(key, default)
         if got is None:
             self.problems.append(f"config.json has no {key} (the model has {model_key}={want})")
+        elif close and (isinstance(got, bool) or not isinstance(got, (int, float))):
+            self.problems.append(f"config.json {key}={got!r} is not a number (the model has {model_key}={want})")
         elif (not math.isclose(float(got), float(want), rel_tol=1e-6)) if close else got != want:
             self.problems.append(f"config.json {key}={got}, the model has {model_key}={want}")
 
@@ -226,6 +228,10 @@ class Checkpoint:
             weight_map = self._json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise HarnessError(f"{what} {index}: no weight_map")
+            odd = [n for n, f in weight_map.items() if not isinstance(f, str) or os.path.basename(f) != f]
+            if odd:
+                raise HarnessError(f"{what} {index}: weight_map must give each tensor a file name in the "
+                                   f"directory ({odd[0]!r} -> {weight_map[odd[0]]!r})")
             self.files = {name: os.path.join(path, f) for name, f in weight_map.items()}
         elif os.path.exists(os.path.join(path, SINGLE)):
             self.files = None
@@ -283,7 +289,16 @@ def read_header(file: str) -> dict[str, Any]:
         (n,) = struct.unpack("<Q", head)
         if n > 100 * 2 ** 20:
             raise ValueError(f"header of {n} bytes")
-        return json.loads(f.read(n))
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])):
+            raise ValueError(f"its header entry {name!r} is not {{dtype, shape, data_offsets}}")
+    return header
 
 
 def check(ckpt: Checkpoint, layout: Layout, config_problems: list[str]) -> list[str]:
@@ -459,10 +474,13 @@ def parse_size(text: str) -> int:
     s = str(text).strip().upper()
     for unit, scale in units.items():
         if s.endswith(unit) and s[:-len(unit)].strip().replace(".", "", 1).isdigit():
-            return int(float(s[:-len(unit)]) * scale)
-    if s.isdigit():
+            size = int(float(s[:-len(unit)]) * scale)
+            if size > 0:
+                return size
+    if s.isdigit() and int(s) > 0:
         return int(s)
-    raise HarnessError(f"max shard size {text!r}: give bytes or a size such as 5GB, 500MB, 20KB")
+    raise HarnessError(f"max shard size {text!r}: give a positive number of bytes or a size such as 5GB, 500MB, "
+                       f"20KB")
 
 
 def write_checkpoint(out_dir: str, tensors: Sequence[tuple[str, tuple[int, ...], Any]],
@@ -522,7 +540,10 @@ def export_tensors(layout: Layout, read: Callable[[str], np.ndarray],
 
 def variables_file_tensors(file: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """A harness weights file's tensors: path -> (shape, dtype)."""
-    header = read_header(file)
+    try:
+        header = read_header(file)
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"{file}: not a readable safetensors file ({e})") from None
     return {k: (tuple(v["shape"]), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
 
 
@@ -540,9 +561,12 @@ class Format:
 
 def check_config(path: str, fmt: Format, model_cfg: Any, what: str = "model.init_checkpoint") -> Checkpoint:
     """The checks that need no model (before the log opens): a checkpoint directory whose config.json
-    matches the model config."""
+    matches the model config and whose tensors (from the file headers) have the names, shapes and dtypes
+    the model's layout needs. Layout entries a model option adds are taken as present here (their tensors'
+    shapes do not depend on it); whether a tensor the model lacks is neutral is read at load."""
     ckpt = Checkpoint(path, what)
-    problems = fmt.config_problems(ckpt.config, model_cfg)
+    problems = check(ckpt, fmt.layout(model_cfg, set(ckpt.meta), lambda p: True),
+                     fmt.config_problems(ckpt.config, model_cfg))
     if problems:
         raise problems_line(f"{what} {path}", problems)
     return ckpt

@@ -3,10 +3,10 @@
 
 The run directory keeps the model's variables under their own paths in one safetensors file
 (`final_weights.safetensors`, the variables' dtype, no optimizer state), written variable by variable after the
-log's run_stop, so the time to train never includes it. Export needs no TensorFlow: it reads the run's
-config.yaml, asks the workload for its Hugging Face form (`Workload.HF_FORMAT`) and writes each tensor of
-that layout from the variables it is made of (harness/nn/hf_checkpoint.py), sharded with an index json when
-the tensors exceed one shard.
+log's run_stop, so the time to train never includes it. Export runs on the host alone (no device, no model
+built; the workload's module is imported for its layout): it reads the run's config.yaml, asks the workload
+for its Hugging Face form (`Workload.HF_FORMAT`) and writes each tensor of that layout from the variables it
+is made of (harness/nn/hf_checkpoint.py), sharded with an index json when the tensors exceed one shard.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, check_output_dir
 from harness.nn import hf_checkpoint
 
 FILE = "final_weights.safetensors"
@@ -82,6 +82,12 @@ def main(args: list[str], out: str | None, max_shard: str, dtype: str) -> int:
         raise HarnessError("export takes exactly one RUN_DIR (and --out DIR)")
     if not out:
         raise HarnessError("export needs --out DIR for the Hugging Face checkpoint")
+    out = check_output_dir(out, "--out")
+    # A directory holding another checkpoint would mix its shards and index with these, and transformers and
+    # the importer pick files in different orders: the two would read different weights.
+    if os.path.isdir(out) and os.listdir(out):
+        raise HarnessError(f"--out {out}: not empty; export writes a whole checkpoint into an empty or new "
+                           f"directory")
     files = export(args[0], out, max_shard, dtype)
     print(f"wrote {len(files)} file(s) to {out}: {', '.join(files[:4])}{' ...' if len(files) > 4 else ''}")
     return 0
