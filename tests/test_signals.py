@@ -212,3 +212,29 @@ def test_an_interrupted_campaign_records_it_and_stops(monkeypatch, tmp_path):
     assert proc.returncode == 143 and proc.stderr == "error: interrupted by SIGTERM\n", proc
     state = json.loads((tmp_path / "campaign.json").read_text())
     assert [r["status"] for r in state["runs"]] == ["interrupted", "pending"]
+
+
+def test_backstop_exits_even_when_the_last_words_block(tmp_path):
+    """A log write that never returns (a lock the stuck thread holds, a hung file system) must not keep the
+    process alive: the last words get LAST_WORDS_S, the exit does not wait on them."""
+    script = ("import sys, threading, time\nfrom harness.train import interrupt\n"
+              "interrupt.LAST_WORDS_S = 0.2\n"
+              "with interrupt.last_words(lambda name: threading.Event().wait()):\n"
+              "    with interrupt.handled(grace_s=0.5):\n"
+              "        print('ready', flush=True)\n"
+              "        try:\n"
+              "            time.sleep(60)\n"
+              "        except KeyboardInterrupt:\n"
+              "            time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+        wait_until_asleep(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1].startswith("error: interrupted by SIGTERM (the run had not stopped"), stderr

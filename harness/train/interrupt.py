@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 10.0  # how long the main thread has, after the signal, to end the run itself
+LAST_WORDS_S = 5.0  # then how long the backstop gives the log's last lines and the flush of stdout
 
 _last_words: list[Callable[[str], None]] = []
 _installed: dict[int, Callable[[int, Any], None]] = {}  # what the active `handled()` set, for reclaim()
@@ -159,12 +160,23 @@ def _backstop(read_fd: int, caught: set[int], grace_s: float, exiting: threading
         if state["done"]:
             return
         name = signal.Signals(signum).name
-        for fn in list(_last_words):
+
+        def last_words() -> None:
+            for fn in list(_last_words):
+                with contextlib.suppress(Exception):
+                    fn(name)
             with contextlib.suppress(Exception):
-                fn(name)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.write(f"error: interrupted by {name} (the run had not stopped {grace_s:g} s after it; "
-                             f"ended without cleanup)\n")
-            sys.stderr.flush()
-        os._exit(128 + signum)
+                sys.stdout.flush()
+                sys.stderr.flush()
+
+        try:
+            # The log's last lines and stdout can block (a lock the stuck main thread holds, a full pipe, a
+            # hung file system): they get a bounded time, the exit does not wait on them.
+            words = threading.Thread(target=last_words, name="interrupt-last-words", daemon=True)
+            words.start()
+            words.join(LAST_WORDS_S)
+            with contextlib.suppress(Exception):
+                os.write(2, f"error: interrupted by {name} (the run had not stopped {grace_s:g} s after it; "
+                            f"ended without cleanup)\n".encode())
+        finally:
+            os._exit(128 + signum)
