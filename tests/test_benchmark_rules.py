@@ -19,6 +19,8 @@ from mlperf_logging.rcp_checker import rcp_checker
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
+from conftest import REPO
+
 pytestmark = pytest.mark.quick
 
 CHECKER = os.path.dirname(checker_pkg.__file__)
@@ -407,3 +409,15 @@ def test_package_and_check_agree_on_a_logs_ruleset(tmp_path):
     assert package.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.0.0"
     lm = lm_log(tmp_path / "lm", "llama31_8b", 3.29)
     assert package.load_run(lm).ruleset == checklog.rulesets_for(lm, logparse.parse_log(lm), [])[1][0] == "6.1.0"
+
+
+def test_a_run_refuses_a_ruleset_the_installed_checker_lacks_before_its_log(monkeypatch):
+    """Found only at the compliance gate otherwise: after the whole run, with the log already a result."""
+    from harness import config as config_lib, mlperf
+    from harness.train import preflight
+
+    cfg = config_lib.load_config(os.path.join(REPO, "configs", "resnet", "smoke.yaml"), [])
+    preflight.check_checker_rulesets(cfg)  # the installed checker has both of the smoke's rulesets
+    monkeypatch.setattr(mlperf, "checker_rulesets", lambda: ("4.0.0",))
+    with pytest.raises(HarnessError, match=r"ruleset '0.7.0' is not one the installed mlperf-logging"):
+        preflight.check_checker_rulesets(cfg)

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from benchmarks import registry
 from harness import config as config_lib
-from harness import platforms
+from harness import mlperf, platforms
 from harness.errors import HarnessError
 from harness.runtime.base import Runtime
 from harness.train import data_service, host_memory, reference, remote_input, weights_init
@@ -38,6 +38,13 @@ class Checked:
 def run_rulesets(cfg: config_lib.Config) -> list[str]:
     """The configured ruleset first, then every other `check_rulesets` entry: one log must pass them all."""
     return [cfg.ruleset] + [r for r in cfg.check_rulesets if r != cfg.ruleset]
+
+
+def check_checker_rulesets(cfg: config_lib.Config) -> None:
+    """Every ruleset the run's log is checked against is one the installed checker has: known after the
+    run otherwise, with the log already a result and no summary."""
+    for ruleset in run_rulesets(cfg):
+        mlperf.require_ruleset(ruleset)
 
 
 def check_batches(cfg: config_lib.Config, runtime: Runtime) -> None:
@@ -71,6 +78,8 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
         platforms.check_platform_matches(runtime, cfg.submission.platform, cfg.submission.division,
                                          cfg.runtime.allow_platform_mismatch)
     workload: Any = registry.get(cfg.workload)(cfg, runtime)
+    if not dry_run:
+        check_checker_rulesets(cfg)
     check_batches(cfg, runtime)
     check_closed_target(cfg, workload)
     inputs = None
