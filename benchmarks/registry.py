@@ -14,6 +14,7 @@ _WORKLOADS = {
     "ssd": "benchmarks.ssd.workload:SSDWorkload",
     "gpt_oss_20b": "benchmarks.gpt_oss_20b.workload:GptOssWorkload",
     "llama31_8b": "benchmarks.llama31_8b.workload:LlamaWorkload",
+    "llama2_70b_lora": "benchmarks.llama2_70b_lora.workload:LoraWorkload",
 }
 
 

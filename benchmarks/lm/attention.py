@@ -3,15 +3,18 @@
 Named dimensions: `heads` (key/value heads, their query groups with them) so a mesh runtime can split
 them. The config passed in needs hidden_size, num_heads, num_kv_heads, head_dim, rope_base and
 init_stddev, and attention_block unless the caller gives `block`. Every shape is static and no op leaves the device.
-Options of the block (gpt-oss's, off for Llama): q/k/v/o biases, per-head attention sinks, q/k RMSNorm.
+Options of the block (gpt-oss's, off for Llama): q/k/v/o biases, per-head attention sinks, q/k RMSNorm;
+and LoRA adapters on the fused q/k/v and the output projections (`Lora`: llama2_70b_lora's fine-tune).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, RMSNorm, RopeScaling, YarnScaling, constant, normal, rotary
+from harness.nn.layers import (NEG_INF, Block, RMSNorm, RopeScaling, YarnScaling, _seed, constant, dropout,
+                               normal, rotary)
 from harness.runtime.base import Runtime
 
 
@@ -153,6 +156,30 @@ def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool
     return tf.transpose(out, [0, 3, 1, 2, 4])
 
 
+@dataclasses.dataclass
+class Lora:
+    """Low-rank adapters as PEFT's LoRA on a fused qkv_proj and on o_proj: y += (alpha / rank) *
+    B(A(dropout(x))), with ONE A [hidden, rank] shared by q, k and v (the fused projection's) and B split by
+    rows into q, k and v parts; A ~ U(+-1/sqrt(fan_in)) (kaiming_uniform with a=sqrt(5)), B = 0, so the
+    adapted model starts equal to the base. One dropout mask of the projection's input per adapter; the base
+    path sees the input undropped. `seed`: the stateless seed [2] of this forward's dropout, set by the
+    workload before each training forward (None: no dropout, e.g. in eval)."""
+    rank: int
+    alpha: float
+    dropout: float
+    seed: tf.Tensor | None = None
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def lora_uniform(fan_in: int, path: str, run_seed: int):
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)), seeded by path and run seed."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return lambda shape, dtype: tf.random.stateless_uniform(shape, _seed(path, run_seed), -bound, bound, dtype)
+
+
 class Attention(Block):
     """Grouped-query self-attention with RoPE; query kernel [hidden, kv, g, d], so a key/value head and
     its query group live on one device when `heads` is split. `block`: the query block of the blockwise
@@ -167,7 +194,8 @@ class Attention(Block):
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg, window: int, block: int | None = None,
                  rope_scaling: RopeScaling | YarnScaling | None = None, output_stddev: float | None = None,
-                 bias: bool = False, sinks: bool = False, qk_norm: bool = False) -> None:
+                 bias: bool = False, sinks: bool = False, qk_norm: bool = False, lora: Lora | None = None,
+                 layer: int = 0) -> None:
         super().__init__(runtime, path, seed)
         m, kv, d = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
         g = cfg.num_heads // kv
@@ -192,6 +220,26 @@ class Attention(Block):
         if qk_norm:
             self.q_norm = RMSNorm(runtime, f"{path}/query_norm", seed, d, cfg.norm_epsilon)
             self.k_norm = RMSNorm(runtime, f"{path}/key_norm", seed, d, cfg.norm_epsilon)
+        self.lora, self.layer = lora, layer
+        if lora is not None:
+            r, hd = lora.rank, kv * g * d
+            self.lora_a = self.var("lora_qkv/a", (m, r), (None, None), lora_uniform(m, f"{path}/lora_qkv/a", seed))
+            self.lora_bq = self.var("lora_qkv/b_query", (r, kv, g, d), (None, "heads", None, None), constant(0.0))
+            self.lora_bk = self.var("lora_qkv/b_key", (r, kv, d), (None, "heads", None), constant(0.0))
+            self.lora_bv = self.var("lora_qkv/b_value", (r, kv, d), (None, "heads", None), constant(0.0))
+            self.lora_oa = self.var("lora_output/a", (kv, g, d, r), ("heads", None, None, None),
+                                    lora_uniform(hd, f"{path}/lora_output/a", seed))
+            self.lora_ob = self.var("lora_output/b", (r, m), (None, None), constant(0.0))
+
+    def _lora_input(self, x: tf.Tensor, stream: int) -> tf.Tensor:
+        """The adapter's input: x under this layer's and adapter's own dropout mask (none without a seed)."""
+        seed = self.lora.seed
+        if seed is not None:
+            seed = tf.random.experimental.stateless_fold_in(seed, 2 * self.layer + stream)
+        return dropout(x, self.lora.dropout, seed)
+
+    def _w(self, kernel: tf.Variable) -> tf.Tensor:
+        return tf.cast(kernel, self.dtype)
 
     def _project(self, x: tf.Tensor, equation: str, kernel: tf.Variable, bias: tf.Variable | None) -> tf.Tensor:
         y = tf.einsum(equation, x, tf.cast(kernel, self.dtype))
@@ -202,6 +250,11 @@ class Attention(Block):
         q = self._project(x, "bsm,mhgd->bshgd", self.wq, self.bq)
         k = self._project(x, "bsm,mhd->bshd", self.wk, self.bk)
         v = self._project(x, "bsm,mhd->bshd", self.wv, self.bv)
+        if self.lora is not None:  # one A and one dropout mask for q, k and v (the fused qkv_proj's)
+            low = tf.einsum("bsm,mr->bsr", self._lora_input(x, 0), self._w(self.lora_a)) * self.lora.scale
+            q = q + tf.einsum("bsr,rhgd->bshgd", low, self._w(self.lora_bq))
+            k = k + tf.einsum("bsr,rhd->bshd", low, self._w(self.lora_bk))
+            v = v + tf.einsum("bsr,rhd->bshd", low, self._w(self.lora_bv))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, base, scaling), rotary(k, base, scaling)
@@ -212,4 +265,8 @@ class Attention(Block):
         else:  # the hidden stream is whole on every device: positions from one of its units
             ctx = windowed_attention(q, k, v, segments, self.window, self.block, like=x[:, :, 0], xla=xla,
                                      sinks=sinks)
-        return self._project(ctx, "bshgd,hgdm->bsm", self.wo, self.bo)
+        out = self._project(ctx, "bshgd,hgdm->bsm", self.wo, self.bo)
+        if self.lora is not None:
+            low = tf.einsum("bshgd,hgdr->bsr", self._lora_input(ctx, 1), self._w(self.lora_oa)) * self.lora.scale
+            out = out + tf.einsum("bsr,rm->bsm", low, self._w(self.lora_ob))
+        return out

@@ -10,7 +10,7 @@ from harness.config import field
 from harness.errors import HarnessError
 from harness.nn.layers import RopeScaling
 
-from benchmarks.lm.attention import Attention
+from benchmarks.lm.attention import Attention, Lora
 from benchmarks.lm.config import DecoderModelConfig
 from benchmarks.lm.decoder import Decoder
 from benchmarks.lm.ffn import SwiGLU
@@ -43,12 +43,18 @@ LLAMA_SPLIT_DIMS = {"model.ffn_hidden": "ff"}
 
 class Llama(Decoder):
     """Full causal attention (the window is the row, one dense block: the reference resets no mask at
-    documents) and a dense SwiGLU in every layer."""
+    documents) and a dense SwiGLU in every layer; `lora`: adapters on every layer's attention (one Lora
+    shared by all, so one seed set on it reaches every layer)."""
+
+    def __init__(self, runtime, name: str, seed: int, cfg, seq: int, lora: Lora | None = None) -> None:
+        self.lora = lora
+        super().__init__(runtime, name, seed, cfg, seq)
 
     def attention(self, path: str, layer: int) -> Attention:
         c = self.cfg
         return Attention(self.runtime, path, self.seed, c, window=self.seq, block=self.seq,
-                         rope_scaling=c.rope_scaling(), output_stddev=c.output_stddev())
+                         rope_scaling=c.rope_scaling(), output_stddev=c.output_stddev(), lora=self.lora,
+                         layer=layer)
 
     def ffn(self, path: str, layer: int) -> SwiGLU:
         c = self.cfg

@@ -24,7 +24,7 @@ import abc
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -190,6 +190,10 @@ class Runtime(abc.ABC):
         """
         if path in self._variables:
             raise ValueError(f"variable {path} created twice")
+        freeze = getattr(self, "_freeze", None)
+        frozen_dtype = freeze(path) if freeze is not None and trainable and dtype == tf.float32 else None
+        if frozen_dtype is not None:
+            trainable, dtype = False, frozen_dtype
         if len(shape) != len(dims):
             raise ValueError(f"variable {path}: shape {shape} and dims {dims} differ in rank")
         var = self._make_variable(path, tuple(int(s) for s in shape), tuple(dims), initializer,
@@ -200,6 +204,17 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
         ...
+
+    @contextlib.contextmanager
+    def frozen(self, dtype_of: Callable[[str], tf.DType | None]) -> Iterator[None]:
+        """Within: a float32 trainable variable whose path `dtype_of` maps to a dtype is created frozen
+        instead (not trainable, so no gradient, optimizer slot or all-reduce, and stored in that dtype);
+        None leaves it trainable (a fine-tune's adapters)."""
+        self._freeze = dtype_of
+        try:
+            yield
+        finally:
+            self._freeze = None
 
     def read(self, variable: tf.Variable) -> tf.Tensor:
         """A variable's value as the model computes with it (a mesh with FSDP gathers the shards)."""
