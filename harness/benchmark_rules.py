@@ -73,6 +73,7 @@ RESNET_EVAL_EVERY = 4  # epochs, first at epoch 1-4: "every 4 epochs with offset
 BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7: "starting at 3M samples, then every 500K"
 SSD_FIRST, SSD_EVERY, SSD_V10_SKIP = 40, 5, 45  # 0.7.0/1.0.0: epochs 40, 50, 55, ...; 1.1.0: every 5
 LM_EVAL_SAMPLES = 12_288  # the decoder LMs: every 12,288 samples, rounded up to whole batches
+LORA_EVAL_SAMPLES = 384   # llama2_70b_lora: every 384 samples, rounded up to whole batches
 
 
 def bert_eval_every(global_batch: int) -> int:
@@ -83,6 +84,21 @@ def bert_eval_every(global_batch: int) -> int:
 def lm_eval_every(global_batch: int) -> int:
     """llama31_8b and gpt_oss_20b: every 12,288 samples, or ceil(12288 / gbs) * gbs when gbs does not divide it."""
     return math.ceil(LM_EVAL_SAMPLES / global_batch) * global_batch
+
+
+def lora_eval_every(global_batch: int) -> int:
+    """llama2_70b_lora: every 384 samples, or ceil(384 / gbs) * gbs when gbs does not divide it."""
+    return math.ceil(LORA_EVAL_SAMPLES / global_batch) * global_batch
+
+
+def lora_eval_skip(global_batch: int) -> int:
+    """llama2_70b_lora: the first floor(0.125 * gbs + 2) evals are skipped (3 at GBS 8: first at 1536)."""
+    return int(math.floor(0.125 * global_batch + 2))
+
+
+def _lora_cadence(ruleset: str, global_batch: int) -> Cadence:
+    every = lora_eval_every(global_batch)
+    return Cadence(SAMPLE, (lora_eval_skip(global_batch) + 1) * every, every)
 
 
 def _resnet_cadence(ruleset: str, global_batch: int) -> Cadence:
@@ -206,7 +222,7 @@ _ALL = [
     _bench("gnn", _at(span("4.0.0", "4.1.0"), 0.72), True, 10, span("4.0.0", "4.1.0")),
     _bench("rgat", _at(span("5.0.0", "5.1.0"), 0.72), True, 10, span("5.0.0", "5.1.0")),
     _bench("llama2_70b_lora", _at(span("4.0.0", "6.1.0"), 0.925), False, 10, span("4.0.0", "6.1.0"),
-           open_=span("5.0.0", "6.1.0"), unit=SAMPLE),
+           open_=span("5.0.0", "6.1.0"), unit=SAMPLE, cadence=_lora_cadence),
     _bench("llama31_405b", _at(span("5.0.0", "6.0.0"), 5.6), False, 3, span("5.0.0", "6.0.0"),
            unit=SAMPLE),
     _bench("llama31_8b", _at(span("5.1.0", "6.1.0"), 3.3), False, 10, span("5.1.0", "6.1.0"),

@@ -12,21 +12,13 @@ import math
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
                                 OPTIMIZER_BYTES_PER_PARAM, decoder_activation_bytes, decoder_macs_and_params,
                                 decoder_model_cost)
+from harness import benchmark_rules as rules
 from harness.plan.cost import ModelCost
 
 __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
            "forward_macs_and_params", "model_cost", "train_activation_bytes", "adapter_params"]
 
-EVERY_SAMPLES = 384  # the rules: an eval every 384 samples, rounded up to whole batches
-
-
-def eval_every(global_batch: int) -> int:
-    return math.ceil(EVERY_SAMPLES / global_batch) * global_batch
-
-
-def eval_skip(global_batch: int) -> int:
-    """Evals the rules skip at the start: floor(0.125 x GBS + 2) (3 at GBS 8)."""
-    return int(math.floor(0.125 * global_batch + 2))
+eval_every, eval_skip = rules.lora_eval_every, rules.lora_eval_skip  # the rules' cadence
 
 
 def adapter_params(cfg) -> int:

@@ -10,7 +10,8 @@ argv: dump dir, config, JSON list of overrides. Prints one RESULT line:
    "gathers": [{"shape", "from", "to", "source"}] (every DTensorAllGather; source = the op it reads),
    "scatters": [{"shape", "from", "to", "reduced", "via"}] (every DTensorAllScatter; reduced = the
        collective found walking back through `via` (reshapes, identities), e.g. "DTensorAllReduce Add data"),
-   "fused": {op: count} of the collectives after the fusion pass, "direct": scatters right after an all-reduce}
+   "fused": {op: count} of the collectives after the fusion pass, "direct": scatters right after an all-reduce,
+   "frozen": [[path, global shape, stored specs, compute specs], ...] (every non-trainable variable)}
 """
 from __future__ import annotations
 
@@ -104,8 +105,12 @@ def main(dump: str, config: str, overrides: list[str]) -> None:
         compute = list(rt.layout_for(v.dims).sharding_specs)
         if stored != compute:
             weights.append([v.variable.shape.as_list(), stored, compute])
+    frozen = []  # non-trainable variables (a fine-tune's frozen base, optimizer slots): path, shape, layouts
+    for v in rt.variables(trainable=False):
+        stored = list(dtensor.fetch_layout(v.variable.read_value()).sharding_specs)
+        frozen.append([v.path, v.variable.shape.as_list(), stored, list(rt.layout_for(v.dims).sharding_specs)])
     print("RESULT " + json.dumps(dict(weights=weights, gathers=gathers, scatters=scatters, fused=fused,
-                                      direct=direct)), flush=True)
+                                      direct=direct, frozen=frozen)), flush=True)
     os._exit(0)
 
 

@@ -1,0 +1,212 @@
+"""llama2_70b_lora: the row-weighted eval metric against numpy, the frozen base (bit-identical after training,
+no gradients or optimizer slots, bf16 storage), the cost counts, one-line refusals, the per-device FSDP program
+on the 2x2 mesh (no collective reduces a frozen weight), and the two smokes (single device and 2x2 mesh
+with FSDP) reaching their target with logs the official checker passes, their eval losses equal.
+Three subprocesses (two smokes, one FSDP-program dump), about a minute; the rest in process."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+SMOKE = "configs/llama2_70b_lora/smoke.yaml"
+MESH = "configs/llama2_70b_lora/smoke-mesh.yaml"
+
+
+@pytest.fixture(scope="module")
+def base_ckpt(tmp_path_factory):
+    """The smoke's frozen base as a Hugging Face checkpoint, written by the script the smoke header names."""
+    out = str(tmp_path_factory.mktemp("lora_base"))
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from make_lora_smoke_base import write_base
+    files = write_base(os.path.join(REPO, SMOKE), out, [])
+    assert "config.json" in files and "model.safetensors" in files
+    return out
+
+
+def build(overrides: list[str]):
+    from tests.helpers.step_case import build as step_build
+    return step_build(os.path.join(REPO, SMOKE), overrides)
+
+
+# ------------------------------------------------------------------------------------------ eval metric
+
+def test_eval_loss_is_the_mean_over_rows_of_row_means(base_ckpt):
+    import tensorflow as tf
+
+    cfg, rt, wl = build([f"model.init_checkpoint={base_ckpt}", "data.seq_length=16"])
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, cfg.model.vocab_size, size=(3, 16)).astype(np.int32)
+    labels = np.full_like(ids, -100)
+    labels[0, 2:15] = ids[0, 2:15]   # 13 scored targets
+    labels[1, 10:12] = ids[1, 10:12]  # 2
+    labels[2, 5:9] = ids[2, 5:9]      # 4
+    batch = {"input_ids": tf.constant(ids), "labels": tf.constant(labels)}
+    out = wl.eval_step(batch, tf.ones([3]))
+    got = wl.eval_finalize({k: float(v) for k, v in out.items()})[wl.METRIC]
+
+    hidden, _ = wl.model(tf.constant(ids))
+    logits = wl.model.logits(hidden).numpy().astype(np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    row_means, nll, tokens = [], 0.0, 0
+    for r in range(3):
+        losses = [-logp[r, j, labels[r, j + 1]] for j in range(15) if labels[r, j + 1] != -100]
+        row_means.append(np.mean(losses))
+        nll += sum(losses)
+        tokens += len(losses)
+    row_weighted, token_weighted = float(np.mean(row_means)), nll / tokens
+    assert abs(row_weighted - token_weighted) > 1e-3  # the case tells the two apart
+    assert got == pytest.approx(row_weighted, rel=1e-5)
+
+
+def test_rows_without_scored_tokens_count_nothing():
+    import tensorflow as tf
+
+    from benchmarks.llama2_70b_lora.workload import row_mean_losses
+
+    xent = tf.constant([[1.0, 2.0, 3.0, 9.0], [5.0, 5.0, 5.0, 5.0]])
+    labels = tf.constant([[0, 7, -100, 7], [0, -100, -100, -100]])
+    rows, has = row_mean_losses(xent, labels)
+    assert rows.numpy().tolist() == [2.0, 0.0]  # (1 + 3) / 2: position j scores labels[j + 1]
+    assert has.numpy().tolist() == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------ frozen base
+
+def test_base_is_frozen_bf16_and_bit_identical_after_training(base_ckpt):
+    import tensorflow as tf
+
+    from harness.train import loop
+    from tests.helpers.step_case import train
+
+    cfg, rt, wl = build([f"model.init_checkpoint={base_ckpt}"])
+    model = [v for v in rt.variables() if v.path.startswith("llama/")]
+    trainable = {v.path for v in rt.variables(trainable=True)}
+    assert trainable and all("/lora_" in p for p in trainable)
+    # r 16 on 2 layers of d 64, 4 q / 2 kv heads of 16: qkv A 64x16, B 16x(64+32+32); o A 64x16, B 16x64
+    assert sum(v.variable.shape.num_elements() for v in rt.variables(trainable=True)) == 2 * 16 * (64 + 128 + 64 + 64)
+    frozen = [v for v in model if v.path not in trainable]
+    for v in frozen:
+        want = tf.float32 if "norm" in v.path else tf.bfloat16
+        assert v.variable.dtype == want, v.path
+    slots = {v.path for v in rt.variables() if v.path.startswith(wl.optimizer.name + "/")}
+    assert not any(f.path.split("/", 1)[1] in s for f in frozen for s in slots)
+    before = {v.path: v.variable.numpy().copy() for v in model}
+    steps = loop.CompiledSteps(rt, wl)
+    losses = train(steps, cfg, 3)
+    assert all(math.isfinite(x) for x in losses)
+    for v in model:
+        now = v.variable.numpy()
+        if v.path in trainable:
+            continue
+        assert now.tobytes() == before[v.path].tobytes(), v.path
+    b = [v for v in model if v.path.endswith("lora_qkv/b_value")][0]
+    assert np.any(b.variable.numpy() != before[b.path])  # the adapters did train
+
+
+# ------------------------------------------------------------------------------------------ cost, refusals
+
+def test_cost_counts_the_reference_model():
+    from benchmarks.llama2_70b_lora import cost
+    from harness import config as C
+
+    cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/reference.yaml"))
+    assert cost.adapter_params(cfg) == 44_564_480
+    macs, base = cost.forward_macs_and_params(cfg)
+    assert base == 68_976_648_192
+    mc = cost.model_cost(cfg)
+    # frozen base: forward + activation gradients, ~2/3 of a full training step; >= 4 N T
+    assert 4 * base * 8192 < mc.train_flops_per_sample < 3 * 2 * macs * 0.7
+    assert mc.params == 44_564_480
+    assert cost.eval_positions(cfg, 2000, 8) == [1536, 1920, 2304]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["submission.division=closed"], "fine-tunes on the reference's GovReport parquet"),
+    (["model.hidden_size=32", "model.head_dim=8"], "hidden_size"),
+])
+def test_refused_in_one_line(base_ckpt, overrides, message):
+    p = subprocess.run([sys.executable, "-m", "harness", "run", SMOKE, "--set", f"model.init_checkpoint={base_ckpt}",
+                        *[x for o in overrides for x in ("--set", o)]],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    errors = [line for line in p.stderr.splitlines() + p.stdout.splitlines() if line.startswith("error:")]
+    assert p.returncode != 0 and len(errors) == 1 and message in errors[0], p.stdout[-1500:] + p.stderr[-1500:]
+    assert "Traceback" not in p.stderr
+
+
+# ------------------------------------------------------------------------------------------ mesh program
+
+def test_no_collective_reduces_a_frozen_weight(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPP_VMODULE="dtensor_mlir_passes=1",
+               TF_DUMP_GRAPH_PREFIX=str(tmp_path),
+               MLIR_BRIDGE_LOG_PASS_FILTER="DTensorSPMDExpansion;DTensorAllReduceScatterOptimization")
+    overrides = ["model.num_layers=1", "data.synthetic_train_rows=8", "data.eval_samples=2"]
+    p = subprocess.run([sys.executable, os.path.join(REPO, "tests", "helpers", "fsdp_split.py"), str(tmp_path), MESH,
+                        json.dumps(overrides)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
+    prog = json.loads(line[-1][len("RESULT "):])
+    sig = lambda shape, a, b: f"{shape} {a}->{b}"  # noqa: E731
+    trainable = {sig(*w) for w in prog["weights"]}
+    frozen_split = {sig(shape, s, c) for path, shape, s, c in prog["frozen"]
+                    if path.startswith("llama/") and s != c}
+    assert frozen_split and trainable and not (frozen_split & trainable)
+    # every frozen weight FSDP splits is gathered where used ...
+    gathered = {sig(g["shape"], g["from"], g["to"]) for g in prog["gathers"]}
+    assert frozen_split <= gathered
+    # ... and only the adapters' gradients are reduced into shards
+    scattered = [sig(s["shape"], s["to"], s["from"]) for s in prog["scatters"]]
+    assert scattered and set(scattered) <= trainable
+    assert not any(s in frozen_split for s in scattered)
+
+
+# ------------------------------------------------------------------------------------------ the smokes
+
+def eval_values(log: str) -> list[float]:
+    with open(log) as f:
+        return [json.loads(x.split(":::MLLOG ", 1)[1])["value"] for x in f if '"key": "eval_accuracy"' in x]
+
+
+@pytest.fixture(scope="module")
+def smokes(base_ckpt, tmp_path_factory):
+    """Both smokes without the adapters' dropout (the two runtimes draw different masks), so their losses
+    must agree; the dropout itself trains in the frozen-base test."""
+    out = {}
+    for name, config in (("single", SMOKE), ("mesh", MESH)):
+        d = str(tmp_path_factory.mktemp(name))
+        p = subprocess.run([sys.executable, "-m", "harness", "run", config, "--output_dir", d, "--set",
+                            f"model.init_checkpoint={base_ckpt}", "--set", "model.lora_dropout=0"],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+        m = re.search(r"^log: (\S+)", p.stdout, re.M)
+        assert p.returncode == 0 and m, p.stdout[-3000:] + p.stderr[-3000:]
+        out[name] = (p.stdout, m.group(1) if os.path.isabs(m.group(1)) else os.path.join(REPO, m.group(1)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["single", "mesh"])
+def test_smoke_reaches_target_and_passes_the_checker(smokes, name):
+    stdout, log = smokes[name]
+    assert "run success" in stdout
+    for r in ("5.0.0", "5.1.0", "6.0.0", "6.1.0"):
+        assert f"compliance (official checker, ruleset {r}): PASS" in stdout
+    values = eval_values(log)
+    assert values[-1] <= 0.9 and all(v > 0.9 for v in values[:-1])
+    with open(log) as f:
+        text = f.read()
+    for key, value in (("lora_rank", 16), ("lora_alpha", 32.0), ("opt_learning_rate_training_steps", 256)):
+        assert len(re.findall(rf'"key": "{key}", "value": {value}\b', text)) == 1, key
+
+
+def test_mesh_smoke_equals_single_device(smokes):
+    single, mesh = eval_values(smokes["single"][1]), eval_values(smokes["mesh"][1])
+    assert len(single) == len(mesh)
+    assert mesh == pytest.approx(single, abs=2e-3)
