@@ -126,7 +126,11 @@ class LoraWorkload(DecoderLMWorkload):
     METRIC = "eval loss"
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     REFERENCE_MODEL = REFERENCE_MODEL
-    DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.vocab_size": (512, 1024)}
+    # The dry run compiles 1 and 2 layers, SwiGLU widths of 1024 and 2048 and vocabularies of 512 and 1024
+    # at full hidden size and extrapolates (harness.train.dryrun.linear_stand_in): two full 70B layers' weights
+    # (1.7B parameters) are more than this host holds while they are split onto the mesh.
+    DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.ffn_hidden": (1024, 2048), "model.vocab_size": (512, 1024)}
+    DRY_RUN_PAIRS = (("model.num_layers", "model.ffn_hidden"),)
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, **LLAMA_SPLIT_DIMS}
     HF_FORMAT = Format(hf_names.llama_layout, hf_names.llama_config_problems,
                        lambda cfg, dtype: hf_names.llama_config(cfg.model, cfg.data.seq_length, dtype))
