@@ -131,7 +131,7 @@ def test_cost_counts_the_reference_model():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["submission.division=closed"], "fine-tunes on the reference's GovReport parquet"),
+    (["submission.division=closed", "schedule.target=0"], "fine-tunes on the reference's GovReport parquet"),
     (["model.hidden_size=32", "model.head_dim=8"], "hidden_size"),
 ])
 def test_refused_in_one_line(base_ckpt, overrides, message):
