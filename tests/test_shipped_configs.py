@@ -37,7 +37,8 @@ COVERED_ELSEWHERE = {
 # configs. A default-runtime config takes the first device, so it rides along with a mesh's.
 RUN_HERE = {
     4: ["configs/bert/smoke.yaml", "configs/resnet/smoke.yaml", "configs/resnet/smoke-tfrecord.yaml",
-        "configs/bert/smoke-mesh.yaml", "configs/gpt_oss_20b/smoke-mesh.yaml", "configs/transformer/smoke-mesh.yaml"],
+        "configs/bert/smoke-mesh.yaml", "configs/gpt_oss_20b/smoke-mesh.yaml", "configs/transformer/smoke-mesh.yaml",
+        "configs/llama2_70b_lora/smoke.yaml", "configs/llama2_70b_lora/smoke-mesh.yaml"],
     2: ["configs/ssd/smoke-mesh.yaml", "configs/ssd/smoke-mirrored.yaml"],
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
