@@ -48,6 +48,8 @@ def model_cost(cfg) -> ModelCost:
         "adapters' weight gradients)",
         notes=f"frozen base of {base:,} parameters: no weight gradients, no optimizer state, gathered never reduced")
     cost.train_flops_per_sample = 2 * 2.0 * macs + 2.0 * adapter_macs
+    if not cfg.data.train_samples and cfg.data.source == "parquet":
+        cost.train_samples = 3901  # the reference's train file
     cost.optimizer_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM
     # FSDP moves the bf16 (or float32) base twice a step, and the float32 adapters
     width = 2 if cfg.model.frozen_dtype == "bfloat16" else 4

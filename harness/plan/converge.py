@@ -58,7 +58,7 @@ def rcp_points(benchmark: str, ruleset: str) -> list[tuple[float, float]]:
 
     by_batch: dict[float, list[float]] = {}
     for entry in rcp.load_rcps(benchmark, ruleset).values():
-        runs = entry.get("Epochs to converge") or []
+        runs = entry.get("Epochs to converge") or entry.get("samples to converge") or []  # llama2_70b_lora: samples
         if runs:
             by_batch.setdefault(float(entry["BS"]), []).append(sum(runs) / len(runs))
     return [(b, sum(v) / len(v)) for b, v in by_batch.items()]
