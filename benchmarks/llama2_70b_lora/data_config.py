@@ -1,0 +1,33 @@
+"""The `data` section of llama2_70b_lora: the reference's parquet files or a synthetic prompt -> answer set,
+plus the input-technique keys every workload's data section inherits."""
+from __future__ import annotations
+
+import dataclasses
+
+from harness.config import field
+from harness.train.input_pipeline import PipelineConfig
+
+# The MLPerf dataset (SCROLLS GovReport, tokenized and packed by the reference): rows in each split.
+REFERENCE_TRAIN_ROWS = 3901
+REFERENCE_EVAL_ROWS = 173
+
+
+@dataclasses.dataclass
+class LoraDataConfig(PipelineConfig):
+    source: str = field("synthetic", choices=("synthetic", "parquet"))
+    data_dir: str = field("", doc="parquet: folder holding the reference's train and validation files")
+    train_file: str = field("train-00000-of-00001.parquet", doc="parquet: training rows under data_dir")
+    eval_file: str = field("validation-00000-of-00001.parquet", doc="parquet: validation rows under data_dir")
+    train_samples: int = field(REFERENCE_TRAIN_ROWS, min=0,
+                               doc="rows in one epoch (MLPerf train_samples; closed: 3901); parquet: the file "
+                               "must hold exactly this many, 0 = as many as it holds; synthetic: rows generated")
+    eval_samples: int = field(REFERENCE_EVAL_ROWS, min=0,
+                              doc="rows of the eval set (MLPerf eval_samples; closed: 173); parquet: the file "
+                              "must hold exactly this many, 0 = as many as it holds; synthetic: rows generated")
+    synthetic_seed: int = field(0, doc="synthetic: fixes the rows and the answer map; the run seed fixes the order")
+    synthetic_alphabet: int = field(16, min=2, doc="synthetic: distinct prompt tokens (ids 4 .. 3 + alphabet); "
+                                    "an answer token is a fixed permutation of the prompt token it answers")
+    synthetic_prompt_len: int = field(4, min=1, doc="synthetic: prompt tokens per example, and answer tokens")
+    synthetic_train_labels: str = field("all", choices=("all", "answer"),
+                                        doc="synthetic: training rows score every token (as the reference's "
+                                        "train split does) or only the answers (as its validation split does)")
