@@ -24,14 +24,15 @@ from benchmarks.llama2_70b_lora.data_config import LoraDataConfig  # noqa: E402
 
 
 def write(out_dir: str, train_rows: int, eval_rows: int, seq: int, seed: int = 0, alphabet: int = 16,
-          prompt_len: int = 4, train_labels: str = "all", dtype: type = np.int32) -> dict[str, str]:
+          prompt_len: int = 4, train_labels: str = "all", dtype: type = np.int32,
+          map_seed: int = -1) -> dict[str, str]:
     """Writes both files; {split: path}."""
     c = LoraDataConfig()
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
     for split, (name, rows) in enumerate(((c.train_file, train_rows), (c.eval_file, eval_rows))):
         ids, labels = synthetic_rows(seed, split, rows, seq, alphabet, prompt_len,
-                                     score_prompts=split == 0 and train_labels == "all")
+                                     score_prompts=split == 0 and train_labels == "all", map_seed=map_seed)
         paths[name] = os.path.join(out_dir, name)
         write_parquet(paths[name], ids, labels, dtype=dtype)
     return paths
@@ -45,6 +46,7 @@ def main() -> None:
     p.add_argument("--eval_rows", type=int, default=c.eval_samples)
     p.add_argument("--seq", type=int, default=8192, help="tokens per row (the model's sequence length)")
     p.add_argument("--seed", type=int, default=c.synthetic_seed, help="data.synthetic_seed")
+    p.add_argument("--map_seed", type=int, default=c.synthetic_map_seed, help="data.synthetic_map_seed")
     p.add_argument("--alphabet", type=int, default=c.synthetic_alphabet, help="data.synthetic_alphabet")
     p.add_argument("--prompt_len", type=int, default=c.synthetic_prompt_len, help="data.synthetic_prompt_len")
     p.add_argument("--train_labels", choices=("all", "answer"), default=c.synthetic_train_labels,
@@ -54,7 +56,7 @@ def main() -> None:
     if min(a.train_rows, a.eval_rows, a.seq, a.alphabet, a.prompt_len) < 1:
         raise SystemExit("error: rows, --seq, --alphabet and --prompt_len must be at least 1")
     for path in write(a.out_dir, a.train_rows, a.eval_rows, a.seq, a.seed, a.alphabet, a.prompt_len,
-                      a.train_labels, np.int64 if a.int64 else np.int32).values():
+                      a.train_labels, np.int64 if a.int64 else np.int32, a.map_seed).values():
         print(path)
 
 

@@ -313,6 +313,19 @@ def test_synthetic_answers_are_the_map_of_the_prompt_and_alone_scored():
     np.testing.assert_array_equal(all_ids, all_labels)
 
 
+def test_map_seed_changes_the_answers_alone():
+    base, same, other = synthetic(3), synthetic(3, synthetic_map_seed=3), synthetic(3, synthetic_map_seed=4)
+    ids, labels = base.arrays("eval")
+    np.testing.assert_array_equal(same.arrays("eval")[0], ids)
+    other_ids, other_labels = other.arrays("eval")
+    scored = labels != IGNORE
+    np.testing.assert_array_equal(other_labels != IGNORE, scored)
+    np.testing.assert_array_equal(other_ids[~scored], ids[~scored])  # prompts, BOS, SEP and EOS unchanged
+    assert (other_ids[scored] != ids[scored]).any()
+    perm, moved = answer_map(3, 16), answer_map(4, 16)
+    np.testing.assert_array_equal(other_ids[scored], moved[perm.argsort()[ids[scored] - FIRST_WORD]])
+
+
 def test_synthetic_train_labels_and_vocabulary_checks():
     train = synthetic(synthetic_train_labels="answer")
     ids, labels = train.arrays("train")
@@ -331,10 +344,10 @@ def test_script_writes_what_the_synthetic_source_gives(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     script.write(str(tmp_path), train_rows=6, eval_rows=3, seq=SEQ, seed=2, alphabet=5, prompt_len=2,
-                 dtype=np.int64)
+                 dtype=np.int64, map_seed=7)
     files = parquet_data(str(tmp_path), train_samples=6, eval_samples=3)
     files.validate()
-    generated = synthetic(2, synthetic_alphabet=5, synthetic_prompt_len=2)
+    generated = synthetic(2, synthetic_alphabet=5, synthetic_prompt_len=2, synthetic_map_seed=7)
     for split in ("train", "eval"):
         for x, y in zip(files.arrays(split), generated.arrays(split)):
             np.testing.assert_array_equal(x, y)

@@ -6,11 +6,12 @@
   `labels` alone. Read once into memory with pyarrow (3901 x 8192 x 2 int32 = 256 MB) and checked whole
   before the run, so a wrong file is one line naming it rather than an op error mid-run.
 - `synthetic`: examples `BOS x_1..x_P SEP y_1..y_P EOS` with prompt tokens x drawn from a small alphabet and
-  y_i = perm(x_i) for a seeded permutation, packed end to end into rows (an example may cross a row boundary,
-  as the reference's packing does; the remainder is dropped). Eval labels score only the answers (prompt and the
-  final EOS are -100, as the reference's validation split); train labels score every token or only the answers
-  (`data.synthetic_train_labels`). An ideal model's eval loss is 0, one that has not learned the map scores
-  about ln(alphabet) (`chance_loss`).
+  y_i = perm(x_i) for a seeded permutation (`data.synthetic_map_seed`), packed end to end into rows (an example
+  may cross a row boundary, as the reference's packing does; the remainder is dropped). Eval labels score only
+  the answers (prompt and the final EOS are -100, as the reference's validation split); train labels score
+  every token or only the answers (`data.synthetic_train_labels`). An ideal model's eval loss is 0, one that
+  has not learned the map scores about ln(alphabet) (`chance_loss`), and a base trained on another map's rows
+  scores well above that: it answers confidently by the wrong map.
 
 Training rows are split over hosts by index (host h takes rows h, h + H, ...) and each host's share is shuffled
 whole every epoch from the run seed, as the reference's random sampler draws a fresh permutation per epoch.
@@ -146,10 +147,11 @@ def answer_map(seed: int, alphabet: int) -> np.ndarray:
 
 
 def synthetic_rows(seed: int, split: int, rows: int, seq_length: int, alphabet: int, prompt_len: int,
-                   score_prompts: bool) -> tuple[np.ndarray, np.ndarray]:
-    """`rows` packed rows (input_ids, labels) for `split` (0 train, 1 eval); labels are -100 on each example's
-    BOS, prompt and SEP and on its final EOS unless `score_prompts` (then every label is the token itself)."""
-    perm = answer_map(seed, alphabet)
+                   score_prompts: bool, map_seed: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` packed rows (input_ids, labels) for `split` (0 train, 1 eval), answers by the map of `map_seed`
+    (-1: `seed`); labels are -100 on each example's BOS, prompt and SEP and on its final EOS unless
+    `score_prompts` (then every label is the token itself)."""
+    perm = answer_map(seed if map_seed < 0 else map_seed, alphabet)
     length = 2 * prompt_len + 3
     count = math.ceil(rows * seq_length / length)
     rng = np.random.default_rng([seed, split, 0x5EED])
@@ -261,7 +263,7 @@ class LoraData:
                 score_prompts = split == "train" and c.synthetic_train_labels == "all"
                 self._cache[split] = synthetic_rows(c.synthetic_seed, 0 if split == "train" else 1, rows,
                                                     self.seq_length, c.synthetic_alphabet, c.synthetic_prompt_len,
-                                                    score_prompts)
+                                                    score_prompts, c.synthetic_map_seed)
             else:
                 self._cache[split] = read_parquet(self.path(split), self.seq_length, self.vocab_size)
         return self._cache[split]

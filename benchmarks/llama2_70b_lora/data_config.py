@@ -27,6 +27,8 @@ class LoraDataConfig(PipelineConfig):
     synthetic_seed: int = field(0, doc="synthetic: fixes the rows and the answer map; the run seed fixes the order")
     synthetic_alphabet: int = field(16, min=2, doc="synthetic: distinct prompt tokens (ids 4 .. 3 + alphabet); "
                                     "an answer token is a fixed permutation of the prompt token it answers")
+    synthetic_map_seed: int = field(-1, min=-1, doc="synthetic: fixes the answer map alone (-1 = synthetic_seed); "
+                                    "a base trained on one map and fine-tuned on another starts confidently wrong")
     synthetic_prompt_len: int = field(4, min=1, doc="synthetic: prompt tokens per example, and answer tokens")
     synthetic_train_labels: str = field("all", choices=("all", "answer"),
                                         doc="synthetic: training rows score every token (as the reference's "
