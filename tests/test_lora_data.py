@@ -313,6 +313,18 @@ def test_synthetic_answers_are_the_map_of_the_prompt_and_alone_scored():
     np.testing.assert_array_equal(all_ids, all_labels)
 
 
+def test_ideal_eval_loss_counts_the_answers_cut_from_their_prompt():
+    aligned = LoraData(LoraDataConfig(eval_samples=4, synthetic_prompt_len=2, synthetic_alphabet=4), 14, VOCAB)
+    assert aligned.ideal_eval_loss() == 0.0  # rows of two whole examples: every prompt in its row
+    # P = 1, rows of 7: [BOS x SEP y EOS BOS x] then [SEP y EOS BOS x SEP y]: row 1's first answer lost its prompt
+    cut = LoraData(LoraDataConfig(eval_samples=2, synthetic_prompt_len=1, synthetic_alphabet=4), 7, VOCAB)
+    ids, labels = cut.arrays("eval")
+    assert list(ids[1, [0, 2, 3, 5]]) == [SEP, EOS, BOS, SEP] and list(labels[1] != IGNORE) == [
+        False, True, False, False, False, False, True]
+    assert cut.ideal_eval_loss() == pytest.approx(0.25 * np.log(4))
+    assert cut.chance_loss() == pytest.approx(np.log(4))
+
+
 def test_map_seed_changes_the_answers_alone():
     base, same, other = synthetic(3), synthetic(3, synthetic_map_seed=3), synthetic(3, synthetic_map_seed=4)
     ids, labels = base.arrays("eval")

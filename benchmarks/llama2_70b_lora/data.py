@@ -219,6 +219,19 @@ class LoraData:
         """Eval loss (nats per answer token) of a model that knows the synthetic alphabet but not the map."""
         return math.log(self.cfg.synthetic_alphabet)
 
+    def ideal_eval_loss(self) -> float:
+        """Synthetic: the eval loss of a model that knows the map, averaged over rows as the benchmark's metric
+        is. Only answers whose prompt token was cut off into the previous row are unpredictable (ln(alphabet)
+        each); rows with no scored position are left out, as the metric leaves them."""
+        c = self.cfg
+        labels = self.arrays("eval")[1][:, 1:]  # position t's label is predicted at t - 1: label 0 is never scored
+        scored = labels != IGNORE
+        cut = np.arange(1, self.seq_length) < c.synthetic_prompt_len + 1  # its prompt token lies before the row
+        counts = scored.sum(axis=1)
+        keep = counts > 0
+        lost = (scored & cut[None, :]).sum(axis=1)
+        return float(np.mean(lost[keep] / counts[keep]) * self.chance_loss()) if keep.any() else 0.0
+
     def example_spec(self) -> dict[str, tf.TensorSpec]:
         """One unbatched example, as `train_examples` and `eval_parse` give it."""
         return {k: tf.TensorSpec([self.seq_length], tf.int32) for k in COLUMNS}
