@@ -125,7 +125,7 @@ def read_parquet(path: str, seq_length: int, vocab_size: int) -> tuple[np.ndarra
         if zeros:
             raise HarnessError(f"{path}: attention_mask has {zeros} zeros (padding), which this pipeline does "
                                f"not apply: the reference's packed rows are all real tokens")
-    return ids.astype(np.int32), labels.astype(np.int32)
+    return ids.astype(np.int32, copy=False), labels.astype(np.int32, copy=False)
 
 
 def count_rows(path: str) -> int:
