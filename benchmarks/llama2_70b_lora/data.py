@@ -82,7 +82,7 @@ def _rows(path: str, table: pa.Table, name: str, seq_length: int) -> np.ndarray:
 
 def read_parquet(path: str, seq_length: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, labels) int32 [rows, seq_length] of a file in the reference's schema, checked whole: every
-    row of both columns `seq_length` long, ids in [0, vocab_size), labels -100 or an id, and an
+    row of both columns `seq_length` long, ids in [0, vocab_size), each label -100 or its position's id, and an
     `attention_mask` column, if there is one, all ones (the reference's rows are unpadded; this pipeline
     applies no attention mask). Any other column is ignored."""
     if not os.path.isfile(path):
@@ -119,6 +119,14 @@ def read_parquet(path: str, seq_length: int, vocab_size: int) -> tuple[np.ndarra
             row, pos = (int(i[0]) for i in np.nonzero(bad))
             raise HarnessError(f"{path}: labels holds {int(labels[row, pos])} (row {row}, position {pos}); each "
                                f"label must be {IGNORE} (not scored) or a token id below {vocab_size}")
+        # The reference's labels are the row's own tokens (the model shifts them): pre-shifted labels would
+        # train every position on the wrong target without any other sign.
+        bad = (labels != IGNORE) & (labels != ids)
+        if bad.any():
+            row, pos = (int(i[0]) for i in np.nonzero(bad))
+            raise HarnessError(f"{path}: labels differ from input_ids at {int(bad.sum())} scored positions (row "
+                               f"{row}, position {pos}: label {int(labels[row, pos])}, token {int(ids[row, pos])}); "
+                               f"each label must be {IGNORE} or the token at its own position (not shifted)")
     if "attention_mask" in wanted:
         mask = _rows(path, table, "attention_mask", seq_length)
         zeros = int(mask.size - np.count_nonzero(mask))
