@@ -240,6 +240,21 @@ def test_order_follows_the_run_seed_and_batches_are_int32(tmp_path):
     assert data.train_dataset(InputContext(1, 0, 4, 1)).element_spec["labels"].shape.as_list() == [4, SEQ]
 
 
+def test_train_examples_through_the_loop_equal_train_dataset(tmp_path):
+    """The loop's own training input over a workload wired to train_examples gives train_dataset's batches."""
+    data = parquet_data(data_dir(tmp_path, train=9))
+    workload = types.SimpleNamespace(cfg=types.SimpleNamespace(data=data.cfg), is_synthetic=False,
+                                     train_samples=data.train_samples, train_dataset=data.train_examples)
+    ctx = InputContext(num_hosts=2, host_id=1, batch_size=2, seed=4)
+    runtime = types.SimpleNamespace(distribute_dataset=lambda fn, global_batch, seed: fn(ctx))
+    theirs = list(loop.train_input(runtime, workload, global_batch=4, seed=4).take(5))
+    ours = list(data.train_dataset(ctx).take(5))
+    for a, b in zip(ours, theirs, strict=True):
+        assert set(a) == set(b) == {"input_ids", "labels"}
+        for k in a:
+            np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+
+
 # ---------------------------------------------------------------------------------------------- eval
 
 @pytest.mark.parametrize("hosts,batch", [(1, 2), (2, 2), (2, 3), (1, 5)])

@@ -311,8 +311,9 @@ class LoraData:
         """Endless batches of `ctx.batch_size` of `train_examples` (the loop batches them so itself)."""
         return self.train_examples(ctx).batch(ctx.batch_size, drop_remainder=True)
 
-    def eval_records(self) -> tf.data.Dataset:
-        """The eval rows in file order, unbatched."""
+    def eval_records(self, ctx: InputContext | None = None) -> tf.data.Dataset:
+        """The eval rows in file order, unbatched: the whole set on every host (the loop takes each host's share
+        after padding, so `ctx` changes nothing)."""
         ids, labels = self.arrays("eval")
         return tf.data.Dataset.from_tensor_slices({"input_ids": ids, "labels": labels})
 
