@@ -20,7 +20,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.llama2_70b_lora.data import synthetic_rows, write_parquet  # noqa: E402
-from benchmarks.llama2_70b_lora.data_config import LoraDataConfig  # noqa: E402
+from benchmarks.llama2_70b_lora.data_config import (REFERENCE_EVAL_ROWS, REFERENCE_TRAIN_ROWS,  # noqa: E402
+                                                    LoraDataConfig)
 
 
 def write(out_dir: str, train_rows: int, eval_rows: int, seq: int, seed: int = 0, alphabet: int = 16,
@@ -42,8 +43,8 @@ def main() -> None:
     c = LoraDataConfig()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
-    p.add_argument("--train_rows", type=int, default=c.train_samples)
-    p.add_argument("--eval_rows", type=int, default=c.eval_samples)
+    p.add_argument("--train_rows", type=int, default=REFERENCE_TRAIN_ROWS)
+    p.add_argument("--eval_rows", type=int, default=REFERENCE_EVAL_ROWS)
     p.add_argument("--seq", type=int, default=8192, help="tokens per row (the model's sequence length)")
     p.add_argument("--seed", type=int, default=c.synthetic_seed, help="data.synthetic_seed")
     p.add_argument("--map_seed", type=int, default=c.synthetic_map_seed, help="data.synthetic_map_seed")

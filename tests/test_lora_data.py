@@ -40,8 +40,11 @@ def data_dir(tmp_path, train: int = 7, evals: int = 5) -> str:
 
 
 def parquet_data(path: str, **kw) -> LoraData:
+    """The parquet source of `path`; eval_samples by default as many as its eval file holds (173 when absent)."""
+    evals = os.path.join(path, EVAL)
+    count = pq.ParquetFile(evals).metadata.num_rows if os.path.isfile(evals) else 173
     return LoraData(LoraDataConfig(source="parquet", data_dir=path, train_samples=kw.pop("train_samples", 0),
-                                   eval_samples=kw.pop("eval_samples", 0), **kw), SEQ, VOCAB)
+                                   eval_samples=kw.pop("eval_samples", count), **kw), SEQ, VOCAB)
 
 
 def one_line(excinfo: pytest.ExceptionInfo) -> str:
@@ -72,8 +75,7 @@ def test_parquet_source_counts_and_arrays(tmp_path):
     assert data.counts() == {"train_samples": 7, "eval_samples": 5}
     assert (data.train_samples, data.eval_samples, data.data_source, data.is_synthetic) == (7, 5, "parquet", False)
     np.testing.assert_array_equal(data.arrays("eval")[1], rows(5, 2)[1])
-    counted = parquet_data(str(tmp_path))  # 0 = as many rows as the files hold
-    assert (counted.train_samples, counted.eval_samples) == (7, 5)
+    assert parquet_data(str(tmp_path), eval_samples=5).train_samples == 7  # 0 = as many rows as the file holds
 
 
 def test_row_groups_and_fixed_size_lists_read_as_written(tmp_path):
@@ -313,7 +315,8 @@ def test_synthetic_rows_are_fixed_by_the_seed():
     first = [b["input_ids"].numpy() for b in a.train_dataset(ctx).take(4)]
     again = [b["input_ids"].numpy() for b in b.train_dataset(ctx).take(4)]
     np.testing.assert_array_equal(np.stack(first), np.stack(again))
-    assert LoraData(LoraDataConfig(train_samples=0, eval_samples=0), SEQ, VOCAB).eval_samples == 173
+    defaults = LoraData(LoraDataConfig(), SEQ, VOCAB)
+    assert (defaults.train_samples, defaults.eval_samples) == (512, 173)  # synthetic_train_rows, the reference's
 
 
 def test_synthetic_answers_are_the_map_of_the_prompt_and_alone_scored():
@@ -344,7 +347,7 @@ def test_ideal_eval_loss_counts_the_answers_cut_from_their_prompt():
 
 
 def test_map_seed_changes_the_answers_alone():
-    base, same, other = synthetic(3), synthetic(3, synthetic_map_seed=3), synthetic(3, synthetic_map_seed=4)
+    base, same, other = (synthetic(3, synthetic_alphabet=16, synthetic_map_seed=m) for m in (-1, 3, 4))
     ids, labels = base.arrays("eval")
     np.testing.assert_array_equal(same.arrays("eval")[0], ids)
     other_ids, other_labels = other.arrays("eval")

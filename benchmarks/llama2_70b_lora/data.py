@@ -11,7 +11,10 @@
   the answers (prompt and the final EOS are -100, as the reference's validation split); train labels score
   every token or only the answers (`data.synthetic_train_labels`). An ideal model's eval loss is 0, one that
   has not learned the map scores about ln(alphabet) (`chance_loss`), and a base trained on another map's rows
-  scores well above that: it answers confidently by the wrong map.
+  scores well above that: it answers confidently by the wrong map. Measured on a plain-TensorFlow stand-in of
+  the CPU smoke's model (2 layers, d 64, 4/2 heads, vocab 64, rows of 128, random base of init std 0.2,
+  LoRA r 16 on fused qkv and o, lr 1e-2, batch 8): alphabet 4 went from 5.6 to below 0.32 in 100 steps and
+  0.15 in 200 (two seeds); alphabet 8 was still at 1.7 after 300 and alphabet 16 at 1.35 after 500.
 
 Training rows are split over hosts by index (host h takes rows h, h + H, ...) and each host's share is shuffled
 whole every epoch from the run seed, as the reference's random sampler draws a fresh permutation per epoch.
@@ -214,14 +217,11 @@ class LoraData:
         c = self.cfg
         if c.train_samples:
             return c.train_samples
-        return REFERENCE_TRAIN_ROWS if self.is_synthetic else count_rows(self.path("train"))
+        return c.synthetic_train_rows if self.is_synthetic else count_rows(self.path("train"))
 
     @property
     def eval_samples(self) -> int:
-        c = self.cfg
-        if c.eval_samples:
-            return c.eval_samples
-        return REFERENCE_EVAL_ROWS if self.is_synthetic else count_rows(self.path("eval"))
+        return self.cfg.eval_samples
 
     def chance_loss(self) -> float:
         """Eval loss (nats per answer token) of a model that knows the synthetic alphabet but not the map."""
@@ -306,6 +306,10 @@ class LoraData:
             index = index.repeat()
         return index.map(lambda i: {"input_ids": tf.gather(ids, i), "labels": tf.gather(labels, i)},
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def train(self, ctx: InputContext, repeat: bool = True) -> tf.data.Dataset:
+        """`train_examples` under the name the other decoder sources use."""
+        return self.train_examples(ctx, repeat)
 
     def train_dataset(self, ctx: InputContext) -> tf.data.Dataset:
         """Endless batches of `ctx.batch_size` of `train_examples` (the loop batches them so itself)."""
