@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config import field
-from harness.train.input_pipeline import PipelineConfig
 
 from benchmarks.lm.config import OptimizerConfig as DecoderOptimizerConfig
 from benchmarks.lm.llama import LlamaModelConfig
@@ -30,24 +29,6 @@ class ModelConfig(LlamaModelConfig):  # Llama 2 70B (regisss/llama2-70b-fused-qk
     frozen_dtype: str = field("bfloat16", choices=("bfloat16", "float32"),
                               doc="storage of the frozen base weights (RMSNorm weights stay float32, as the "
                               "reference's peft_module_casting_to_bf16 keeps them)")
-
-
-@dataclasses.dataclass
-class DataConfig(PipelineConfig):
-    """Stand-in until benchmarks/llama2_70b_lora/data.py lands: the fields the workload reads."""
-    source: str = field("synthetic", choices=("synthetic", "parquet"))
-    data_dir: str = field("", doc="parquet: folder holding train-00000-of-00001.parquet and "
-                          "validation-00000-of-00001.parquet")
-    seq_length: int = field(8192, min=8, doc="tokens per row (the files' rows; closed: 8192)")
-    train_samples: int = field(0, min=0, doc="rows in one epoch (closed: 3901); 0 = counted from the data")
-    eval_samples: int = field(173, min=1, doc="validation rows scored every eval (closed: 173)")
-    eval_every_samples: int = field(0, min=0, doc="eval cadence in training samples (0 = the rules: "
-                                    "ceil(384 / global_batch_size) * global_batch_size)")
-    eval_skip: int = field(-1, min=-1, doc="evals skipped (not run, not logged) at the start; -1 = the rules: "
-                           "floor(0.125 * global_batch_size + 2)")
-    shuffle_buffer: int = field(64, min=1)
-    synthetic_seed: int = field(0, doc="fixes the synthetic task; the run seed fixes the order")
-    synthetic_train_rows: int = field(512, min=1, doc="synthetic: rows in one epoch")
 
 
 @dataclasses.dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from harness.errors import HarnessError
@@ -27,6 +26,8 @@ from harness.train.reference import ReferenceModel, lookup
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.llama2_70b_lora import config, cost
+from benchmarks.llama2_70b_lora.data import LoraData
+from benchmarks.llama2_70b_lora.data_config import LoraDataConfig
 from benchmarks.lm import hf_names
 from benchmarks.lm.attention import Lora
 from benchmarks.lm.llama import LLAMA_SPLIT_DIMS, Llama
@@ -47,68 +48,6 @@ REFERENCE_MODEL = ReferenceModel("Llama 2 70B", {
     "model.rope_scaling_factor": 0.0, "model.norm_epsilon": 1e-5, "model.lora_rank": 16})
 
 
-# ------------------------------------------------------------------------------------------------
-# STAND-IN DATA SOURCE: replaced by benchmarks/llama2_70b_lora/data.py (LoraData). The interface the
-# workload codes against: Source(cfg.data, seq_length, vocab) with `validate()`, `train_samples`,
-# `train(ctx, repeat=True)` and `eval_records()`, each a tf.data.Dataset of UNBATCHED rows
-# {"input_ids": int32 [seq], "labels": int32 [seq], -100 where not scored}.
-class StandInSource:
-    """Synthetic prompt -> answer rows: examples [BOS, prompt (4-8 tokens of 8..V-1), SEP, answer (8 copies of
-    one of 4 tokens chosen by the prompt's first token), EOS] packed into rows (cut at the row's end, as the
-    reference's group_texts does). Train labels = input_ids (every token scored, as the reference's); eval
-    labels score the answer tokens alone (-100 on the prompt and the final EOS). The answer's unigram entropy
-    is ln 4 = 1.39 nats, so an eval loss below 1 needs the model to learn to repeat the answer token."""
-
-    BOS, EOS, SEP, FIRST_ANSWER, WORDS = 1, 2, 3, 4, 8
-
-    def __init__(self, cfg: Any, seq: int, vocab: int) -> None:
-        self.cfg, self.seq, self.vocab = cfg, seq, vocab
-
-    def validate(self) -> None:
-        if self.cfg.source != "synthetic":
-            raise HarnessError("data.source=parquet needs benchmarks/llama2_70b_lora/data.py (not in this build)")
-        if self.vocab < 16:
-            raise HarnessError(f"synthetic llama2_70b_lora data needs model.vocab_size >= 16 (got {self.vocab})")
-
-    @property
-    def train_samples(self) -> int:
-        return self.cfg.train_samples or self.cfg.synthetic_train_rows
-
-    def rows(self, split: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng([self.cfg.synthetic_seed, split, 0x10AA])
-        ids, labels = [], []
-        total = count * self.seq
-        while len(ids) < total:
-            prompt = rng.integers(self.WORDS, self.vocab, size=int(rng.integers(4, 9)))
-            answer = [self.FIRST_ANSWER + int(prompt[0]) % 4] * 8
-            example = [self.BOS, *prompt.tolist(), self.SEP, *answer, self.EOS]
-            ids += example
-            labels += example if split == 0 else [IGNORE] * (len(prompt) + 2) + answer + [IGNORE]
-        shape = [count, self.seq]
-        return (np.asarray(ids[:total], np.int32).reshape(shape), np.asarray(labels[:total], np.int32).reshape(shape))
-
-    def train(self, ctx, repeat: bool = True) -> tf.data.Dataset:
-        ids, labels = self.rows(0, self.train_samples)
-        ds = tf.data.Dataset.from_tensor_slices({"input_ids": ids, "labels": labels})
-        ds = ds.shard(ctx.num_hosts, ctx.host_id)
-        ds = ds.shuffle(self.cfg.shuffle_buffer, seed=ctx.seed if repeat else None, reshuffle_each_iteration=True)
-        return ds.repeat() if repeat else ds
-
-    def eval_records(self) -> tf.data.Dataset:
-        ids, labels = self.rows(1, self.cfg.eval_samples)
-        return tf.data.Dataset.from_tensor_slices({"input_ids": ids, "labels": labels})
-# END OF STAND-IN DATA SOURCE
-# ------------------------------------------------------------------------------------------------
-
-
-def make_source(cfg: Any, seq: int, vocab: int) -> Any:
-    try:
-        from benchmarks.llama2_70b_lora.data import LoraData
-    except ImportError:
-        return StandInSource(cfg, seq, vocab)
-    return LoraData(cfg, seq, vocab)
-
-
 def row_mean_losses(xent: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Each row's mean cross-entropy over its scored positions [b] and whether it has any [b] (float 0/1).
     `xent` [b, s]: position j's loss against labels[j + 1] (the last position's is not used)."""
@@ -124,7 +63,7 @@ class LoraWorkload(DecoderLMWorkload):
     RULESETS = ("4.0.0", "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
     RULESET_NOTE = "llama2_70b_lora is a benchmark from MLPerf Training 4.0 on"
     METRIC = "eval loss"
-    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    SECTIONS = {"data": LoraDataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run compiles 1 and 2 layers, SwiGLU widths of 1024 and 2048 and vocabularies of 512 and 1024
     # at full hidden size and extrapolates (harness.train.dryrun.linear_stand_in): two full 70B layers' weights
@@ -137,7 +76,7 @@ class LoraWorkload(DecoderLMWorkload):
 
     def __init__(self, cfg, runtime) -> None:
         Workload.__init__(self, cfg, runtime)
-        self.source = make_source(cfg.data, cfg.data.seq_length, cfg.model.vocab_size)
+        self.source = LoraData(cfg.data, cfg.data.seq_length, cfg.model.vocab_size)
         self.model: Any = None
         self.loss_budget_scale = 1.0
         m = cfg.model
@@ -168,7 +107,7 @@ class LoraWorkload(DecoderLMWorkload):
     # ---------------------------------------------------------------------------------- validation
     def validate(self) -> None:
         self.validate_config()
-        self.source.validate()
+        self.source.validate(closed=self.cfg.submission.division == "closed")
         if self.cfg.model.init_checkpoint:
             hf_checkpoint.check_config(self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
 
