@@ -54,6 +54,7 @@ def model_cost(cfg) -> ModelCost:
     # FSDP moves the bf16 (or float32) base twice a step, and the float32 adapters
     width = 2 if cfg.model.frozen_dtype == "bfloat16" else 4
     cost.fsdp_gather_bytes = (width * base + 4 * lora) if cfg.runtime.fsdp else 0.0
+    cost.frozen_bytes = float(width * base)
     return cost
 
 

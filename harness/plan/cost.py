@@ -47,6 +47,8 @@ class ModelCost:
     fsdp_gather_bytes: float = 0.0    # FSDP (runtime.fsdp): the weight bytes one all-gather of the weights moves
                                       # over the data axis (0: no FSDP); the gradients are reduce-scattered
     fsdp_gathers_per_step: int = 2    # FSDP gathers the weights for the forward pass and again for the backward
+    frozen_bytes: float = 0.0         # weights held but never trained (a fine-tune's frozen base), not in params:
+                                      # no gradients, no optimizer state
     # Where an eval's work runs (benchmarks/<name>/cost.py states it): the forward pass over eval_samples on
     # the devices, split over the chips (eval_flops_per_sample); scoring on one host per eval sample (COCO
     # mAP, BLEU: does not shrink with the chips); a fixed cost per eval (gathering the metric, the loop).

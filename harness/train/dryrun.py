@@ -451,7 +451,11 @@ def _too_big_for_host(cfg: config_lib.Config) -> bool:
     from benchmarks import registry
 
     module = registry.cost_module(cfg.workload)
-    return module is not None and module.model_cost(cfg).params * 12 > HOST_MEMORY_SHARE * host_memory_bytes()
+    if module is None:
+        return False
+    cost = module.model_cost(cfg)
+    # a frozen base (not in `params`: no gradients, no optimizer state) counts as the bytes it is held in
+    return cost.params * 12 + cost.frozen_bytes > HOST_MEMORY_SHARE * host_memory_bytes()
 
 
 def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,

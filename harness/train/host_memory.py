@@ -10,7 +10,9 @@ The estimate (docs/running.md, "Host memory"):
 - per parameter (the workload's cost module's count, benchmarks/<name>/cost.py): float32 weights, float32
   gradients and two float32 optimizer slots (Adam's; one-slot optimizers are overstated by 4 bytes), once
   per replica that holds a whole copy (each local replica of a tf.distribute runtime, each data-axis
-  replica of a mesh without FSDP); plus the warm-up's host copy of weights and slots, once;
+  replica of a mesh without FSDP); plus the warm-up's host copy of weights and slots, once; a frozen
+  base (a fine-tune's, `ModelCost.frozen_bytes`) counts in the bytes it is held in, with the weights and
+  in the warm-up copy;
 - the activations and temporaries of the train step, where the cost module can tell
   (`train_activation_bytes(cfg, rows)`, the decoder LMs: benchmarks/lm/cost.py), for this host's rows of
   one micro-batch;
@@ -103,13 +105,14 @@ def estimate(cfg: Any, runtime: Any) -> Estimate | None:
     module = registry.cost_module(cfg.workload)
     if module is None:
         return None
-    params = module.model_cost(cfg).params
+    cost = module.model_cost(cfg)
+    params = cost.params
     copies = whole_copies(cfg, runtime)
     parts = {
-        "weights": params * FLOAT32 * copies,
+        "weights": (params * FLOAT32 + cost.frozen_bytes) * copies,
         "gradients": params * FLOAT32 * copies,
         "optimizer slots": params * FLOAT32 * OPTIMIZER_SLOTS * copies,
-        "warm-up copy": params * FLOAT32 * (1 + OPTIMIZER_SLOTS),
+        "warm-up copy": params * FLOAT32 * (1 + OPTIMIZER_SLOTS) + cost.frozen_bytes,
         "runtime": RUNTIME_ALLOWANCE,
     }
     s = cfg.schedule
