@@ -18,6 +18,8 @@ from harness.review import logparse
 
 from conftest import REPO, cli_in_process
 
+pytestmark = pytest.mark.quick
+
 DATA = os.path.join(REPO, "tests", "data", "public_bert_unpad")
 V11 = os.path.join(DATA, "training_results_v1.1", "NVIDIA", "results", "dgxa100_ngc21.09_pytorch", "bert")
 V10 = os.path.join(DATA, "training_results_v1.0", "NVIDIA", "results", "dgxa100_ngc21.05_pytorch", "bert")
