@@ -189,3 +189,15 @@ def test_trimming_keeps_the_mllog_lines_of_one_rank():
             '0: :::MLLOG {"key": "run_start", "time_ms": 3}  \n')
     assert trim.trim(text) == (':::MLLOG {"key": "init_start", "time_ms": 1}\n'
                                ':::MLLOG {"key": "run_start", "time_ms": 3}\n')
+
+
+def test_a_measured_cost_is_scaled_by_the_counts_real_to_padded_ratio():
+    module, cfg = bert_module(), bert_cfg()
+    padded, real = costs.analytic(cfg), costs.with_real_tokens(cfg, module, 0.6)
+    measured = costs.ModelCost.from_dict(dict(padded.to_dict(), source="file x.json",
+                                              train_flops_per_sample=2 * padded.train_flops_per_sample))
+    scaled = planner.real_tokens(cfg, module, measured, 0.6, True)
+    assert scaled.train_flops_per_sample == pytest.approx(2 * real.train_flops_per_sample, rel=1e-12)
+    assert scaled.source.startswith("file x.json; x ") and "real/padded ratio" in scaled.source
+    # at 0.6, away from the dataset's own fraction, the squared term is the stated approximation
+    assert "an approximation" in real.source
