@@ -107,6 +107,8 @@ flags.DEFINE_multi_string("calibrate", [], "plan: MLPerf result logs or director
                           "to derive the per-chip efficiency from their step times")
 flags.DEFINE_integer("calibrate_chips", None, "plan: chips of the --calibrate logs (default: from their "
                      "submission_platform)")
+flags.DEFINE_float("real_token_fraction", None, "plan: mean share of real (non-padding) tokens a sample costs, "
+                   "for logs of implementations that skip padding (BERT's MLPerf data: 0.4997)")
 flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PNG (into --out, default .)")
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
@@ -225,7 +227,8 @@ def cmd_plan(args: list[str]) -> int:
     from harness.plan import planner
 
     return planner.main(args[0], FLAGS.set, FLAGS.system, FLAGS.chips, FLAGS.global_batch, FLAGS.calibrate,
-                        FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out)
+                        FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out,
+                        FLAGS.real_token_fraction)
 
 
 def cmd_data_service(args: list[str]) -> int:

@@ -92,6 +92,15 @@ HELD_OUT_PADDING = ("v0.7", "NVIDIA", "bert", "dgx-2h", [(16, 432, "dgx2h_ngc20.
                                                          (512, 9216, "dgx2h_n32_ngc20.06_pytorch")])
 
 
+# The real-token cost (plan --real_token_fraction) on a pair outside the families (two scales only, not
+# scored in the median): NVIDIA's v1.0 DGX A100 BERT, which skips padding in every run (--unpad --unpad_fmha
+# and --allreduce_post_accumulation on the command line of each result_*.txt), calibrated at 1 node with the
+# MLPerf data's fraction and projected at 8. (round, submitter, benchmark, system file, [(chips, global
+# batch, system name)] x 2)
+REAL_TOKENS = ("v1.0", "NVIDIA", "bert", "dgx-a100", [(8, 448, "dgxa100_ngc21.05_pytorch"),
+                                                      (64, 3072, "dgxa100_n8_ngc21.05_pytorch")])
+
+
 def derive_overhead(cost, system, a: tuple[int, int, float], b: tuple[int, int, float]) -> tuple[float, float]:
     """(fixed seconds per step, efficiency) with which the step model gives both (chips, batch, step
     seconds) points: bisection on the fixed cost, the efficiency solved from the first point each time."""
@@ -159,6 +168,45 @@ def held_out_padding(data_dir: str) -> tuple[float, str]:
            f"{bench}: " + ", ".join(f"{n} chips x {b / n:g}/chip {t * 1e3:.1f} ms {kind}"
                                     for (n, b, t), kind in zip(found, kinds)))
     return factor, how
+
+
+def real_token_check(data_dir: str) -> list[str]:
+    """REAL_TOKENS calibrated at its first scale, padded and at the data's real-token fraction, projected at
+    its second: the lines to print."""
+    rnd, submitter, bench, system_name, pts = REAL_TOKENS
+    rows = scale_rows(data_dir)
+    found = []
+    for n, batch, sysname in pts:
+        r = [r for r in rows
+             if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
+             and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
+        if not r:
+            return [f"  {rnd} {submitter} {bench}: no row for {sysname}"]
+        found.append((n, batch, float(r[0]["mean_step_ms"]) / 1e3, float(r[0]["olympic_score_minutes"]),
+                      float(r[0]["epochs_or_samples_to_converge"])))
+    cfg = load_config(os.path.join(REPO, "configs", bench, "reference.yaml"), [f"ruleset={ROUND_RULESETS[rnd]}"])
+    module = costs.workload_cost_module(bench)
+    system = dataclasses.replace(load_system(system_name), allreduce_overlap=0.0)
+    (n0, b0, step0, _, _), (n1, b1, step1, minutes1, conv1) = found
+    lines = [f"  {rnd} {submitter} {system_name} {bench}, unpadded, calibrated at {n0} chips x {b0 / n0:g} "
+             f"({step0 * 1e3:.1f} ms), projected at {n1} x {b1 / n1:g} ({step1 * 1e3:.1f} ms, {minutes1:.3f} min):"]
+    for fraction in (None, module.DATASET_REAL_TOKEN_FRACTION):
+        cost = costs.with_real_tokens(cfg, module, fraction)
+        cost = dataclasses.replace(cost, gradient_bytes=GRADIENT_BYTES_PER_PARAM * cost.params)
+        label = "padded cost" if fraction is None else f"--real_token_fraction {fraction:g}"
+        try:
+            cal = calibrate(cost, system, n0, b0, step0)
+        except HarnessError as e:
+            lines.append(f"    {label:<28} {e}")
+            continue
+        conv = converge.to_converge(cfg.workload, RCP_RULESET, b1, module.CONVERGE_UNIT, None)
+        conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, b1))
+        proj = project(cost, system, conv, n1, b1, cal.efficiency, 1, cal)
+        lines.append(f"    {label:<28} efficiency {cal.efficiency:.2f}: step {proj.step.total * 1e3:.1f} ms "
+                     f"(projected/logged {proj.step.total / step1:.2f}), {proj.total_seconds / 60:.3f} min "
+                     f"({proj.total_seconds / 60 / minutes1:.2f}; samples {conv.stop or conv.value:,.0f} vs "
+                     f"{conv1:,.0f} logged), MFU {100 * proj.mfu:.0f}%")
+    return lines
 
 
 def held_out_overheads(data_dir: str) -> list[str]:
@@ -398,6 +446,8 @@ def main() -> int:
         f"{r['family']} at {r['chips']} chips {r['ratio']:.2f} (converge {r['predicted_converge']:,.4g} "
         f"projected vs {r['actual_converge']:,.4g} logged, step "
         f"{r['predicted_step_ms']:.1f} ms vs {r['actual_step_ms'] or float('nan'):.1f} ms)" for r in near))
+    print("real-token cost on logs that skip padding (two scales, reported apart, not in the median):")
+    print("\n".join(real_token_check(args.data)))
     met = statistics.median(errors) <= 0.15 and factor <= 1.5
     print(f"goal (median |error| within 15%, none off by more than 1.5x): {'MET' if met else 'NOT MET'}")
     if args.csv:

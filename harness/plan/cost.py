@@ -6,6 +6,11 @@ A ModelCost comes from one of three places, named in `source`:
   matmuls), cross-checked against TensorFlow's graph count on a small model in tests/test_plan.py;
 - the dry-run compile (`harness.train.dryrun.compile_report`, XLA's cost analysis), via `from_compile_report`;
 - a JSON file of either (`--model_cost FILE`).
+
+Every one of them costs a sample at its full length. A workload whose samples vary in length (BERT) may
+also state what a sample costs when an implementation skips the padding: `real_token_cost(cfg, fraction)`
+in its cost module, the fraction being the mean share of real tokens; `with_real_tokens` applies it
+(`plan --real_token_fraction F`).
 """
 from __future__ import annotations
 
@@ -146,6 +151,24 @@ def from_compile_report(config_path: str, overrides: list[str], cfg: Any) -> Mod
         raise HarnessError("--compile needs harness.train.dryrun (the dry-run compile), not in this tree") from None
     report = dryrun.compile_report(config_path, overrides)
     return from_compile_report_dict(report.to_dict(), analytic(cfg))
+
+
+def skips_padding(module: Any) -> bool:
+    """Whether the workload's samples vary in length, so that an implementation may skip their padding."""
+    return hasattr(module, "real_token_cost")
+
+
+def with_real_tokens(cfg: Any, module: Any, fraction: float | None) -> ModelCost:
+    """The analytic cost of one sample when `fraction` of its tokens are real (None: the padded cost)."""
+    if fraction is None:
+        return analytic(cfg)
+    if not skips_padding(module):
+        raise HarnessError(f"--real_token_fraction: {cfg.workload}'s samples have no padding to skip (its cost "
+                           f"module states no real_token_cost)")
+    if not 0.0 < fraction <= 1.0:
+        raise HarnessError(f"--real_token_fraction {fraction:g}: give the mean share of real (non-padding) "
+                           "tokens, above 0 and at most 1")
+    return module.real_token_cost(cfg, fraction)
 
 
 def conv_macs(size: int, k: int, cin: int, cout: int, stride: int = 1, pad: bool = True) -> tuple[int, int]:

@@ -11,11 +11,15 @@ from typing import Any
 from harness.errors import HarnessError
 from harness.plan import collectives, converge, cost as costs
 from harness.plan.calibrate import Measurement, measure
-from harness.plan.project import Calibration, Projection, calibrate as calibrate_step, check_chips, project
+from harness.plan.project import (Calibration, FasterThanPeak, Projection, calibrate as calibrate_step,
+                                  check_chips, project)
 from harness.plan.system import System, load_system
 
 MODEL_AXES = (2, 4, 8, 16)
 SMALL_PER_CHIP_BATCH = 16  # below this the step model is known to be optimistic (see format_projection)
+# A calibration of a padded model above this share of peak is suspect: the highest of the families
+# scripts/validate_plan.py calibrates is 0.81 (v1.0 Google TPU v4 BERT)
+HIGH_EFFICIENCY = 0.85
 
 
 @dataclasses.dataclass
@@ -30,6 +34,8 @@ class Plan:
     measurement: Measurement | None
     mesh_model_axis: int
     calibration: Calibration | None = None
+    real_token_fraction: float | None = None
+    cautions: list[str] = dataclasses.field(default_factory=list)
 
     def converge_at(self, global_batch: int) -> converge.Convergence:
         conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
@@ -50,7 +56,8 @@ def plural(unit: str) -> str:
 
 
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
-          calibrate_chips: int | None, model_cost: str | None, compile_model: bool) -> Plan:
+          calibrate_chips: int | None, model_cost: str | None, compile_model: bool,
+          real_token_fraction: float | None = None) -> Plan:
     from harness.config import load_config
 
     if not system_name:
@@ -71,24 +78,114 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
         cost = costs.from_compile_report(config_path, overrides, cfg)
     else:
         cost = costs.analytic(cfg)
+    if real_token_fraction is not None:
+        cost = real_tokens(cfg, module, cost, real_token_fraction, bool(model_cost or compile_model))
     mesh_axis = cfg.runtime.mesh.get("model", 1) if cfg.runtime.kind == "mesh" else 1
-    measurement, calibration = None, None
+    measurement, calibration, cautions = None, None, []
     if calibrate:
         measurement = measure(calibrate, module.CONVERGE_UNIT, cost.train_samples, system.chips_per_host,
                               system.cores_per_chip, calibrate_chips)
         if measurement.benchmark != cfg.workload:
             raise HarnessError(f"--calibrate: the logs are {measurement.benchmark}, the config is {cfg.workload}")
-        calibration = calibrate_step(cost, system, measurement.chips, measurement.global_batch,
-                                     measurement.step_seconds, measurement.eval_seconds, measurement.eval_mode,
-                                     measurement.evals, measurement.steps)
+        try:
+            calibration = calibrate_from(cost, system, measurement)
+        except FasterThanPeak as e:
+            raise HarnessError(faster_than_peak(e, cfg, module, system, measurement, real_token_fraction)) from None
         efficiency = calibration.efficiency
         note = (f"calibrated on {measurement.runs} log(s) at {measurement.chips} chips, global batch "
                 f"{measurement.global_batch} (measured step {measurement.step_seconds * 1e3:.1f} ms, "
                 f"platform {measurement.platform!r}); {calibration.describe()}")
+        if efficiency > HIGH_EFFICIENCY and real_token_fraction is None and costs.skips_padding(module):
+            cautions.append(high_efficiency(efficiency, cfg, module, system, measurement))
     else:
         efficiency = system.default_efficiency
         note = "the system's documented default, NOT calibrated (pass --calibrate LOGS for a measured one)"
-    return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis, calibration)
+    return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis, calibration,
+                real_token_fraction, cautions)
+
+
+def real_tokens(cfg: Any, module: Any, cost: costs.ModelCost, fraction: float, measured: bool) -> costs.ModelCost:
+    """`cost` at `fraction` real tokens a sample: the workload's count, or, for a cost from a file or the
+    dry-run compile (which count every position), that cost scaled by the count's real/padded ratio."""
+    real = costs.with_real_tokens(cfg, module, fraction)
+    if not measured:
+        return real
+    full = costs.analytic(cfg)
+    train, ev = real.train_flops_per_sample / full.train_flops_per_sample, \
+        real.eval_flops_per_sample / max(1e-30, full.eval_flops_per_sample)
+    return dataclasses.replace(cost, train_flops_per_sample=cost.train_flops_per_sample * train,
+                               eval_flops_per_sample=cost.eval_flops_per_sample * ev,
+                               mp_bytes_per_sample=cost.mp_bytes_per_sample * fraction,
+                               source=f"{cost.source}; x {train:.4g} for {real.notes} (the analytic count's "
+                                      "real/padded ratio)")
+
+
+def calibrate_from(cost: costs.ModelCost, system: System, m: Measurement) -> Calibration:
+    return calibrate_step(cost, system, m.chips, m.global_batch, m.step_seconds, m.eval_seconds, m.eval_mode,
+                          m.evals, m.steps)
+
+
+def suggested_fraction(cfg: Any, module: Any) -> tuple[float, str] | None:
+    """The workload's published real-token fraction for the config's sequence length, with its source."""
+    fraction = getattr(module, "DATASET_REAL_TOKEN_FRACTION", None)
+    if fraction is None or getattr(module, "DATASET_SEQ_LENGTH", None) != cfg.data.seq_length:
+        return None
+    return fraction, module.DATASET_SOURCE
+
+
+def efficiency_at(fraction: float, cfg: Any, module: Any, system: System, m: Measurement) -> float | None:
+    try:
+        return calibrate_from(costs.with_real_tokens(cfg, module, fraction), system, m).efficiency
+    except FasterThanPeak:
+        return None
+
+
+def largest_fitting_fraction(cfg: Any, module: Any, system: System, m: Measurement) -> float | None:
+    """The largest real-token fraction at which the logs' step fits under 100% of peak (bisection)."""
+    lo, hi = 1e-3, 1.0
+    if efficiency_at(lo, cfg, module, system, m) is None:
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if efficiency_at(mid, cfg, module, system, m) is not None else (lo, mid)
+    return lo
+
+
+def faster_than_peak(e: FasterThanPeak, cfg: Any, module: Any, system: System, m: Measurement,
+                     fraction: float | None) -> str:
+    """The one-line refusal, naming skipped padding as the likely reason where the workload has padding."""
+    if not costs.skips_padding(module):
+        return str(e)
+    tokens = cfg.data.seq_length
+    head = (f"calibration: the measured step ({e.step_seconds * 1e3:.2f} ms) is shorter than the model's step at "
+            f"100% of peak ({e.floor_seconds * 1e3:.2f} ms)")
+    fits = largest_fitting_fraction(cfg, module, system, m)
+    if fraction is not None:
+        return (f"{head} even with {fraction:g} of the {tokens} tokens real (--real_token_fraction); "
+                + (f"only a fraction up to {fits:.3f} fits these logs, else " if fits else "")
+                + "the system figures or the model config do not fit these logs")
+    suggestion = suggested_fraction(cfg, module)
+    out = (f"{head} with every sequence padded to {tokens} tokens: these logs most likely come from an "
+           f"implementation that skips the padding of variable-length sequences (NVIDIA's --unpad, packing), "
+           f"which computes only the real tokens")
+    if suggestion is not None:
+        eff = efficiency_at(suggestion[0], cfg, module, system, m)
+        out += (f"; pass --real_token_fraction {suggestion[0]:g} ({suggestion[1]})"
+                + (f", which calibrates these logs to {eff:.2f} of peak" if eff is not None else ""))
+    else:
+        out += "; pass --real_token_fraction F, the mean share of real tokens in the data"
+    return out + (f" (any fraction up to {fits:.3f} fits them)" if fits else "")
+
+
+def high_efficiency(efficiency: float, cfg: Any, module: Any, system: System, m: Measurement) -> str:
+    suggestion = suggested_fraction(cfg, module)
+    out = (f"caution: calibrated at {efficiency:.2f} of peak with every sequence padded to {cfg.data.seq_length} "
+           f"tokens, above the {HIGH_EFFICIENCY:g} no validated calibration reaches; if these logs skip padding "
+           f"(NVIDIA's --unpad, packing), pass --real_token_fraction")
+    if suggestion is None:
+        return out + " F (the mean share of real tokens)"
+    eff = efficiency_at(suggestion[0], cfg, module, system, m)
+    return out + f" {suggestion[0]:g} ({suggestion[1]})" + (f": {eff:.2f} of peak" if eff is not None else "")
 
 
 def _ms(x: float) -> str:
@@ -156,7 +253,8 @@ def header(plan: Plan) -> list[str]:
             f"({plan.system.peak_flops / 1e12:g} TFLOP/s peak per chip, {plan.system.topology})",
             f"  model cost: {c.train_flops_per_sample / 1e9:,.1f} GFLOP per training {c.sample_unit}, "
             f"{c.params / 1e6:.2f} M params, {c.gradient_bytes / 1e6:.1f} MB of gradients; {c.source}",
-            f"  efficiency: {plan.efficiency:.3f} of peak: {plan.efficiency_note}"]
+            f"  efficiency: {plan.efficiency:.3f} of peak: {plan.efficiency_note}",
+            *[f"  {c}" for c in plan.cautions]]
 
 
 def default_batch(plan: Plan, chips: int) -> tuple[int, str]:
@@ -338,7 +436,7 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
 
 def main(config_path: str, overrides: list[str], system_name: str, chips: int | None, global_batch: int | None,
          calibrate: list[str], calibrate_chips: int | None, sweep: bool, as_json: bool, model_cost: str | None,
-         compile_model: bool, out_dir: str | None) -> int:
+         compile_model: bool, out_dir: str | None, real_token_fraction: float | None = None) -> int:
     if chips is None:
         raise HarnessError("plan needs --chips N")
     if global_batch is not None and global_batch < 1:
@@ -347,7 +445,8 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
     if not system_name:
         raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
     check_chips(load_system(system_name), chips)  # before the config (and TensorFlow) loads
-    plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model)
+    plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model,
+                 real_token_fraction)
     check_chips(plan.system, chips, plan.mesh_model_axis)
     batch = plan.cfg.schedule.global_batch_size if global_batch is None else global_batch
     batch_note = []
@@ -359,6 +458,7 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
     lines = header(plan) + batch_note + format_projection(plan, p)
     out: dict[str, Any] = {"config": config_path, "system": plan.system.name, "model_cost": plan.cost.to_dict(),
                            "efficiency": plan.efficiency, "efficiency_source": plan.efficiency_note,
+                           "real_token_fraction": plan.real_token_fraction, "cautions": plan.cautions,
                            "calibration": dataclasses.asdict(plan.calibration) if plan.calibration else None,
                            "projection": p.to_dict()}
     if sweep:

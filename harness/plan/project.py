@@ -185,17 +185,26 @@ def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, 
                     gather_total - gather_hidden, gather_total)
 
 
+class FasterThanPeak(HarnessError):
+    """A measured step shorter than the step model allows at 100% of peak: the logs did less work a sample
+    than the model cost counts (skipped padding, a smaller model) or the system figures are off."""
+
+    def __init__(self, step_seconds: float, floor_seconds: float):
+        self.step_seconds, self.floor_seconds = step_seconds, floor_seconds
+        super().__init__(f"calibration: the measured step ({step_seconds * 1e3:.2f} ms) is shorter than the "
+                         f"model's step at 100% of peak ({floor_seconds * 1e3:.2f} ms); the model cost or the "
+                         "system figures do not fit these logs")
+
+
 def solve_efficiency(cost: ModelCost, system: System, chips: int, global_batch: float, step_seconds: float,
                      model_axis: int = 1) -> float:
     """The efficiency at which the step model gives `step_seconds` (bisection: the step time falls
-    monotonically as efficiency rises). HarnessError when the non-compute terms alone exceed the step."""
+    monotonically as efficiency rises). FasterThanPeak when the step at 100% of peak is longer."""
     def total(eff: float) -> float:
         return step_time(cost, system, chips, global_batch, eff, model_axis).total
 
     if total(1.0) > step_seconds:
-        raise HarnessError(f"calibration: the measured step ({step_seconds * 1e3:.2f} ms) is shorter than the "
-                           f"model's step at 100% of peak ({total(1.0) * 1e3:.2f} ms); the model cost or the "
-                           "system figures do not fit these logs")
+        raise FasterThanPeak(step_seconds, total(1.0))
     lo, hi = 1e-6, 1.0
     for _ in range(100):
         mid = math.sqrt(lo * hi)
