@@ -184,7 +184,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
             raise HarnessError(f"{path}: benchmark {bench!r}, but {logs[0]} is {benchmark!r}; "
                                "give the logs of one benchmark")
         batches.add(bs)
-        runs.append(RunPoint(path, not not_converged and value < 1e9, None if not_converged else float(value)))
+        runs.append(RunPoint(path, not not_converged, None if not_converged else float(value)))
     if len(batches) != 1 or -1 in batches:
         raise HarnessError(f"the logs must share one global_batch_size (found {sorted(batches)})")
     batch = batches.pop()

@@ -112,7 +112,7 @@ def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, l
             if bs == -1:
                 raise HarnessError(f"{path}: no global_batch_size line; the RCP depends on the batch size")
             batches.setdefault(bs, path)
-            pilots.append(Pilot(path, None if not_converged or value >= NOT_CONVERGED else float(value)))
+            pilots.append(Pilot(path, None if not_converged else float(value)))
     if len(batches) != 1:
         where = ", ".join(f"{b} ({p})" for b, p in sorted(batches.items()))
         raise HarnessError(f"pilots at different global batch sizes: {where}; run them at the batch to submit")
@@ -153,6 +153,17 @@ def tolerated_failures(benchmark: str, ruleset: str, runs: int) -> int:
     return tolerated
 
 
+@functools.lru_cache(maxsize=None)
+def rcp_checker(benchmark: str, ruleset: str) -> Any:
+    """mlperf-logging's RCP_Checker for `benchmark` under `ruleset`, built once per process: its set-up runs a
+    binary search per RCP entry, and judging a set changes nothing in it (llama31_405b's speedup is
+    rewritten, to the same value, on every call)."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    with rcp._quiet_logging():
+        return official.RCP_Checker(rcp.USAGE, ruleset, benchmark, False)
+
+
 def log_sigma(relative_std: float) -> float:
     """The log-normal sigma whose relative standard deviation is `relative_std`."""
     return math.sqrt(math.log1p(relative_std ** 2))
@@ -161,7 +172,6 @@ def log_sigma(relative_std: float) -> float:
 def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], confidence: float = 0.95,
              simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
     """The preflight numbers for `pilots` (see the module docstring for the model)."""
-    from mlperf_logging.rcp_checker import rcp_checker as official
     from scipy import stats
 
     if not 0 < confidence < 1:
@@ -172,8 +182,8 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
         raise HarnessError(f"only {len(values)} of {len(pilots)} pilot runs converged; the spread needs at least 2 "
                            "converged pilots")
     n = rules.runs_required(benchmark)
+    checker = rcp_checker(benchmark, ruleset)
     with rcp._quiet_logging():
-        checker = official.RCP_Checker(rcp.USAGE, ruleset, benchmark, False)
         name, record = rcp.checker_record(checker, batch)
     if record is None:
         largest = max(r["BS"] for r in checker.pruned_rcp_data.values())
