@@ -263,7 +263,8 @@ def format_preflight(p: Preflight) -> list[str]:
                          "vs the RCP mean)")
     geo = math.exp(sum(math.log(v) for v in conv) / len(conv))
     lines += [
-        f"  fit: log-normal, pilots' geometric mean {num(geo)} {unit} ({geo / p.rcp_mean:.3f} x the RCP mean), "
+        f"  fit: log-normal, pilots' geometric mean {num(geo)} {unit} ({geo / p.rcp_mean:.3f} x the RCP mean, "
+        f"{100 * (geo / p.fastest_allowed - 1):+.1f}% vs the fastest allowed), "
         f"spread {100 * p.pilot_sigma:.1f}% (log sigma of {len(conv)} converged), floored at the RCP's "
         f"{100 * p.rcp_sigma:.1f}%; mean and spread drawn per set from their posterior",
         f"  failure rate: {len(p.pilots) - len(conv)} of {len(p.pilots)} pilots did not converge; per set drawn "
