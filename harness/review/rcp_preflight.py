@@ -19,7 +19,8 @@ The model, and why:
 - sigma is floored at the RCP's own relative spread at this batch (its `RCP Stdev` / `RCP Mean`, taken to
   log space): the reference runs are 2n or more seeds of the same hyperparameters, and the checker's
   speedup limit already assumes that a submission spreads like the reference. Pilots that agree by chance
-  (or sit on the same eval point) do not shrink the spread below it.
+  (or sit on the same eval point) do not shrink the spread below it. It is capped at SIGMA_CAP, far above
+  any real spread, so the posterior's tail (infinite mean with 2 pilots) stays finite.
 - A pilot whose run_stop is not a success counts as a failed run. The failure rate of a simulated set is
   drawn from Beta(f + 1/2, c + 1/2) (the Jeffreys posterior for f failures in f + c pilots), so clean
   pilots do not claim a zero failure rate: two clean pilots cannot tell 0% from 20%.
@@ -46,6 +47,10 @@ SIMULATIONS = 20_000
 SEED = 0  # fixed: the same pilots give the same numbers on every machine
 MAX_LAUNCH = 4  # runs to launch are searched up to this many times n
 NOT_CONVERGED = 1e9  # what mlperf-logging's reader returns for a run that did not converge
+# Upper bound of a set's log-space sigma: 4x the widest spread of any RCP entry in mlperf-logging 4.1.68
+# (unet3d, 0.25) but one whose spread is a single outlier run (gpt3_ref_3072, 1.6, which keeps its own).
+# With 2 pilots the sigma posterior has an infinite mean; its far tail would overflow exp().
+SIGMA_CAP = 1.0
 
 
 @dataclasses.dataclass
@@ -196,7 +201,8 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
     logs = np.log(values)
     mu_hat, s_hat = float(logs.mean()), float(logs.std(ddof=1))
     floor = log_sigma(float(record["RCP Stdev"]) / float(record["RCP Mean"]))
-    sigma = np.sqrt(np.maximum((c - 1) * s_hat ** 2 / rng.chisquare(c - 1, simulations), floor ** 2))
+    drawn = np.sqrt((c - 1) * s_hat ** 2 / rng.chisquare(c - 1, simulations))
+    sigma = np.clip(drawn, floor, max(SIGMA_CAP, floor))
     mu = rng.normal(mu_hat, sigma / math.sqrt(c))
     runs = np.exp(mu[:, None] + sigma[:, None] * rng.standard_normal((simulations, n)))
     rate = rng.beta(failed + 0.5, c + 0.5, simulations)
@@ -269,7 +275,9 @@ def format_preflight(p: Preflight) -> list[str]:
         f"{100 * p.rcp_sigma:.1f}%; mean and spread drawn per set from their posterior",
         f"  failure rate: {len(p.pilots) - len(conv)} of {len(p.pilots)} pilots did not converge; per set drawn "
         f"from Beta(failed + 1/2, converged + 1/2), mean {100 * p.failure_rate:.1f}%; the checker accepts "
-        f"{p.tolerated} non-converged run(s) in a set of {p.runs}",
+        f"{p.tolerated} non-converged run(s) in a set of {p.runs}"
+        + (f" (no pilot failed: the rate is what {len(p.pilots)} clean runs cannot rule out)"
+           if len(p.pilots) == len(conv) else ""),
         f"  simulated {p.simulations:,} sets of {p.runs} runs (seed {SEED}), each judged by mlperf_logging's "
         "RCP_Checker._eval_submission_record:",
         f"    pass probability, sets of {p.runs} converged runs: {p.pass_converged:.3f}",
