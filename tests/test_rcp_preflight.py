@@ -208,3 +208,14 @@ def test_check_rcp_reads_gpt3_runs_past_1e9_as_converged(tmp_path):
     mean = rcp_mean("gpt3", "4.1.0", 8192)
     r = rcp.rcp_report([write_set(tmp_path / "g", "gpt3", 8192, [1.05 * mean] * 3)], "4.1.0")
     assert all(run.converged for run in r.runs) and r.verdict == "PASS"
+
+
+def test_two_far_apart_pilots_give_finite_draws():
+    """Two pilots leave the spread's posterior with one degree of freedom; its tail must not overflow."""
+    import warnings
+
+    mean = rcp_mean("llama31_8b", "6.0.0", 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        p = simulate("llama31_8b", "6.0.0", 32, [Pilot("a", 0.5 * mean), Pilot("b", 2.0 * mean)], simulations=20_000)
+    assert 0.2 < p.pass_converged < 0.9 and p.launch is not None
