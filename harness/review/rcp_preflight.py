@@ -214,7 +214,8 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
     with rcp._quiet_logging():
         for i in range(simulations):
             # The checker sorts the list it gets and, for llama31_405b, rewrites the record's speedup from
-            # its own fields (the same value each time): both harmless to repeat.
+            # its own fields (the same value each time): both harmless to repeat. results_dir '' is what
+            # check_directory passes when it is not asked to write scaling.json.
             passed_converged[i], factors[i] = checker._eval_submission_record(record, runs[i].tolist(), "")
             if fails[i].sum() <= tolerated:
                 with_fails = np.where(fails[i], NOT_CONVERGED, runs[i]).tolist()
