@@ -89,6 +89,9 @@ flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (de
                           "summary.json / config.yaml beside the log, else the benchmark's newest)")
 flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
                   "against the RCP mean for their batch size, with the official RCP checker's verdict")
+flags.DEFINE_bool("preflight", False, "check --rcp: treat the logs as pilot runs at the batch to submit and "
+                  "simulate full result sets: pass probability, normalization, runs to launch")
+flags.DEFINE_float("confidence", 0.95, "check --rcp --preflight: probability the runs to launch must reach")
 flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "
                    "integrity checks (default: inferred from the log)")
 flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
@@ -124,6 +127,7 @@ USAGE = """usage: mlperf-harness COMMAND ...
   data count CONFIG [--set key=value ...]               the sample counts the config's data files hold
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
   check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
+  check --rcp --preflight PILOT_LOGS... [--confidence C]  odds that a full set passes the RCP test
   list                                                  workloads and configs
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
   package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
@@ -180,6 +184,12 @@ def cmd_data(args: list[str]) -> int:
 
 
 def cmd_check(args: list[str]) -> int:
+    if FLAGS.preflight and not FLAGS.rcp:
+        raise HarnessError("--preflight goes with --rcp: check --rcp --preflight PILOT_LOGS...")
+    if FLAGS.rcp and FLAGS.preflight:
+        from harness.review import rcp_preflight
+
+        return rcp_preflight.main(args, FLAGS.ruleset, FLAGS.confidence)
     if FLAGS.rcp:
         from harness.review import rcp
 

@@ -125,6 +125,38 @@ def result_logs(paths: list[str]) -> list[str]:
     return found
 
 
+def require_rcps(path: str, benchmark: str | None, ruleset: str) -> None:
+    """HarnessError (one line) unless mlperf-logging judges `benchmark` under `ruleset` against RCPs."""
+    rec = rules.record(benchmark)
+    if not rules.has_rcp(benchmark, ruleset):
+        with_rcps = ", ".join(rec.rcp) or "none"
+        raise HarnessError(f"{path}: MLPerf has no reference convergence points for {benchmark} under ruleset "
+                           f"{ruleset} (rulesets with {benchmark} RCPs: {with_rcps}); pass one with --ruleset")
+    load_rcps(benchmark, ruleset)
+
+
+PRUNED = "pruned_rcps"  # the RCP set the package checker tests against
+
+
+def checker_record(checker: Any, batch: int) -> tuple[str, dict[str, Any] | None]:
+    """The record `check_directory` judges a set at `batch` by, from the checker's own lookups, and how it
+    was found: the entry at that batch, an interpolation between its neighbours, or (below the smallest
+    RCP batch) the smallest-batch entry, which passes only a set slower than it. ("", None) above the
+    largest RCP batch, where the checker asks for a new RCP."""
+    record = checker._find_rcp(batch, PRUNED)
+    if record is not None:
+        return next(n for n, r in checker.pruned_rcp_data.items() if r is record), record
+    low = checker._find_top_min_rcp(batch, PRUNED)
+    high = checker._find_bottom_max_rcp(batch, PRUNED)
+    if low is not None and high is not None:
+        _, record = checker._create_interp_rcp(batch, low, high)
+        return f"interpolated between batch {low['BS']} and {high['BS']}", record
+    if low is None and high is not None:
+        record = checker._find_min_rcp(PRUNED)
+        return f"smallest-batch RCP (batch {record['BS']}; a smaller batch passes only if slower)", record
+    return "", None
+
+
 def _olympic(values: list[float]) -> float:
     values = sorted(values)
     return sum(values[1:-1]) / (len(values) - 2)
@@ -144,11 +176,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
     rec = rules.record(benchmark)
     ruleset = ruleset or logparse.log_ruleset(logs[0], first)
-    if not rules.has_rcp(benchmark, ruleset):
-        with_rcps = ", ".join(rec.rcp) or "none"
-        raise HarnessError(f"{logs[0]}: MLPerf has no reference convergence points for {benchmark} under ruleset "
-                           f"{ruleset} (rulesets with {benchmark} RCPs: {with_rcps}); pass one with --ruleset")
-    load_rcps(benchmark, ruleset)
+    require_rcps(logs[0], benchmark, ruleset)
     runs, batches, logged = [], set(), {}
     for path in logs:
         not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
@@ -156,7 +184,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
             raise HarnessError(f"{path}: benchmark {bench!r}, but {logs[0]} is {benchmark!r}; "
                                "give the logs of one benchmark")
         batches.add(bs)
-        runs.append(RunPoint(path, not not_converged and value < 1e9, None if not_converged else float(value)))
+        runs.append(RunPoint(path, not not_converged, None if not_converged else float(value)))
     if len(batches) != 1 or -1 in batches:
         raise HarnessError(f"the logs must share one global_batch_size (found {sorted(batches)})")
     batch = batches.pop()
@@ -164,14 +192,7 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
 
     with _quiet_logging():
         checker = official.RCP_Checker(USAGE, ruleset, benchmark, False)
-        record = checker._find_rcp(batch, "pruned_rcps")
-        name = next((n for n, r in checker.pruned_rcp_data.items() if r is record), "")
-        if record is None:
-            low = checker._find_top_min_rcp(batch, "pruned_rcps")
-            high = checker._find_bottom_max_rcp(batch, "pruned_rcps")
-            if low is not None and high is not None:
-                _, record = checker._create_interp_rcp(batch, low, high)
-                name = f"interpolated between batch {low['BS']} and {high['BS']}"
+        name, record = checker_record(checker, batch)
     exact = rcp_entry(benchmark, ruleset, batch)
     mismatches = hparam_mismatches(exact[1], logged) if exact else []
     rcp_mean = float(record["RCP Mean"]) if record else None
@@ -194,7 +215,7 @@ def _official_verdict(logs: list[str], ruleset: str) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp, _quiet_logging():
         for i, path in enumerate(logs):
             os.symlink(os.path.abspath(path), os.path.join(tmp, f"result_{i}.txt"))
-        passed, message, _ = official.check_directory(tmp, USAGE, ruleset, False, False, rcp_pass="pruned_rcps")
+        passed, message, _ = official.check_directory(tmp, USAGE, ruleset, False, False, rcp_pass=PRUNED)
     return ("PASS" if passed else "FAIL"), message
 
 

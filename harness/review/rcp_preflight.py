@@ -1,0 +1,313 @@
+"""RCP preflight: from a few pilot runs, the odds that a full result set passes the RCP test.
+
+`check --rcp` judges finished result sets; this module answers before the submission runs are booked. From
+k >= 2 pilot logs at the batch size to be submitted it reads each run's samples (epochs) to converge with
+mlperf-logging's own reader, fits a spread, simulates many n-run result sets (n: the benchmark's run count
+in `benchmark_rules`) and has the installed checker judge each set with the calls `check_directory`
+makes: `RCP_Checker._eval_submission_record` for the olympic mean, the pass decision and the normalization
+factor, on the record `rcp.checker_record` takes from the checker's own lookups (entry at the batch, or the
+interpolation). How many non-converged runs a set may hold is probed from the checker's
+`get_submission_epochs` on generated logs, not restated here.
+
+The model, and why:
+- Samples to converge are positive, right-skewed (a slow seed costs more than a fast one saves) and vary
+  multiplicatively with the learning-rate schedule: log-normal.
+- k is small, so the pilots' mean and spread are themselves uncertain. Each simulated set draws its own
+  (mu, sigma) from the posterior of the log-normal given the pilots (non-informative prior: sigma^2 =
+  (c - 1) s^2 / chi2(c - 1), mu ~ N(mean, sigma^2 / c), c converged pilots), so two lucky pilots do not
+  give a confident answer.
+- sigma is floored at the RCP's own relative spread at this batch (its `RCP Stdev` / `RCP Mean`, taken to
+  log space): the reference runs are 2n or more seeds of the same hyperparameters, and the checker's
+  speedup limit already assumes that a submission spreads like the reference. Pilots that agree by chance
+  (or sit on the same eval point) do not shrink the spread below it. It is capped at SIGMA_CAP, far above
+  any real spread, so the posterior's tail (infinite mean with 2 pilots) stays finite.
+- A pilot whose run_stop is not a success counts as a failed run. The failure rate of a simulated set is
+  drawn from Beta(f + 1/2, c + 1/2) (the Jeffreys posterior for f failures in f + c pilots), so clean
+  pilots do not claim a zero failure rate: two clean pilots cannot tell 0% from 20%.
+Eval points are discrete (a run converges at an eval); the simulation is continuous, so the probabilities
+near the limit are approximate to about one eval interval of the mean.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from harness import benchmark_rules as rules
+from harness.errors import HarnessError
+from harness.review import rcp
+
+SIMULATIONS = 20_000
+SEED = 0  # fixed: the same pilots give the same numbers on every machine
+MAX_LAUNCH = 4  # runs to launch are searched up to this many times n
+NOT_CONVERGED = 1e9  # what mlperf-logging's reader returns for a run that did not converge
+# Upper bound of a set's log-space sigma: 4x the widest spread of any RCP entry in mlperf-logging 4.1.68
+# (unet3d, 0.25) but one whose spread is a single outlier run (gpt3_ref_3072, 1.6, which keeps its own).
+# With 2 pilots the sigma posterior has an infinite mean; its far tail would overflow exp().
+SIGMA_CAP = 1.0
+
+
+@dataclasses.dataclass
+class Pilot:
+    path: str
+    value: float | None  # samples (epochs) to converge; None: did not converge
+
+
+@dataclasses.dataclass
+class Preflight:
+    benchmark: str
+    ruleset: str
+    batch: int
+    runs: int  # n: logs in a result set
+    pilots: list[Pilot]
+    record: str
+    rcp_mean: float
+    fastest_allowed: float
+    rcp_sigma: float  # the RCP's relative spread in log space (the floor)
+    pilot_sigma: float  # the converged pilots' sample std of log values
+    tolerated: int  # non-converged runs the checker accepts in one set
+    failure_rate: float  # posterior mean of the per-run failure rate
+    pass_converged: float  # P(an n-run set of converged runs passes)
+    pass_all: float  # P(an n-run set passes, failed runs included)
+    norm_expected: float  # mean checker normalization factor over passing converged sets
+    normalized_share: float  # share of passing converged sets with a factor above 1
+    launch: int | None  # runs to launch (None: more than MAX_LAUNCH * n)
+    confidence: float
+    simulations: int
+
+    @property
+    def unit(self) -> str:
+        return "samples" if rules.record(self.benchmark).unit == rules.SAMPLE else "epochs"
+
+    @property
+    def converged(self) -> list[float]:
+        return [p.value for p in self.pilots if p.value is not None]
+
+
+def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, list[Pilot]]:
+    """(benchmark, ruleset, batch, pilots) from the logs, read by mlperf-logging's RCP reader; one
+    HarnessError line for fewer than 2 logs, mixed benchmarks or batch sizes, or a benchmark/ruleset
+    without RCPs."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    from harness.review import logparse
+
+    logs = rcp.result_logs(paths)
+    if len(logs) < 2:
+        raise HarnessError(f"the RCP preflight needs at least 2 pilot runs' result logs (got {len(logs)}: "
+                           f"{logs[0]}); one run shows no spread")
+    first = logparse.parse_log(logs[0])
+    benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
+    rules.record(benchmark)
+    ruleset = ruleset or logparse.log_ruleset(logs[0], first)
+    rcp.require_rcps(logs[0], benchmark, ruleset)
+    pilots, batches = [], {}
+    with rcp._quiet_logging():
+        for path in logs:
+            not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
+            if bench != benchmark:
+                raise HarnessError(f"{path}: a {bench!r} log, but {logs[0]} is {benchmark!r}; pilots must be "
+                                   "runs of one benchmark")
+            if bs == -1:
+                raise HarnessError(f"{path}: no global_batch_size line; the RCP depends on the batch size")
+            batches.setdefault(bs, path)
+            pilots.append(Pilot(path, None if not_converged else float(value)))
+    if len(batches) != 1:
+        where = ", ".join(f"{b} ({p})" for b, p in sorted(batches.items()))
+        raise HarnessError(f"pilots at different global batch sizes: {where}; run them at the batch to submit")
+    return benchmark, ruleset, next(iter(batches)), pilots
+
+
+@functools.lru_cache(maxsize=None)
+def tolerated_failures(benchmark: str, ruleset: str, runs: int) -> int:
+    """How many non-converged logs an n-run set may hold, asked of the checker's `get_submission_epochs`
+    on generated logs (it returns no epochs for a set with too many)."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    def log(status: str) -> str:
+        def line(key: str, value: Any, **metadata: Any) -> str:
+            event = {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": key, "value": value,
+                     "metadata": metadata}
+            return ":::MLLOG " + json.dumps(event)
+
+        # Both metrics, so that stable_diffusion's reader (FID and CLIP per eval step) finds a passing eval.
+        evals = [line("eval_accuracy", v, epoch_num=1, samples_count=1, step_num=1, metric=m)
+                 for m, v in (("FID", 1.0), ("CLIP", 1.0))]
+        return "\n".join([line("submission_benchmark", benchmark), line("global_batch_size", 1), *evals,
+                          line("run_stop", None, status=status)]) + "\n"
+
+    with tempfile.TemporaryDirectory() as tmp, rcp._quiet_logging():
+        files = []
+        for i in range(runs):
+            files.append(os.path.join(tmp, f"result_{i}.txt"))
+        tolerated = 0
+        for failed in range(1, runs + 1):
+            for i, path in enumerate(files):
+                with open(path, "w") as f:
+                    f.write(log("aborted" if i < failed else "success"))
+            _, epochs, _ = official.get_submission_epochs(files, ruleset, False)
+            if epochs is None:
+                break
+            tolerated = failed
+    return tolerated
+
+
+@functools.lru_cache(maxsize=None)
+def rcp_checker(benchmark: str, ruleset: str) -> Any:
+    """mlperf-logging's RCP_Checker for `benchmark` under `ruleset`, built once per process: its set-up runs a
+    binary search per RCP entry, and judging a set changes nothing in it (llama31_405b's speedup is
+    rewritten, to the same value, on every call)."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    with rcp._quiet_logging():
+        return official.RCP_Checker(rcp.USAGE, ruleset, benchmark, False)
+
+
+def log_sigma(relative_std: float) -> float:
+    """The log-normal sigma whose relative standard deviation is `relative_std`."""
+    return math.sqrt(math.log1p(relative_std ** 2))
+
+
+def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], confidence: float = 0.95,
+             simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
+    """The preflight numbers for `pilots` (see the module docstring for the model)."""
+    from scipy import stats
+
+    if not 0 < confidence < 1:
+        raise HarnessError(f"--confidence {confidence}: give a probability strictly between 0 and 1")
+    values = [p.value for p in pilots if p.value is not None]
+    failed = len(pilots) - len(values)
+    if len(values) < 2:
+        raise HarnessError(f"only {len(values)} of {len(pilots)} pilot runs converged; the spread needs at least 2 "
+                           "converged pilots")
+    n = rules.runs_required(benchmark)
+    checker = rcp_checker(benchmark, ruleset)
+    with rcp._quiet_logging():
+        name, record = rcp.checker_record(checker, batch)
+    if record is None:
+        largest = max(r["BS"] for r in checker.pruned_rcp_data.values())
+        raise HarnessError(f"global batch {batch} is above the largest {benchmark} RCP batch under ruleset {ruleset} "
+                           f"({largest}); the checker asks for a new RCP there, so no pass probability exists")
+    tolerated = tolerated_failures(benchmark, ruleset, n)
+
+    rng = np.random.default_rng(seed)
+    c = len(values)
+    logs = np.log(values)
+    mu_hat, s_hat = float(logs.mean()), float(logs.std(ddof=1))
+    floor = log_sigma(float(record["RCP Stdev"]) / float(record["RCP Mean"]))
+    drawn = np.sqrt((c - 1) * s_hat ** 2 / rng.chisquare(c - 1, simulations))
+    sigma = np.clip(drawn, floor, max(SIGMA_CAP, floor))
+    mu = rng.normal(mu_hat, sigma / math.sqrt(c))
+    runs = np.exp(mu[:, None] + sigma[:, None] * rng.standard_normal((simulations, n)))
+    rate = rng.beta(failed + 0.5, c + 0.5, simulations)
+    fails = rng.random((simulations, n)) < rate[:, None]
+
+    passed_converged = np.zeros(simulations, bool)
+    passed_all = np.zeros(simulations, bool)
+    factors = np.ones(simulations)
+    with rcp._quiet_logging():
+        for i in range(simulations):
+            # The checker sorts the list it gets and, for llama31_405b, rewrites the record's speedup from
+            # its own fields (the same value each time): both harmless to repeat. results_dir '' is what
+            # check_directory passes when it is not asked to write scaling.json.
+            passed_converged[i], factors[i] = checker._eval_submission_record(record, runs[i].tolist(), "")
+            if fails[i].sum() <= tolerated:
+                with_fails = np.where(fails[i], NOT_CONVERGED, runs[i]).tolist()
+                passed_all[i] = checker._eval_submission_record(record, with_fails, "")[0]
+        rcp_mean = float(record["RCP Mean"])
+        fastest = rcp_mean / float(record["Max Speedup"])
+
+    # Runs to launch: the smallest m >= n for which at least n of m runs converge with probability
+    # >= confidence, averaged over the failure-rate posterior.
+    launch = None
+    for m in range(n, MAX_LAUNCH * n + 1):
+        if float(np.mean(stats.binom.sf(n - 1, m, 1 - rate))) >= confidence:
+            launch = m
+            break
+    good = factors[passed_converged]
+    return Preflight(benchmark, ruleset, batch, n, pilots, name, rcp_mean, fastest, floor, s_hat, tolerated,
+                     float(rate.mean()), float(passed_converged.mean()), float(passed_all.mean()),
+                     float(good.mean()) if good.size else float("nan"),
+                     float((good > 1).mean()) if good.size else 0.0, launch, confidence, simulations)
+
+
+def preflight(paths: list[str], ruleset: str | None = None, confidence: float = 0.95,
+              simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
+    benchmark, ruleset, batch, pilots = read_pilots(paths, ruleset)
+    return simulate(benchmark, ruleset, batch, pilots, confidence, simulations, seed)
+
+
+def verdict(p: Preflight) -> str:
+    """LIKELY PASS at or above the confidence, LIKELY FAIL below one half, AT RISK between."""
+    if p.pass_all >= p.confidence:
+        return "LIKELY PASS"
+    return "LIKELY FAIL" if p.pass_converged < 0.5 or p.pass_all < 0.5 else "AT RISK"
+
+
+def format_preflight(p: Preflight) -> list[str]:
+    unit = p.unit
+
+    def num(x: float) -> str:
+        return f"{x:,.0f}" if unit == "samples" else f"{x:.2f}"
+
+    conv = p.converged
+    lines = [f"RCP preflight: {p.benchmark}, ruleset {p.ruleset}, global batch {p.batch}, "
+             f"{len(p.pilots)} pilot run(s); "
+             f"a result set is {p.runs} runs",
+             f"  RCP {p.record}: mean {num(p.rcp_mean)} {unit} to converge, fastest allowed olympic mean "
+             f"{num(p.fastest_allowed)} ({p.fastest_allowed / p.rcp_mean:.3f} x the mean)"]
+    for pilot in p.pilots:
+        if pilot.value is None:
+            lines.append(f"  {pilot.path}: did not converge (run_stop not a success); counted as a failed run")
+        else:
+            lines.append(f"  {pilot.path}: {num(pilot.value)} {unit} ({100 * (pilot.value / p.rcp_mean - 1):+.1f}% "
+                         "vs the RCP mean)")
+    geo = math.exp(sum(math.log(v) for v in conv) / len(conv))
+    lines += [
+        f"  fit: log-normal, pilots' geometric mean {num(geo)} {unit} ({geo / p.rcp_mean:.3f} x the RCP mean, "
+        f"{100 * (geo / p.fastest_allowed - 1):+.1f}% vs the fastest allowed), "
+        f"spread {100 * p.pilot_sigma:.1f}% (log sigma of {len(conv)} converged), floored at the RCP's "
+        f"{100 * p.rcp_sigma:.1f}%; mean and spread drawn per set from their posterior",
+        f"  failure rate: {len(p.pilots) - len(conv)} of {len(p.pilots)} pilots did not converge; per set drawn "
+        f"from Beta(failed + 1/2, converged + 1/2), mean {100 * p.failure_rate:.1f}%; the checker accepts "
+        f"{p.tolerated} non-converged run(s) in a set of {p.runs}"
+        + (f" (no pilot failed: the rate is what {len(p.pilots)} clean runs cannot rule out)"
+           if len(p.pilots) == len(conv) else ""),
+        f"  simulated {p.simulations:,} sets of {p.runs} runs (seed {SEED}), each judged by mlperf_logging's "
+        "RCP_Checker._eval_submission_record:",
+        f"    pass probability, sets of {p.runs} converged runs: {p.pass_converged:.3f}",
+        f"    pass probability, failed runs included:  {p.pass_all:.3f}",
+    ]
+    if math.isnan(p.norm_expected):
+        lines.append("    expected normalization factor: none (no simulated set passed)")
+    else:
+        lines.append(f"    expected normalization factor (the checker's, over passing sets): {p.norm_expected:.3f}; "
+                     f"normalized in {100 * p.normalized_share:.0f}% of them")
+    if p.launch is None:
+        lines.append(f"  runs to launch: more than {MAX_LAUNCH * p.runs} (at least {p.runs} converged runs with "
+                     f"probability {p.confidence:g} is out of reach at this failure rate)")
+    else:
+        lines.append(f"  runs to launch: {p.launch} (the smallest number m of runs for which at least {p.runs} of "
+                     f"the m converge with probability >= {p.confidence:g})")
+    if p.pass_converged < p.confidence:
+        lines.append(f"  launching more runs does not raise the {p.pass_converged:.3f}: the RCP test judges the "
+                     "set's olympic mean, which is the pilots' convergence, not their number")
+    lines.append(f"  verdict: {verdict(p)} (confidence {p.confidence:g})")
+    return lines
+
+
+def main(paths: list[str], rulesets: list[str], confidence: float) -> int:
+    """`check --rcp --preflight`: exit 1 when a set is likely to fail the RCP test, else 0."""
+    if not paths:
+        raise HarnessError("check --rcp --preflight takes the pilot runs' result logs or directories")
+    if len(rulesets) > 1:
+        raise HarnessError("check --rcp --preflight takes at most one --ruleset")
+    p = preflight(paths, rulesets[0] if rulesets else None, confidence)
+    print("\n".join(format_preflight(p)))
+    return 1 if verdict(p) == "LIKELY FAIL" else 0
