@@ -383,9 +383,10 @@ def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
         set_errors = names + sizes
         done = [f"{len(files)} file{'s' if len(files) != 1 else ''}" + (" named as published" if expected or
                                                                            fs.any_name else "")]
-        if n_sizes or fs.total_size:
-            done.append(f"{n_sizes} published size{'s' if n_sizes != 1 else ''}"
-                        + (" and the total" if fs.total_size else ""))
+        if n_sizes:
+            done.append(f"{n_sizes} published size{'s' if n_sizes != 1 else ''}")
+        if fs.total_size and all_present:
+            done.append("the published total size")
         if fs.records and not set_errors and files:
             count, unit = COUNTERS[fs.counter]
             try:
