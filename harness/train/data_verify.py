@@ -137,6 +137,8 @@ def parse_manifest(data: Mapping[str, Any], path: str) -> Manifest:
             if published:
                 hashes[str(fname)] = published
         sources = node.get("data_source") or []
+        if not sources:
+            raise HarnessError(f"{where} needs `data_source`: the data.source values that read it")
         sets.append(FileSet(
             name=str(name), data_sources=tuple(sources if isinstance(sources, list) else [sources]),
             kind=kinds[0], key=str(node[kinds[0]]), dir_key=node.get("dir"),
@@ -312,20 +314,24 @@ def _check_names(fs: FileSet, where: str, files: list[str]) -> list[str]:
     missing = [n for n in expected if n not in found]
     extra = sorted(found - set(expected))
     span = expected[0] + (f" ... {expected[-1]}" if len(expected) > 1 else "")
+    layout = f"{len(expected)} {fs.name} file{'s' if len(expected) > 1 else ''}"
+    if not found and len(expected) > 1:
+        return [f"{where}: no files match; the reference's layout has {layout} ({span}{source})"]
     if len(expected) > 1 and len(extra) == len(found) > 1:  # another layout altogether: one line for the set
         return [f"{where}: {len(found)} files ({extra[0]} ... {extra[-1]}), none named as the reference's "
-                f"{len(expected)} {fs.name} files ({span}{source})"]
+                f"{layout} ({span}{source})"]
     lines = _limited([f"{os.path.join(folder, want)}: missing; found {got} instead, which is not a file of the "
-                      f"reference's layout ({len(expected)} {fs.name} files{source})"
+                      f"reference's layout ({layout}{source})"
                       for want, got in zip(missing, extra)], "renamed files")
-    lines += _limited([f"{os.path.join(folder, n)}: missing (the reference's layout has {len(expected)} "
-                       f"{fs.name} files{source})" for n in missing[len(extra):]], "missing files")
-    lines += _limited([f"{os.path.join(folder, n)}: not a file of the reference's layout (its {len(expected)} "
-                       f"{fs.name} files are {span}{source})" for n in extra[len(missing):]], "unexpected files")
+    lines += _limited([f"{os.path.join(folder, n)}: missing (the reference's layout has {layout}{source})"
+                       for n in missing[len(extra):]], "missing files")
+    lines += _limited([f"{os.path.join(folder, n)}: not a file of the reference's layout ({layout}: {span}"
+                       f"{source})" for n in extra[len(missing):]], "unexpected files")
     return lines
 
 
 def _check_sizes(fs: FileSet, files: list[str], all_present: bool, where: str) -> tuple[list[str], int]:
+    """Published sizes, and the published total when every file is there."""
     lines, checked = [], 0
     by_name = {os.path.basename(p): p for p in files}
     for name, fact in fs.sizes.items():
@@ -344,6 +350,7 @@ def _check_sizes(fs: FileSet, files: list[str], all_present: bool, where: str) -
 
 
 def _check_hashes(fs: FileSet, files: list[str]) -> tuple[list[str], int]:
+    """Published hashes of the files present."""
     lines, checked = [], 0
     by_name = {os.path.basename(p): p for p in files}
     for name, published in fs.hashes.items():
@@ -364,8 +371,9 @@ def applicable_sets(manifest: Manifest, cfg: Any) -> list[FileSet]:
 
 def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
     """Every set of `manifest` the config's data.source reads, against the files the config names: names,
-    presence, sizes and record counts (counted only where names and sizes agree: a count of files already
-    known to differ adds nothing); with `hashes`, md5 / sha256 where published."""
+    presence, sizes and record counts; with `hashes`, md5 / sha256 where published. Records are counted and
+    files hashed only in a set whose cheaper checks passed: reading files already known to differ would add a
+    second line about the same file and nothing the user needs."""
     sets = applicable_sets(manifest, cfg)
     if not sets:
         return Report([], [], f"data.source={lookup(cfg, 'data.source')} reads no files the {manifest.workload} "
@@ -399,11 +407,11 @@ def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
                                       f"{int(fs.records.value)} (source: {fs.records.source})")
                 done.append(f"{n} {unit}")
         published = sum(len(h) for h in fs.hashes.values())
-        if hashes and published and not names:
+        if hashes and published and not set_errors:  # a set already known to differ is not read again
             hash_errors, n_hashes = _check_hashes(fs, files)
             set_errors += hash_errors
             done.append(f"{n_hashes} hash{'es' if n_hashes != 1 else ''}")
-        elif published:
+        elif published and not hashes:
             done.append(f"{published} published hash{'es' if published != 1 else ''} not checked (--hashes)")
         if fs.unsourced:
             done.append("not published: " + fs.unsourced)
@@ -437,6 +445,8 @@ def check_closed_data(workload: Any, manifest_file: str | None = None) -> str:
         return "data verify: skipped (open division)"
     if workload.is_synthetic:
         return "data verify: skipped (synthetic data)"
+    if manifest_file is None and not os.path.isfile(manifest_path(cfg.workload)):
+        return f"data verify: skipped (no data manifest for {cfg.workload})"
     report = verify(cfg, load_manifest(cfg.workload, manifest_file))
     if report.skipped:
         return f"data verify: skipped ({report.skipped})"
