@@ -51,6 +51,7 @@ class FileSet:
     kind: str                          # glob | file | prefix
     key: str                           # config path of the glob, the file or the prefix
     dir_key: str | None                # config path of the folder the key is under (None: the key is a path)
+    instead: Mapping[str, str]         # glob -> the glob the source reads when the first matches nothing
     names: Fact | None                 # value: the reference's file names (all of them)
     any_name: Fact | None              # value: names one of which the single file has (kind file)
     records: Fact | None
@@ -142,6 +143,7 @@ def parse_manifest(data: Mapping[str, Any], path: str) -> Manifest:
         sets.append(FileSet(
             name=str(name), data_sources=tuple(sources if isinstance(sources, list) else [sources]),
             kind=kinds[0], key=str(node[kinds[0]]), dir_key=node.get("dir"),
+            instead={str(k): str(v) for k, v in (node.get("instead") or {}).items()},
             names=_names(node.get("names"), f"{where}.names"),
             any_name=_names(node.get("any_name"), f"{where}.any_name"),
             records=records, counter=counter, sizes=sizes, hashes=hashes,
@@ -279,7 +281,11 @@ def _resolve(fs: FileSet, cfg: Any) -> tuple[str, list[str], list[str]]:
         return "", [], [f"{fs.key} is not set (the {fs.name} files)"]
     where = os.path.join(folder, value) if folder else value
     if fs.kind == "glob":
-        return where, sorted(p for p in globlib.glob(where) if os.path.isfile(p)), []
+        files = sorted(p for p in globlib.glob(where) if os.path.isfile(p))
+        if not files and value in fs.instead:  # the other layout the source accepts under the same default
+            where = os.path.join(folder, fs.instead[value]) if folder else fs.instead[value]
+            files = sorted(p for p in globlib.glob(where) if os.path.isfile(p))
+        return where, files, []
     if fs.kind == "file":
         return where, [where] if os.path.isfile(where) else [], []
     return where, [p for p in (where + ".bin", where + ".idx") if os.path.isfile(p)], []
