@@ -116,6 +116,10 @@ flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PN
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
 flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
+flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish (reads every "
+                  "such file once; cached beside the data, keyed by each file's size and mtime)")
+flags.DEFINE_string("manifest", None, "data verify: the data manifest to check against (default: the workload's "
+                    "benchmarks/<name>/data_manifest.yaml)")
 flags.DEFINE_integer("port", 0, "data-service: port to listen on (dispatcher: required; worker: 0 = any)")
 flags.DEFINE_string("dispatcher", None, "data-service worker: the dispatcher's HOST:PORT")
 flags.DEFINE_string("advertise", "", "data-service worker: host name clients reach it by (default: "
@@ -125,6 +129,8 @@ USAGE = """usage: mlperf-harness COMMAND ...
   run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
   run CONFIG --dry_run [--report_json FILE]             compile its steps under XLA before booking hardware
   data count CONFIG [--set key=value ...]               the sample counts the config's data files hold
+  data verify CONFIG [--set ...] [--hashes] [--manifest FILE]
+                                                        the config's data files against what the references publish
   check LOG [--ruleset X ...]                           official checker + integrity checks on any log
   check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
   check --rcp --preflight PILOT_LOGS... [--confidence C]  odds that a full set passes the RCP test
@@ -172,14 +178,34 @@ def cmd_run(args: list[str]) -> int:
 
 
 def cmd_data(args: list[str]) -> int:
-    if len(args) != 2 or args[0] != "count":
-        raise HarnessError("data takes `count CONFIG` (overrides go in --set key=value)")
+    if len(args) != 2 or args[0] not in ("count", "verify"):
+        raise HarnessError("data takes `count CONFIG` or `verify CONFIG` (overrides go in --set key=value)")
+    if args[0] == "verify":
+        return _data_verify(args[1])
+    if FLAGS.hashes or FLAGS.manifest:
+        raise HarnessError("--hashes and --manifest go with `data verify`")
     from harness.train import reference
 
     counts = reference.count_data(args[1], FLAGS.set)
     for key, n in counts.items():
         print(f"data.{key}={n}")
     print("use: " + " ".join(f"--set data.{k}={n}" for k, n in counts.items()))
+    return 0
+
+
+def _data_verify(config_path: str) -> int:
+    """One `error:` line per difference (exit 2), else what was checked."""
+    from harness.train import data_verify
+
+    manifest, report = data_verify.verify_config(config_path, FLAGS.set, FLAGS.hashes, FLAGS.manifest)
+    for line in report.errors:
+        print(f"error: {line}", file=sys.stderr)
+    if report.errors:
+        return 2
+    shown = os.path.relpath(manifest.path)
+    print(f"{manifest.workload} data matches {manifest.path if shown.startswith('..') else shown}:")
+    for line in report.checked:
+        print(f"  {line}")
     return 0
 
 

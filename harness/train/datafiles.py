@@ -160,13 +160,14 @@ def _fingerprint(files: list[str], what: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _cache_paths(files: list[str]) -> list[str]:
-    """Beside the data first; the user's cache folder when the data folder is read-only."""
-    home = os.path.join(os.path.expanduser("~"), ".cache", "mlperf-harness", COUNT_CACHE.lstrip("."))
-    return [os.path.join(os.path.dirname(files[0]), COUNT_CACHE), home]
+def cache_paths(files: list[str], name: str = COUNT_CACHE) -> list[str]:
+    """Where cache `name` of `files` goes: beside the data first; the user's cache folder when the data folder
+    is read-only."""
+    home = os.path.join(os.path.expanduser("~"), ".cache", "mlperf-harness", name.lstrip("."))
+    return [os.path.join(os.path.dirname(files[0]), name), home]
 
 
-def _read_cache(path: str) -> dict[str, Any]:
+def read_cache(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             data = json.load(f)
@@ -179,16 +180,16 @@ def cached_count(files: list[str], what: str, settings: dict[str, Any], count: C
     """`count()` of `files`, computed once and kept in COUNT_CACHE beside them, keyed by the files' names,
     sizes and mtimes, `what` is counted and the `settings` the count depends on (e.g. packing)."""
     key = _fingerprint(files, what, settings)
-    paths = _cache_paths(files) if "://" not in files[0] else _cache_paths(files)[1:]
+    paths = cache_paths(files) if "://" not in files[0] else cache_paths(files)[1:]
     for path in paths:
-        entry = _read_cache(path).get(key)
+        entry = read_cache(path).get(key)
         if isinstance(entry, dict) and isinstance(entry.get("count"), int):
             return entry["count"]
     n = int(count())
     for path in paths:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            data = _read_cache(path)
+            data = read_cache(path)
             data[key] = {"what": what, "settings": settings, "files": len(files), "count": n}
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

@@ -3,8 +3,9 @@
 A config that cannot make a valid run fails here with one `error:` line, before a run directory, a log
 file or a compile exists. The dry run goes through the same sequence on its stand-in runtime and skips
 only the steps that need what it does not have: the data files, and (for the platform check) the real
-devices; each skip says why where it happens. Last, a run on the host's CPU is held to the host's memory
-(`harness/train/host_memory.py`), which the dry run skips too.
+devices; each skip says why where it happens. A closed run on real data checks its files against the
+workload's data manifest (`harness/train/data_verify.py`) before they are read. Last, a run on the host's CPU
+is held to the host's memory (`harness/train/host_memory.py`), which the dry run skips too.
 """
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import dataclasses
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from benchmarks import registry
 from harness import config as config_lib
 from harness import mlperf, platforms
 from harness.errors import HarnessError
 from harness.runtime.base import Runtime
-from harness.train import data_service, host_memory, reference, remote_input, weights_init
+from harness.train import data_service, data_verify, host_memory, reference, remote_input, weights_init
 from harness.train.input_pipeline import pipeline_config
 from harness.train.workload import EvalSchedule, Workload
 
@@ -90,6 +92,9 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
         inputs = workload.dry_run_inputs()
     else:
         reference.check_closed_model(workload)
+        # Closed, real data: the files are the references' (names, sizes, counts; hashes only on request, from
+        # `data verify`), before the checks below read them; open runs and synthetic data skip it and say so.
+        logging.info(data_verify.check_closed_data(workload))
         # These read the data files (and reach the tf.data service), which a dry run does not have.
         workload.validate()
         data_service.validate(workload)
