@@ -15,6 +15,7 @@ _WORKLOADS = {
     "gpt_oss_20b": "benchmarks.gpt_oss_20b.workload:GptOssWorkload",
     "llama31_8b": "benchmarks.llama31_8b.workload:LlamaWorkload",
     "llama2_70b_lora": "benchmarks.llama2_70b_lora.workload:LoraWorkload",
+    "deepseekv3_671b": "benchmarks.deepseekv3_671b.workload:DeepseekV3Workload",
 }
 
 

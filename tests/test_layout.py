@@ -36,7 +36,7 @@ KNOWN = {
     ("harness/config.py", "benchmarks.registry"),
 }
 # benchmarks/ packages built on the shared decoder package benchmarks/lm (a new decoder LLM adds its name).
-LM_PACKAGES = {"llama31_8b", "gpt_oss_20b", "llama2_70b_lora"}
+LM_PACKAGES = {"llama31_8b", "gpt_oss_20b", "llama2_70b_lora", "deepseekv3_671b"}
 LM = "lm"
 
 

@@ -81,10 +81,10 @@ QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips 
 
 
 def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
-                     xla: bool = False, sinks: tf.Tensor | None = None) -> tf.Tensor:
+                     xla: bool = False, sinks: tf.Tensor | None = None, scale: float | None = None) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
     whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape. `xla`: the
-    formulation for XLA, `sinks` the heads' sink logits (`_attend`).
+    formulation for XLA, `sinks` the heads' sink logits, `scale` the score scale (`_attend`).
 
     Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
     of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
@@ -93,9 +93,10 @@ def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUER
     weight, so the strips compute what the dense block computes."""
     seq = q.shape[1]
     if chunk >= seq or seq % chunk:
-        return _attend(q, k, v, causal_bias(0, seq, seq), xla, sinks)
+        return _attend(q, k, v, causal_bias(0, seq, seq), xla, sinks, scale)
     return tf.concat([_attend(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
-                              causal_bias(i, chunk, i + chunk), xla, sinks) for i in range(0, seq, chunk)], axis=1)
+                              causal_bias(i, chunk, i + chunk), xla, sinks, scale)
+                      for i in range(0, seq, chunk)], axis=1)
 
 
 def causal_bias(start: int, queries: int, keys: int) -> tf.Tensor:
@@ -119,12 +120,13 @@ def _with_sink(scores: tf.Tensor, sink: tf.Tensor | None) -> tf.Tensor:
 
 
 def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool,
-            sinks: tf.Tensor | None = None) -> tf.Tensor:
+            sinks: tf.Tensor | None = None, scale: float | None = None) -> tf.Tensor:
     """Softmax attention of queries q [b, c, kv, g, d] over keys k/v [b, keys, kv, d] with an additive
     float32 `bias` (0 or NEG_INF) [c, keys] or [b, c, keys], the same for every head. `sinks` [kv, g]
     (float32; None: none): each query head's attention-sink logit, which joins the softmax's denominator
     unscaled and unmasked and attends to nothing (gpt-oss; transformers eager_attention_forward), so a
-    query may give its keys less than weight 1 in all.
+    query may give its keys less than weight 1 in all. `scale` multiplies the scores (None: d^-0.5); the
+    values' dimension may differ from the queries' and keys' (MLA's), the output has the values'.
 
     Two formulations of the same numbers, each the faster on its compiler (fwd + bwd, both shapes of
     scripts/bench_lm_step.py, by 10-25%): for TensorFlow's kernels, batched matmuls over [b, kv] (the g
@@ -134,25 +136,26 @@ def _attend(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, xla: bool
     way the softmax runs over rank 4 (oneDNN's softmax refuses rank 6) and the bias broadcasts over the
     heads, nothing tiled."""
     b, c, kv, g, d = q.shape
-    keys = k.shape[1]
+    keys, dv = k.shape[1], v.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
     if len(bias.shape) == 3:
         bias = tf.expand_dims(bias, 1)                                                # [b, 1, c, keys]
     if xla:
         qh = tf.reshape(q, [b, c, kv * g, d])
-        kh, vh = (tf.reshape(tf.broadcast_to(tf.expand_dims(t, 3), [b, keys, kv, g, d]), [b, keys, kv * g, d])
-                  for t in (k, v))
+        kh, vh = (tf.reshape(tf.broadcast_to(tf.expand_dims(t, 3), [b, keys, kv, g, t.shape[-1]]),
+                             [b, keys, kv * g, t.shape[-1]]) for t in (k, v))
         scores = tf.einsum("bqhd,bkhd->bhqk", qh, kh)                                 # [b, kv * g, c, keys]
         sink = None if sinks is None else tf.reshape(sinks, [1, kv * g, 1, 1])
-        probs = _with_sink(tf.cast(scores, tf.float32) * (d ** -0.5) + bias, sink)
-        return tf.reshape(tf.einsum("bhqk,bkhd->bqhd", tf.cast(probs, v.dtype), vh), [b, c, kv, g, d])
+        probs = _with_sink(tf.cast(scores, tf.float32) * scale + bias, sink)
+        return tf.reshape(tf.einsum("bhqk,bkhd->bqhd", tf.cast(probs, v.dtype), vh), [b, c, kv, g, dv])
     qh = tf.reshape(tf.transpose(q, [0, 2, 3, 1, 4]), [b, kv, g * c, d])
     kh, vh = tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3])            # [b, kv, keys, d]
     scores = tf.matmul(qh, kh, transpose_b=True)                                      # [b, kv, g * c, keys]
-    scores = tf.reshape(tf.cast(scores, tf.float32) * (d ** -0.5), [b, kv, g, c, keys])
+    scores = tf.reshape(tf.cast(scores, tf.float32) * scale, [b, kv, g, c, keys])
     scores = tf.reshape(scores + tf.expand_dims(bias, -3), [b, kv, g * c, keys])
     sink = None if sinks is None else tf.reshape(tf.repeat(tf.reshape(sinks, [1, kv, g, 1]), c, 2), [1, kv, g * c, 1])
     probs = tf.cast(_with_sink(scores, sink), v.dtype)
-    out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, d])
+    out = tf.reshape(tf.matmul(probs, vh), [b, kv, g, c, dv])
     return tf.transpose(out, [0, 3, 1, 2, 4])
 
 

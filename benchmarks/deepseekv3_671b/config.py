@@ -1,0 +1,61 @@
+"""deepseekv3_671b's config sections (defaults: DeepSeek-V3 671B as the MLPerf reference builds it from the
+checkpoint's config.json, /work/shared/specs/deepseekv3_671b.md sections 1.1-1.5)."""
+from __future__ import annotations
+
+import dataclasses
+
+from harness.config import field
+
+from benchmarks.lm.config import DataConfig, DecoderModelConfig, OptimizerConfig  # noqa: F401  (its sections)
+from benchmarks.lm.mla import DeepseekYarn, MlaShape
+
+
+@dataclasses.dataclass
+class ModelConfig(DecoderModelConfig):
+    """The decoder's fields at DeepSeek-V3 671B, then MLA's, the dense-first layers' and the MoE's."""
+    vocab_size: int = field(129280, min=8, doc="DeepSeek-V3's table (the Llama-3.1 tokenizer uses the first "
+                            "128256 rows; every row is in the softmax)")
+    hidden_size: int = field(7168, min=8)
+    num_layers: int = field(61, min=1, doc="decoder layers, dense-first (MTP not counted)")
+    num_heads: int = field(128, min=1, doc="query heads (MLA: every head has its own keys and values)")
+    num_kv_heads: int = field(128, min=1, doc="MLA: equal to num_heads (the `heads` split)")
+    head_dim: int = field(128, min=2, doc="unused by MLA (see qk_nope_head_dim, qk_rope_head_dim, v_head_dim)")
+    rope_base: float = field(10000.0, min=1.0)
+    norm_epsilon: float = field(1e-6, min=0.0)
+    init_stddev: float = field(0.006, min=0.0, doc="init_method_std of the MLPerf recipe (irrelevant when "
+                               "every weight is loaded)")
+    q_lora_rank: int = field(1536, min=1, doc="MLA: query latent width")
+    kv_lora_rank: int = field(512, min=1, doc="MLA: key/value latent width")
+    qk_nope_head_dim: int = field(128, min=1, doc="MLA: per-head query/key dims without RoPE")
+    qk_rope_head_dim: int = field(64, min=2, doc="MLA: per-head query dims with RoPE, and the shared rope key")
+    v_head_dim: int = field(128, min=1, doc="MLA: per-head value dims")
+    rope_scaling_factor: float = field(40.0, min=1.0, doc="YaRN factor (1 = plain RoPE)")
+    rope_original_context: int = field(4096, min=1, doc="YaRN original_max_position_embeddings")
+    rope_beta_fast: float = field(32.0, min=0.0)
+    rope_beta_slow: float = field(1.0, min=0.0)
+    rope_mscale: float = field(1.0, min=0.0, doc="YaRN mscale (cos/sin scaled by mscale / mscale_all_dim)")
+    rope_mscale_all_dim: float = field(1.0, min=0.0, doc="YaRN mscale_all_dim (softmax scale x its mscale^2)")
+    ffn_hidden: int = field(18432, min=1, doc="dense layers' SwiGLU hidden units")
+    first_dense_layers: int = field(3, min=0, doc="first_k_dense_replace: layers before this are dense")
+    num_experts: int = field(256, min=1, doc="routed experts per MoE layer")
+    experts_per_token: int = field(8, min=1)
+    expert_hidden: int = field(2048, min=1, doc="SwiGLU hidden units of each routed expert")
+    shared_experts: int = field(1, min=0, doc="shared experts (one SwiGLU of shared_experts x expert_hidden)")
+    expert_groups: int = field(8, min=1, doc="n_group: experts in contiguous groups")
+    groups_per_token: int = field(4, min=1, doc="topk_group: a token's experts come from this many groups")
+    routed_scaling_factor: float = field(2.5, min=0.0, doc="the normalized gate weights x this")
+    seq_aux_loss_coef: float = field(0.01, min=0.0, doc="sequence-level load-balancing loss weight (the "
+                                     "reference's moe_aux_loss_coeff)")
+
+    def mla(self) -> MlaShape:
+        return MlaShape(self.num_heads, self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
+                        self.qk_rope_head_dim, self.v_head_dim)
+
+    def rope_scaling(self) -> DeepseekYarn | None:
+        if self.rope_scaling_factor <= 1:
+            return None
+        return DeepseekYarn(self.rope_scaling_factor, self.rope_original_context, self.rope_beta_fast,
+                            self.rope_beta_slow, True, self.rope_mscale, self.rope_mscale_all_dim)
+
+    def is_moe(self, layer: int) -> bool:
+        return layer >= self.first_dense_layers

@@ -1,0 +1,63 @@
+"""DeepSeek-V3's cost for `mlperf-harness plan` and the dry run's useful FLOPs: multiply-adds per row of
+`data.seq_length` tokens, counted from the config.
+
+Per token and layer: MLA's projections h*q_lora + q_lora*H*(nope + rope) + h*(kv_lora + rope) +
+kv_lora*H*(nope + v) + H*v*h, and causal attention's scores and context H*(nope + rope + v) per key a query
+sees (half the row on average); the dense layers' SwiGLU 3*h*ff; the MoE layers' router h*E, the k routed
+experts 3*h*eh each and the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Only the k routed
+experts count (the useful work; the harness's all-expert MoE computes E / k times as much). Training =
+3 x forward; eval: the forward pass. The expert bias is no parameter (not trained). At the tiny
+configuration of the spec (section 5.3) the count is 284,416 parameters, as the spec's.
+"""
+from __future__ import annotations
+
+from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
+                                decoder_activation_bytes, decoder_model_cost, eval_positions)
+from harness.plan.cost import ModelCost
+
+__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
+           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
+
+
+def attention_macs_and_params(m) -> tuple[int, int]:
+    """MLA's projection multiply-adds per token and its parameters (norms included) per layer."""
+    h, heads, ql, kvl = m.hidden_size, m.num_heads, m.q_lora_rank, m.kv_lora_rank
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    macs = (h * ql + ql * heads * qk + h * (kvl + m.qk_rope_head_dim)
+            + kvl * heads * (m.qk_nope_head_dim + m.v_head_dim) + heads * m.v_head_dim * h)
+    return macs, macs + ql + kvl
+
+
+def forward_macs_and_params(cfg) -> tuple[float, int]:
+    """Multiply-adds per row (seq_length tokens) and the parameter count."""
+    m, s = cfg.model, cfg.data.seq_length
+    h, v, e, eh = m.hidden_size, m.vocab_size, m.num_experts, m.expert_hidden
+    attn_macs, attn_params = attention_macs_and_params(m)
+    moe_layers = max(0, m.num_layers - m.first_dense_layers)
+    dense_layers = m.num_layers - moe_layers
+    dense = 3 * h * m.ffn_hidden
+    shared = 3 * h * m.shared_experts * eh
+    moe_macs = h * e + m.experts_per_token * 3 * h * eh + shared
+    moe_params = h * e + e * 3 * h * eh + shared
+    scores = m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * s / 2.0
+    per_token = m.num_layers * (attn_macs + scores) + dense_layers * dense + moe_layers * moe_macs + h * v
+    params = 2 * v * h + m.num_layers * (attn_params + 2 * h) + dense_layers * dense + moe_layers * moe_params + h
+    return float(per_token * s), int(params)
+
+
+def model_cost(cfg) -> ModelCost:
+    macs, params = forward_macs_and_params(cfg)
+    return decoder_model_cost(
+        cfg, "deepseekv3_671b", macs, params,
+        "counted (benchmarks/deepseekv3_671b/cost.py: MLA, causal attention, dense SwiGLU, k routed + shared "
+        "experts, LM head)", notes="expert-parallel all-to-all traffic not modelled; MTP not counted")
+
+
+def train_activation_bytes(cfg, rows: int) -> int:
+    """Host bytes of the train step beyond the variables (benchmarks/lm/cost.py): every query's scores span the
+    row; the MoE layers keep every expert's hidden units per token (the all-expert MoE), the latents besides."""
+    m = cfg.model
+    units = max(m.ffn_hidden, (m.num_experts + m.shared_experts) * m.expert_hidden)
+    latents = m.q_lora_rank + m.kv_lora_rank + m.num_heads * (2 * m.qk_nope_head_dim + m.qk_rope_head_dim
+                                                              + 2 * m.v_head_dim)
+    return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, units, extra_units=latents)

@@ -1,0 +1,99 @@
+"""DeepSeek-V3 671B continued pre-training (MLPerf deepseekv3_671b, rulesets 6.0.0 and 6.1.0) as a workload,
+open division only so far.
+
+The decoder LMs' common workload (benchmarks/lm/workload.py: AdamW with cosine-with-linear-warmup, token
+cross-entropy, eval log perplexity, LOWER is better), target 3.6, on the DeepSeek-V3 model (model.py: MLA,
+dense-first layers, the group-limited sigmoid MoE with a shared expert), started from a Hugging Face
+`DeepseekV3ForCausalLM` checkpoint (`model.init_checkpoint`, hf_names.py), plus the MoE's sequence-level
+balance loss (model.seq_aux_loss_coef). The closed rules of this benchmark (rows of 4096 tokens, eval after
+every step, GBS >= 15360, the aux-loss-free bias update, MTP) are not all implemented: closed is refused.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from harness.errors import HarnessError
+from harness.nn.hf_checkpoint import Format
+from harness.train.reference import ReferenceModel
+from harness.train.workload import LossTerm
+
+from benchmarks.deepseekv3_671b import config, hf_names
+from benchmarks.deepseekv3_671b.model import DeepseekV3
+from benchmarks.lm.workload import DecoderLMWorkload
+
+# DeepSeek-V3 as the reference builds it from the checkpoint's config.json (spec sections 1.1-1.4).
+REFERENCE_MODEL = ReferenceModel("DeepSeek-V3 671B", {
+    "model.vocab_size": 129280, "model.hidden_size": 7168, "model.num_layers": 61, "model.num_heads": 128,
+    "model.q_lora_rank": 1536, "model.kv_lora_rank": 512, "model.qk_nope_head_dim": 128,
+    "model.qk_rope_head_dim": 64, "model.v_head_dim": 128, "model.rope_base": 10000.0,
+    "model.rope_scaling_factor": 40.0, "model.rope_original_context": 4096, "model.rope_mscale": 1.0,
+    "model.rope_mscale_all_dim": 1.0, "model.ffn_hidden": 18432, "model.first_dense_layers": 3,
+    "model.num_experts": 256, "model.experts_per_token": 8, "model.expert_hidden": 2048,
+    "model.shared_experts": 1, "model.expert_groups": 8, "model.groups_per_token": 4,
+    "model.routed_scaling_factor": 2.5, "model.seq_aux_loss_coef": 0.01, "model.norm_epsilon": 1e-6})
+
+
+class DeepseekV3Workload(DecoderLMWorkload):
+    NAME = "deepseekv3_671b"
+    MLPERF_KEY = "deepseekv3_671b"
+    RULESETS = ("6.0.0", "6.1.0")
+    RULESET_NOTE = "deepseekv3_671b is a benchmark from MLPerf Training 6.0 on"
+    SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    EOD_MASK_LOSS = False  # the reference scores every position (eod_mask_loss False)
+    REFERENCE_MODEL = REFERENCE_MODEL
+    DRY_RUN_LINEAR = {"model.num_layers": (4, 5), "model.vocab_size": (512, 1024)}
+    SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, "model.num_experts": "experts", "model.expert_hidden": "ff",
+                  "model.ffn_hidden": "ff"}
+    HF_FORMAT = Format(hf_names.layout, hf_names.config_problems,
+                       lambda cfg, dtype: hf_names.hf_config(cfg.model, cfg.data.seq_length, dtype))
+
+    def validate_config(self) -> None:
+        if self.cfg.submission.division == "closed":
+            raise HarnessError(f"closed {self.NAME} is not implemented yet (its rows of 4096 tokens, eval after "
+                               f"every step, the expert-bias update and multi-token prediction); set "
+                               f"submission.division=open")
+        super().validate_config()
+
+    def validate_model(self) -> None:
+        m = self.cfg.model
+        if m.num_kv_heads != m.num_heads:
+            raise HarnessError(f"model.num_kv_heads={m.num_kv_heads} must equal model.num_heads={m.num_heads} "
+                               f"(MLA: every head has its own keys and values)")
+        if m.qk_rope_head_dim % 2:
+            raise HarnessError(f"model.qk_rope_head_dim={m.qk_rope_head_dim} must be even (RoPE turns pairs)")
+        if m.num_experts % m.expert_groups:
+            raise HarnessError(f"model.num_experts={m.num_experts} is not a multiple of model.expert_groups="
+                               f"{m.expert_groups}")
+        if m.groups_per_token > m.expert_groups:
+            raise HarnessError(f"model.groups_per_token={m.groups_per_token} exceeds model.expert_groups="
+                               f"{m.expert_groups}")
+        per_group = m.num_experts // m.expert_groups
+        if m.experts_per_token > m.groups_per_token * per_group:
+            raise HarnessError(f"model.experts_per_token={m.experts_per_token} exceeds the experts of "
+                               f"model.groups_per_token={m.groups_per_token} groups ({m.groups_per_token * per_group})")
+        if m.experts_per_token // m.groups_per_token > per_group:
+            raise HarnessError(f"a group is scored by its top experts_per_token / groups_per_token = "
+                               f"{m.experts_per_token // m.groups_per_token} experts, more than its {per_group}")
+
+    def make_model(self) -> DeepseekV3:
+        return DeepseekV3(self.runtime, self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)
+
+    def extra_losses(self, routings) -> dict[str, LossTerm]:
+        """The sequence-level balance loss when its coefficient is on: each MoE layer's mean over rows, summed
+        over the layers, times the coefficient."""
+        m = self.cfg.model
+        moe = [r for r in routings if r is not None]
+        if not m.seq_aux_loss_coef or not moe:
+            return {}
+        return {"seq_aux": LossTerm(m.seq_aux_loss_coef * tf.add_n([r.seq_aux for r in moe]),
+                                    tf.constant(float(moe[0].rows)))}
+
+    def extra_hparams(self) -> dict[str, Any]:
+        """The MoE's losses and the expert parallelism as computed: every device computes every expert."""
+        m = self.cfg.model
+        keys: dict[str, Any] = {"expert_parallelism": 1}
+        if m.seq_aux_loss_coef:
+            keys["moe_aux_loss_coeff"] = m.seq_aux_loss_coef
+        return keys
