@@ -33,6 +33,12 @@ Cases:
   the clamped SwiGLU alpha 1.702 / limit 7 with its + 1, YaRN factor 32 at original context 16), weights
   large enough that the clamp is reached (golden.json counts the clamped values); saved sharded by
   `save_pretrained(max_shard_size=...)` with its index json.
+- deepseek_v3: `DeepseekV3ForCausalLM` at the tiny configuration of the deepseekv3_671b spec (section 5.3: 2 dense
+  then 2 MoE layers, MLA with q/kv latents, rope_interleave, YaRN factor 40 with mscale / mscale_all_dim 1, 8
+  routed experts in 2 groups, top-2 from 1 group, a shared expert, routed_scaling_factor 2.5), every
+  e_score_correction_bias drawn in [0, 0.3) so that the bias moves the selection (golden.json counts the
+  tokens whose experts change without it, and how far the logits move with plain RoPE order); saved by
+  `save_pretrained` (one tensor per expert, as DeepSeek's checkpoints).
 - bert: `BertForPreTraining` with hidden_act gelu_new (the tanh GELU the harness and the MLPerf reference use);
   masked-LM logits at every position, next-sentence logits, and the loss with labels at every position.
 """
@@ -262,6 +268,60 @@ def gpt_oss() -> None:
                 "plus_one_moves_logits": rel(unpatched, logits)})
 
 
+# ------------------------------------------------------------------------------------------- deepseek-v3
+
+def deepseek_v3_config(interleave: bool = True) -> transformers.DeepseekV3Config:
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+        first_k_dense_replace=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
+        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rms_norm_eps=1e-6, hidden_act="silu", max_position_embeddings=163840, rope_interleave=interleave,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0},
+        tie_word_embeddings=False, attention_bias=False)
+    cfg._attn_implementation = "eager"
+    if hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = "eager"
+    return cfg
+
+
+def deepseek_v3() -> None:
+    toks = tokens(9, 512, 33)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(deepseek_v3_config()).eval()
+    perturb(model, 10, 0.15)
+    g = torch.Generator().manual_seed(11)
+    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    with torch.no_grad():
+        for gate in gates:   # >= 0: transformers 4.57's 0.0 masking and -inf masking then agree
+            gate.e_score_correction_bias.copy_(0.3 * torch.rand(gate.e_score_correction_bias.shape, generator=g))
+    chosen = []
+    hooks = [gate.register_forward_hook(lambda mod, inp, out: chosen.append(out[2].sort(-1).values)) for gate in gates]
+    logits, loss = causal_lm(model, toks)
+    biased = list(chosen)
+    chosen.clear()
+    saved = [gate.e_score_correction_bias.clone() for gate in gates]
+    with torch.no_grad():
+        for gate in gates:
+            gate.e_score_correction_bias.zero_()
+        unbiased_logits, _ = causal_lm(model, toks)
+        for gate, b in zip(gates, saved):
+            gate.e_score_correction_bias.copy_(b)
+    for h in hooks:
+        h.remove()
+    changed = sum(int((a != b).any(-1).sum()) for a, b in zip(biased, chosen))
+    assert changed > 0, "the expert bias changes no token's experts: draw larger biases"
+    plain = transformers.DeepseekV3ForCausalLM(deepseek_v3_config(interleave=False)).eval()
+    plain.load_state_dict(model.state_dict())
+    notes = {"loss": loss, "bias_changes_experts_of_tokens": changed, "of_tokens": sum(int(a.shape[0]) for a in biased),
+             "bias_off_moves_logits": rel(unbiased_logits, logits),
+             "interleave_off_moves_logits": rel(causal_lm(plain, toks)[0], logits),
+             "softmax_scale": model.model.layers[0].self_attn.scaling}
+    write_case("deepseek_v3", model, {"tokens": toks, "logits": logits, "loss": np.array(loss, np.float32)}, notes)
+
+
 # ------------------------------------------------------------------------------------------------- bert
 
 def bert() -> None:
@@ -296,7 +356,7 @@ def bert() -> None:
 def main() -> None:
     torch.set_num_threads(1)
     os.makedirs(OUT, exist_ok=True)
-    cases = sys.argv[1:] or ["llama", "gpt_oss", "bert"]
+    cases = sys.argv[1:] or ["llama", "gpt_oss", "deepseek_v3", "bert"]
     for case in cases:
         globals()[case]()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
