@@ -8,8 +8,9 @@ the same weights with q/k/v fused and sharded under 0-based file names (the inde
 gpt-oss with the features the base model lacks neutralized (sinks, biases, YaRN, clamp; the `+ 1` patched
 in the script), gpt-oss as transformers defines it (the model's options for sinks, biases, clamped GLU and
 YaRN on), DeepSeek-V3 at its spec's tiny configuration (MLA, YaRN, interleaved rotary rows, the biased
-group-limited router, the shared expert) and BERT pre-training heads with the tanh GELU. Each would fail with its feature off: the
-script records how far the logits move (rope_scaling_moves_logits 1.15 of max |logit| for Llama)."""
+group-limited router, the shared expert) and BERT pre-training heads with the tanh GELU. Each would fail
+with its feature off: the script records how far the logits move (rope_scaling_moves_logits 1.15 of max
+|logit| for Llama)."""
 from __future__ import annotations
 
 import json

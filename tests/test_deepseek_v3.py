@@ -1,0 +1,245 @@
+"""deepseekv3_671b: its parts against small numpy references (the group-limited router, the gate weights, the
+sequence-level balance loss), the numbers the spec computes (YaRN's ramp and softmax scale, the parameter
+count), the Hugging Face names both ways, the config checks, and that the transformers golden
+(tests/test_hf_golden.py, case deepseek_v3) depends on the expert bias and on the rotary row order."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from tests.helpers import decoder_golden
+
+pytestmark = pytest.mark.quick
+
+GOLDEN = os.path.join(decoder_golden.REPO, "tests", "data", "hf_golden", "deepseek_v3")
+SMOKE = os.path.join(decoder_golden.REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+
+
+def load(overrides: list[str] = ()):
+    from harness import config as C
+    return C.load_config(SMOKE, decoder_golden.ONE_DEVICE + list(overrides))
+
+
+@pytest.fixture(scope="module")
+def golden_model():
+    """The smoke config's model (the spec's tiny configuration) loaded from the transformers golden."""
+    from tests.test_hf_golden import DEEPSEEK, build
+    return build("deepseekv3_671b", DEEPSEEK + [f"model.init_checkpoint={GOLDEN}"])
+
+
+# ------------------------------------------------------------------------------------------ router
+
+def np_group_limited_topk(choice: np.ndarray, k: int, groups: int, groups_per_token: int) -> np.ndarray:
+    """Token by token as the spec's section 1.3 writes it (Megatron group_limited_topk)."""
+    t, e = choice.shape
+    per = e // groups
+    out = np.zeros_like(choice)
+    for i in range(t):
+        c = choice[i]
+        score = [np.sort(c[g * per:(g + 1) * per])[::-1][:k // groups_per_token].sum() for g in range(groups)]
+        kept = np.argsort(score)[::-1][:groups_per_token]
+        masked = np.full(e, -np.inf)
+        for g in kept:
+            masked[g * per:(g + 1) * per] = c[g * per:(g + 1) * per]
+        out[i, np.argsort(masked)[::-1][:k]] = 1.0
+    return out
+
+
+@pytest.mark.parametrize("experts,k,groups,groups_per_token", [(8, 2, 2, 1), (16, 4, 4, 2), (32, 8, 8, 4)])
+def test_group_limited_topk_equals_the_numpy_reference(experts, k, groups, groups_per_token):
+    import tensorflow as tf
+
+    from benchmarks.deepseekv3_671b.moe import group_limited_topk
+
+    rng = np.random.default_rng(experts)
+    choice = (1 / (1 + np.exp(-rng.normal(size=(3, 5, experts)))) + rng.uniform(0, 0.1, experts)).astype(np.float32)
+    got = group_limited_topk(tf.constant(choice), k, groups, groups_per_token).numpy()
+    want = np_group_limited_topk(choice.reshape(-1, experts), k, groups, groups_per_token).reshape(choice.shape)
+    np.testing.assert_array_equal(got, want)
+    assert np.all(got.sum(-1) == k)
+    # every chosen expert lies in one of the token's groups_per_token groups
+    assert np.all((got.reshape(3, 5, groups, -1).sum(-1) > 0).sum(-1) <= groups_per_token)
+
+
+def test_gate_weights_normalize_the_unbiased_scores_of_the_chosen_and_scale():
+    import tensorflow as tf
+
+    from benchmarks.deepseekv3_671b.moe import gate_weights
+
+    rng = np.random.default_rng(1)
+    scores = rng.uniform(0.01, 1, (4, 8)).astype(np.float32)
+    chosen = np.zeros_like(scores)
+    for i in range(4):
+        chosen[i, rng.choice(8, 2, replace=False)] = 1
+    got = gate_weights(tf.constant(scores), tf.constant(chosen), 2.5).numpy()
+    want = scores * chosen / (scores * chosen).sum(-1, keepdims=True) * 2.5
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got.sum(-1), 2.5, rtol=1e-6)
+
+
+def test_seq_aux_loss_equals_the_numpy_reference_and_is_one_at_perfect_balance():
+    import tensorflow as tf
+
+    from benchmarks.deepseekv3_671b.moe import seq_aux_loss
+
+    rng = np.random.default_rng(2)
+    b, t, e, k = 2, 6, 8, 2
+    s = (1 / (1 + np.exp(-rng.normal(size=(b, t, e))))).astype(np.float32)
+    want = []
+    for r in range(b):
+        p = s[r] / s[r].sum(-1, keepdims=True)
+        m = np.zeros_like(p)
+        for i in range(t):
+            m[i, np.argsort(s[r, i])[::-1][:k]] = 1
+        f = e / (k * t) * m.sum(0)
+        want.append((f * p.mean(0)).sum())
+    np.testing.assert_allclose(seq_aux_loss(tf.constant(s), k).numpy(), want, rtol=1e-5)
+    # perfect balance (every expert chosen equally often: f_e = 1) gives sum_e P_e = 1, whatever the scores
+    flat = np.full((1, 4, 8), 0.5, np.float32)
+    for i in range(4):
+        flat[0, i, 2 * i:2 * i + 2] = 0.6 + 0.1 * i
+    assert seq_aux_loss(tf.constant(flat), 2).numpy()[0] == pytest.approx(1.0, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------- the numbers
+
+def test_yarn_ramp_and_softmax_scale_are_the_specs():
+    """Spec 5.3: over rope dim 16 the ramp is [0, 0, 0, .25, .5, .75, 1, 1]; the softmax scale 0.33125 at the
+    tiny configuration and 0.1352338 at the full one (spec 1.2)."""
+    from benchmarks.deepseekv3_671b.config import ModelConfig
+    from harness.nn.layers import rope_frequencies
+
+    tiny = ModelConfig(qk_nope_head_dim=16, qk_rope_head_dim=16)
+    inv = rope_frequencies(16, 10000.0, tiny.rope_scaling()).numpy()
+    base = 10000.0 ** (-np.arange(8) * 2.0 / 16)
+    ramp = (1 - inv / base) / (1 - 1 / 40)
+    np.testing.assert_allclose(ramp, [0, 0, 0, .25, .5, .75, 1, 1], atol=1e-6)
+    assert tiny.rope_scaling().attention_factor() == 1.0
+    for cfg, want in ((tiny, 0.33125), (ModelConfig(), 0.1352338)):
+        scale = cfg.rope_scaling().softmax_factor() / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+        assert scale == pytest.approx(want, abs=1e-5)
+
+
+def test_parameter_count_is_the_specs_and_the_models(golden_model):
+    """284,416 at the tiny configuration (spec 5.3), counted by cost.py and by the built model's trainable
+    variables; 671,026,404,352 at the full size (spec section 0, MTP aside)."""
+    from benchmarks.deepseekv3_671b import cost
+
+    _, params = cost.forward_macs_and_params(golden_model.cfg)
+    trainable = sum(v.variable.shape.num_elements() for v in golden_model.runtime.variables(trainable=True))
+    assert params == trainable == 284_416
+    full = load(["model.vocab_size=129280", "model.hidden_size=7168", "model.num_layers=61",
+                 "model.num_heads=128", "model.num_kv_heads=128", "model.q_lora_rank=1536",
+                 "model.kv_lora_rank=512", "model.qk_nope_head_dim=128", "model.qk_rope_head_dim=64",
+                 "model.v_head_dim=128", "model.ffn_hidden=18432", "model.first_dense_layers=3",
+                 "model.num_experts=256", "model.experts_per_token=8", "model.expert_hidden=2048",
+                 "model.expert_groups=8", "model.groups_per_token=4"])
+    assert cost.forward_macs_and_params(full)[1] == 671_026_404_352
+
+
+# ------------------------------------------------------------------------------------ HF checkpoint
+
+def test_every_tensor_exports_back_to_what_it_was_imported_from():
+    """Each layout entry read from a random checkpoint tensor and written back by its Out is that tensor
+    (the rotary row permutation and the per-expert stacking included)."""
+    from benchmarks.deepseekv3_671b import hf_names
+
+    m = load().model
+    lay = hf_names.layout(m, set(), lambda p: True)
+    outs = {o.name: o for o in lay.outs}
+    rng = np.random.default_rng(3)
+    for e in lay.entries:
+        parts = [rng.normal(size=p.shape).astype(np.float32) for p in e.parts]
+        var = e.to_var(*parts)
+        assert var.shape == e.shape, e.path
+        for p, original in zip(e.parts, parts):
+            np.testing.assert_array_equal(outs[p.name].to_hf(var), original, err_msg=p.name)
+    assert {p.name for e in lay.entries for p in e.parts} == set(outs)
+
+
+def test_each_golden_feature_is_exercised(golden_model):
+    """The golden model with its expert biases zeroed, or with the rotary rows left in the checkpoint's
+    interleaved order, misses transformers' logits by far more than the tolerance."""
+    import tensorflow as tf
+    from safetensors.numpy import load_file
+
+    from benchmarks.deepseekv3_671b.hf_names import rope_order
+
+    golden = load_file(os.path.join(GOLDEN, "golden.safetensors"))
+    tokens = tf.constant(golden["tokens"][:, :-1])
+
+    def relative() -> float:
+        hidden, _ = golden_model.model(tokens)
+        logits = golden_model.model.logits(hidden).numpy()
+        return float(np.abs(logits - golden["logits"]).max() / np.abs(golden["logits"]).max())
+
+    assert relative() < 1e-4
+    variables = {v.path: v.variable for v in golden_model.runtime.variables() if v.path.startswith("deepseek/")}
+    biases = {p: v.numpy() for p, v in variables.items() if p.endswith("expert_bias")}
+    assert len(biases) == 2 and all(np.all(b > 0) for b in biases.values())
+    for p in biases:
+        variables[p].assign(np.zeros_like(biases[p]))
+    assert relative() > 0.1
+    for p, b in biases.items():
+        variables[p].assign(b)
+    back = np.argsort(rope_order(16))   # rotate-half order -> the checkpoint's interleaved order
+    kept = {}
+    for p, v in variables.items():
+        if p.endswith("q_up/kernel") or p.endswith("kv_down/kernel"):
+            kept[p] = a = v.numpy()
+            rope = a[..., -16:]
+            v.assign(np.concatenate([a[..., :-16], rope[..., back]], -1))
+    assert len(kept) == 8
+    assert relative() > 0.1
+    for p, a in kept.items():
+        variables[p].assign(a)
+    assert relative() < 1e-4
+
+
+def test_config_mismatches_are_named(tmp_path):
+    import json
+    import shutil
+
+    from benchmarks.deepseekv3_671b import hf_names
+
+    with open(os.path.join(GOLDEN, "config.json")) as f:
+        hf = json.load(f)
+    m = load().model
+    assert hf_names.config_problems(hf, m) == []
+    hf.update(n_group=4, rope_interleave=False)
+    hf["rope_parameters"]["mscale_all_dim"] = 0.0
+    problems = hf_names.config_problems(hf, m)
+    assert any("n_group=4" in p for p in problems) and any("rope_interleave" in p for p in problems)
+    assert any("mscale_all_dim=0.0" in p for p in problems)
+    # and the import refuses such a checkpoint in one line
+    from harness.errors import HarnessError
+    from harness.nn import hf_checkpoint
+    from benchmarks.deepseekv3_671b.workload import DeepseekV3Workload
+
+    shutil.copy(os.path.join(GOLDEN, "model.safetensors"), tmp_path)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(hf, f)
+    with pytest.raises(HarnessError, match="3 problem"):
+        hf_checkpoint.check_config(str(tmp_path), DeepseekV3Workload.HF_FORMAT, m)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.expert_groups=3"], "not a multiple of model.expert_groups"),
+    (["model.groups_per_token=3"], "exceeds model.expert_groups"),
+    (["model.experts_per_token=5"], "exceeds the experts of"),
+    (["model.num_kv_heads=2"], "must equal model.num_heads"),
+    (["submission.division=closed"], "closed deepseekv3_671b is not implemented"),
+])
+def test_bad_configs_are_refused_in_one_line(overrides, message):
+    from benchmarks import registry
+    from harness.errors import HarnessError
+    from harness.runtime import make_runtime
+
+    cfg = load(overrides)
+    wl = registry.get("deepseekv3_671b")(cfg, make_runtime(cfg.runtime))
+    with pytest.raises(HarnessError, match=message) as e:
+        wl.validate_config()
+    assert "\n" not in str(e.value)
