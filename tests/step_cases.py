@@ -34,6 +34,9 @@ SMALL = {
                     "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
     "llama31_8b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1"],
+    "deepseekv3_671b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
+                        "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=2",
+                        "model.first_dense_layers=1"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }

@@ -243,3 +243,54 @@ def test_bad_configs_are_refused_in_one_line(overrides, message):
     with pytest.raises(HarnessError, match=message) as e:
         wl.validate_config()
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ expert bias
+
+def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_model):
+    """Two training micro-batches, an eval batch between them, then process_gradients, traced as one step:
+    each MoE layer's bias moves by 1e-3 * sign(mean - count) over both micro-batches' routing (counted from
+    the model's own routing before the step, numpy sign), the eval adds nothing, and a second trace of the
+    step moves it once more (nothing stale from the first)."""
+    import tensorflow as tf
+    from safetensors.numpy import load_file
+
+    wl = golden_model
+    rows = tf.constant(load_file(os.path.join(GOLDEN, "golden.safetensors"))["tokens"])
+    rng = np.random.default_rng(4)
+    other = tf.constant(rng.integers(1, 512, rows.shape).astype(np.int32))
+    biases = wl.expert_biases()
+    before = [b.numpy() for b in biases]
+    counts = 0
+    for batch in (rows, other):
+        _, routings = wl.model(batch[:, :-1])
+        counts = counts + np.stack([r.counts.numpy() for r in routings if r is not None])
+    want = [b + 1e-3 * np.sign(n.mean() - n) for b, n in zip(before, counts)]
+    params = [v.variable for v in wl.runtime.variables(trainable=True)]
+
+    @tf.function
+    def step():
+        grads = None
+        for i, batch in enumerate((rows, other)):
+            with tf.GradientTape() as tape:
+                terms = wl.loss({"tokens": batch}, tf.constant([0, i]))
+                loss = tf.add_n([t.total / t.count for t in terms.values()])
+            g = [tf.convert_to_tensor(x) for x in tape.gradient(loss, params)]   # embedding: IndexedSlices
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+            if i == 0:
+                wl.eval_step({"tokens": other}, tf.ones([rows.shape[0]]))
+        wl.process_gradients(grads)
+
+    try:
+        step()
+        for b, w in zip(biases, want):
+            np.testing.assert_allclose(b.numpy(), w, rtol=0, atol=1e-7)
+        assert any(np.any(b.numpy() != b0) for b, b0 in zip(biases, before))
+        wl.loss({"tokens": rows}, tf.constant([0, 0]))   # an eager loss outside any step: never applied
+        tf.function(step.python_function)()                # traced anew
+        moved = np.concatenate([np.abs(b.numpy() - w) for b, w in zip(biases, want)])
+        assert np.all(np.isclose(moved, 1e-3, atol=1e-7) | np.isclose(moved, 0, atol=1e-7)), moved
+        assert np.any(moved > 0)
+    finally:
+        for b, b0 in zip(biases, before):
+            b.assign(b0)

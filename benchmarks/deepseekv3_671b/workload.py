@@ -5,11 +5,16 @@ The decoder LMs' common workload (benchmarks/lm/workload.py: AdamW with cosine-w
 cross-entropy, eval log perplexity, LOWER is better), target 3.6, on the DeepSeek-V3 model (model.py: MLA,
 dense-first layers, the group-limited sigmoid MoE with a shared expert), started from a Hugging Face
 `DeepseekV3ForCausalLM` checkpoint (`model.init_checkpoint`, hf_names.py), plus the MoE's sequence-level
-balance loss (model.seq_aux_loss_coef). The closed rules of this benchmark (rows of 4096 tokens, eval after
+balance loss (model.seq_aux_loss_coef) and the aux-loss-free expert-bias update (model.bias_update_rate):
+each training forward's routing counts leave the loss with it, are summed over micro-batches and replicas,
+and move every MoE layer's float32 expert bias by rate * sign(mean - count) once per step, after the
+gradients are complete and before the optimizer (the reference's finalize_model_grads); eval counts nothing.
+The closed rules of this benchmark (rows of 4096 tokens, eval after
 every step, GBS >= 15360, the aux-loss-free bias update, MTP) are not all implemented: closed is refused.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import tensorflow as tf
@@ -21,6 +26,7 @@ from harness.train.workload import LossTerm
 
 from benchmarks.deepseekv3_671b import config, hf_names
 from benchmarks.deepseekv3_671b.model import DeepseekV3
+from benchmarks.deepseekv3_671b.moe import DeepseekMoE
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # DeepSeek-V3 as the reference builds it from the checkpoint's config.json (spec sections 1.1-1.4).
@@ -77,23 +83,53 @@ class DeepseekV3Workload(DecoderLMWorkload):
             raise HarnessError(f"a group is scored by its top experts_per_token / groups_per_token = "
                                f"{m.experts_per_token // m.groups_per_token} experts, more than its {per_group}")
 
+    def __init__(self, cfg, runtime) -> None:
+        super().__init__(cfg, runtime)
+        # Each training forward's routing counts [moe layers, experts], until the step's process_gradients
+        # reads them: per thread (a mirrored runtime traces each replica in a thread of its own) and tagged
+        # with their graph (a loss traced on its own leaves nothing for a later step's trace).
+        self._counts = threading.local()
+
     def make_model(self) -> DeepseekV3:
         return DeepseekV3(self.runtime, self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)
 
+    def expert_biases(self) -> list[tf.Variable]:
+        """The MoE layers' expert biases, in layer order."""
+        return [layer.ffn.expert_bias for layer in self.model.layers if isinstance(layer.ffn, DeepseekMoE)]
+
+    def _pending(self) -> list[tuple[Any, tf.Tensor]]:
+        if not hasattr(self._counts, "pending"):
+            self._counts.pending = []
+        return self._counts.pending
+
+    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The clip, and the expert-bias update from the counts of this step's training forwards."""
+        grads = super().process_gradients(grads)
+        graph = tf.compat.v1.get_default_graph()
+        counts = [c for g, c in self._pending() if g is graph]
+        self._pending().clear()
+        rate = self.cfg.model.bias_update_rate
+        if counts and rate:
+            total = self.runtime.replica_all_sum(tf.add_n(counts), self.runtime.num_replicas)
+            for bias, n in zip(self.expert_biases(), tf.unstack(total)):
+                bias.assign_add(rate * tf.sign(tf.reduce_mean(n) - n))
+        return grads
+
     def extra_losses(self, routings) -> dict[str, LossTerm]:
         """The sequence-level balance loss when its coefficient is on: each MoE layer's mean over rows, summed
-        over the layers, times the coefficient."""
+        over the layers, times the coefficient. Keeps the routing counts for the bias update (training
+        forwards alone reach here: eval_step does not)."""
         m = self.cfg.model
         moe = [r for r in routings if r is not None]
+        if moe:
+            self._pending().append((tf.compat.v1.get_default_graph(), tf.stack([r.counts for r in moe])))
         if not m.seq_aux_loss_coef or not moe:
             return {}
         return {"seq_aux": LossTerm(m.seq_aux_loss_coef * tf.add_n([r.seq_aux for r in moe]),
                                     tf.constant(float(moe[0].rows)))}
 
     def extra_hparams(self) -> dict[str, Any]:
-        """The MoE's losses and the expert parallelism as computed: every device computes every expert."""
+        """The expert parallelism as computed (every device computes every expert) and the sequence balance
+        loss's coefficient (the checker wants it, 0 included)."""
         m = self.cfg.model
-        keys: dict[str, Any] = {"expert_parallelism": 1}
-        if m.seq_aux_loss_coef:
-            keys["moe_aux_loss_coeff"] = m.seq_aux_loss_coef
-        return keys
+        return {"expert_parallelism": 1, "moe_aux_loss_coeff": m.seq_aux_loss_coef}
