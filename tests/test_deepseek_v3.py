@@ -1,7 +1,13 @@
 """deepseekv3_671b: its parts against small numpy references (the group-limited router, the gate weights, the
-sequence-level balance loss), the numbers the spec computes (YaRN's ramp and softmax scale, the parameter
-count), the Hugging Face names both ways, the config checks, and that the transformers golden
-(tests/test_hf_golden.py, case deepseek_v3) depends on the expert bias and on the rotary row order."""
+sequence-level balance loss, the expert-bias update, the MTP block and loss), the numbers the spec computes
+(YaRN's ramp and softmax scale, parameter counts, FLOPs per row), the Hugging Face names both ways, the
+config checks, that the transformers golden (tests/test_hf_golden.py, case deepseek_v3) depends on the
+expert bias and on the rotary row order, and the CPU smoke run (configs/deepseekv3_671b/smoke.yaml).
+
+No CPU run can pass the deepseekv3_671b checker, open division included (spec section 0: it binds the global
+batch >= 15360, rows of 4096 tokens and 1024 eval rows). So the smoke is held to a relaxed, harness-only
+check, never reported as a compliance pass: it reaches its target, the official checker (6.0.0 and 6.1.0)
+fails it on a size-bound rule only, and the same log with those three values set to the reference's passes."""
 from __future__ import annotations
 
 import math
@@ -124,32 +130,47 @@ def test_yarn_ramp_and_softmax_scale_are_the_specs():
 
 
 def test_parameter_count_is_the_specs_and_the_models(golden_model):
-    """284,416 at the tiny configuration (spec 5.3), counted by cost.py and by the built model's trainable
-    variables; 671,026,404,352 at the full size (spec section 0, MTP aside)."""
+    """284,416 at the tiny configuration without MTP and 78,704 more with it (spec 5.3), counted by cost.py
+    and by the built model's trainable variables; 671,026,404,352 + 11,610,067,968 at the full size (spec
+    section 0)."""
     from benchmarks.deepseekv3_671b import cost
 
     _, params = cost.forward_macs_and_params(golden_model.cfg)
     trainable = sum(v.variable.shape.num_elements() for v in golden_model.runtime.variables(trainable=True))
+    assert golden_model.cfg.model.mtp_layers == 0
     assert params == trainable == 284_416
-    full = load(["model.vocab_size=129280", "model.hidden_size=7168", "model.num_layers=61",
+    assert cost.forward_macs_and_params(load())[1] == 284_416 + 78_704
+    full = load(["model.mtp_layers=0", "data.seq_length=4096", "model.vocab_size=129280", "model.hidden_size=7168",
+                 "model.num_layers=61",
                  "model.num_heads=128", "model.num_kv_heads=128", "model.q_lora_rank=1536",
                  "model.kv_lora_rank=512", "model.qk_nope_head_dim=128", "model.qk_rope_head_dim=64",
                  "model.v_head_dim=128", "model.ffn_hidden=18432", "model.first_dense_layers=3",
                  "model.num_experts=256", "model.experts_per_token=8", "model.expert_hidden=2048",
                  "model.expert_groups=8", "model.groups_per_token=4"])
     assert cost.forward_macs_and_params(full)[1] == 671_026_404_352
+    full.model.mtp_layers = 1
+    macs, params = cost.forward_macs_and_params(full)
+    assert params == 671_026_404_352 + 11_610_067_968
+    # spec 5.1: 1068 TFLOP per training row of 4096 tokens (MTP included)
+    assert 3 * 2 * macs / 1e12 == pytest.approx(1068, rel=0.01)
 
 
 # ------------------------------------------------------------------------------------ HF checkpoint
 
 def test_every_tensor_exports_back_to_what_it_was_imported_from():
     """Each layout entry read from a random checkpoint tensor and written back by its Out is that tensor
-    (the rotary row permutation and the per-expert stacking included)."""
+    (the rotary row permutation, the per-expert stacking and the MTP block included); export adds only the
+    MTP block's copies of the embedding and head."""
     from benchmarks.deepseekv3_671b import hf_names
 
     m = load().model
+    assert m.mtp_layers == 1
     lay = hf_names.layout(m, set(), lambda p: True)
     outs = {o.name: o for o in lay.outs}
+    copies = {"model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight"}
+    assert {"model.layers.4.eh_proj.weight", "model.layers.4.mlp.gate.e_score_correction_bias"} <= set(outs)
+    assert copies <= set(outs) and all(lay.ignore(n) for n in copies)
+    outs = {n: o for n, o in outs.items() if n not in copies}
     rng = np.random.default_rng(3)
     for e in lay.entries:
         parts = [rng.normal(size=p.shape).astype(np.float32) for p in e.parts]
@@ -294,3 +315,111 @@ def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_m
     finally:
         for b, b0 in zip(biases, before):
             b.assign(b0)
+
+
+# ---------------------------------------------------------------------------- multi-token prediction
+
+def test_a_checkpoint_without_the_mtp_block_leaves_it_be():
+    """transformers writes no MTP block: the layout then reads none (and ignores a partial one's copies);
+    with the block's tensors present it reads them all."""
+    from benchmarks.deepseekv3_671b import hf_names
+    from harness.nn.hf_checkpoint import Checkpoint
+
+    m = load().model
+    names = set(Checkpoint(GOLDEN).meta)
+    lay = hf_names.layout(m, names, lambda p: True)
+    assert not any("mtp_0" in e.path for e in lay.entries)
+    assert set(lay.expected()) == names - {n for n in names if lay.ignore(n)}
+    assert lay.ignore("model.layers.4.eh_proj.weight")
+    full = hf_names.layout(m, names | {"model.layers.4.eh_proj.weight"}, lambda p: True)
+    assert {e.path for e in full.entries if "mtp_0" in e.path} >= {"deepseek/mtp_0/eh_proj/kernel",
+                                                                   "deepseek/mtp_0/layer/mlp/router/expert_bias"}
+
+
+def test_mtp_block_and_loss_equal_the_numpy_composition():
+    """u = [enorm(Emb(x_i+1)) ; hnorm(H_i)] W_eh (the embedding half first), the MTP layer, its norm, the
+    shared head on positions 0..s-2 against x_i+2, weighted 0.1: numpy around the harness's own layer."""
+    import tensorflow as tf
+
+    from benchmarks import registry
+    from harness.runtime import make_runtime
+
+    cfg = load(["data.seq_length=16"])
+    rt = make_runtime(cfg.runtime)
+    wl = registry.get("deepseekv3_671b")(cfg, rt)
+    with rt.scope():
+        wl.build()
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(1, 512, (2, 17)).astype(np.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    hidden, _ = wl.model(tf.constant(inputs))
+    mtp = wl.model.mtp
+
+    def rms(x, gamma):
+        return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * gamma
+
+    emb = wl.model.embeddings.numpy()[targets]
+    u = np.concatenate([rms(emb, mtp.enorm.gamma.numpy()), rms(hidden.numpy(), mtp.hnorm.gamma.numpy())], -1)
+    u = u @ mtp.eh_proj.numpy()
+    y, _ = mtp.layer(tf.constant(u, tf.float32), None)
+    want_hidden = rms(y.numpy(), mtp.final_norm.gamma.numpy())
+    got_hidden, routing = mtp(hidden, tf.constant(targets))
+    np.testing.assert_allclose(got_hidden.numpy(), want_hidden, rtol=1e-4, atol=1e-5)
+    assert routing is not None and float(routing.counts.numpy().sum()) == 2 * 16 * 2
+    logits = want_hidden[:, :-1] @ wl.model.head().numpy()
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    xent = -np.take_along_axis(logp, targets[:, 1:, None], -1)[..., 0]
+    terms = wl.loss({"tokens": tf.constant(tokens)}, tf.constant([0, 0]))
+    assert float(terms["mtp"].count) == 2 * 15
+    assert float(terms["mtp"].total) == pytest.approx(0.1 * xent.sum(), rel=1e-4)
+    assert len(wl.expert_biases()) == 3            # 2 MoE layers and the MTP layer's
+    # the eval metric is the main head's alone
+    out = wl.eval_step({"tokens": tf.constant(tokens)}, tf.ones([2]))
+    assert float(out["nll"]) == pytest.approx(float(terms["cross_entropy"].total), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- the smoke
+
+SIZE_BOUND = {"global_batch_size": 15360, "max_sequence_length": 4096, "eval_samples": 1024}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """`run` of the shipped smoke config, as shipped: (process, summary)."""
+    from conftest import read_summary, run_cli
+
+    path = str(tmp_path_factory.mktemp("deepseek_smoke"))
+    proc = run_cli("run", os.path.join("configs", "deepseekv3_671b", "smoke.yaml"), "--output_dir", path,
+                   env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
+    return proc, read_summary(path, "deepseekv3_671b")
+
+
+def test_smoke_reaches_its_target_and_fails_the_checker_on_size_bound_rules_only(smoke, tmp_path):
+    import json
+    import re
+
+    from harness.mlperf import run_compliance_checker
+
+    proc, summary = smoke
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]   # EXIT_NONCOMPLIANT, never a pass
+    assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 0.99
+    assert not summary["compliant"]
+    for ruleset, verdict in summary["compliance"].items():
+        assert not verdict["passed"] and verdict["errors"], ruleset
+        assert all(any(f"'{key}'" in e for key in SIZE_BOUND) for e in verdict["errors"]), verdict["errors"]
+    sized = []
+    with open(summary["log"]) as f:
+        for line in f:
+            m = re.match(r"(:::MLLOG )(.*)", line)
+            if m:
+                event = json.loads(m.group(2))
+                event["value"] = SIZE_BOUND.get(event["key"], event["value"])
+                line = m.group(1) + json.dumps(event) + "\n"
+            sized.append(line)
+    path = str(tmp_path / "sized.txt")
+    with open(path, "w") as f:
+        f.writelines(sized)
+    for ruleset in ("6.0.0", "6.1.0"):
+        verdict = run_compliance_checker(path, ruleset)
+        assert verdict.passed, (ruleset, verdict.errors)
