@@ -423,3 +423,23 @@ def test_smoke_reaches_its_target_and_fails_the_checker_on_size_bound_rules_only
     for ruleset in ("6.0.0", "6.1.0"):
         verdict = run_compliance_checker(path, ruleset)
         assert verdict.passed, (ruleset, verdict.errors)
+
+
+def test_attention_kernel_takes_mla_shapes_in_both_formulations():
+    """The shared kernel with values narrower than queries and keys and an explicit scale: both formulations
+    (TensorFlow's, XLA's) equal a dense numpy softmax attention."""
+    import tensorflow as tf
+
+    from benchmarks.lm.attention import causal_attention
+
+    rng = np.random.default_rng(6)
+    b, s, h, dqk, dv, scale = 2, 8, 3, 12, 5, 0.37
+    q = rng.normal(size=(b, s, h, 1, dqk)).astype(np.float32)
+    k = rng.normal(size=(b, s, h, dqk)).astype(np.float32)
+    v = rng.normal(size=(b, s, h, dv)).astype(np.float32)
+    scores = np.einsum("bqhd,bkhd->bhqk", q[:, :, :, 0], k) * scale + np.triu(np.full((s, s), -1e9), 1)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)[:, :, :, None]
+    for xla in (False, True):
+        got = causal_attention(tf.constant(q), tf.constant(k), tf.constant(v), xla=xla, scale=scale).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
