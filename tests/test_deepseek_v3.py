@@ -386,22 +386,32 @@ SIZE_BOUND = {"global_batch_size": 15360, "max_sequence_length": 4096, "eval_sam
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """`run` of the shipped smoke config, as shipped: (process, summary)."""
+    """`run` of the shipped smoke configs, as shipped: name -> (process, summary)."""
     from conftest import read_summary, run_cli
 
-    path = str(tmp_path_factory.mktemp("deepseek_smoke"))
-    proc = run_cli("run", os.path.join("configs", "deepseekv3_671b", "smoke.yaml"), "--output_dir", path,
-                   env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
-    return proc, read_summary(path, "deepseekv3_671b")
+    out = {}
+    for name in ("smoke.yaml", "smoke-mesh.yaml"):
+        path = str(tmp_path_factory.mktemp("deepseek_smoke"))
+        proc = run_cli("run", os.path.join("configs", "deepseekv3_671b", name), "--output_dir", path,
+                       env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
+        out[name] = (proc, read_summary(path, "deepseekv3_671b"))
+    return out
 
 
-def test_smoke_reaches_its_target_and_fails_the_checker_on_size_bound_rules_only(smoke, tmp_path):
+def test_smoke_mesh_scores_as_one_device_with_experts_split(smoke):
+    one, mesh = smoke["smoke.yaml"][1], smoke["smoke-mesh.yaml"][1]
+    np.testing.assert_allclose([e["score"] for e in mesh["evals"]], [e["score"] for e in one["evals"]], rtol=1e-4)
+    assert mesh["num_replicas"] >= 1 and "data=2" in mesh["runtime"] and "model=2" in mesh["runtime"]
+
+
+@pytest.mark.parametrize("name", ["smoke.yaml", "smoke-mesh.yaml"])
+def test_smoke_reaches_its_target_and_fails_the_checker_on_size_bound_rules_only(smoke, name, tmp_path):
     import json
     import re
 
     from harness.mlperf import run_compliance_checker
 
-    proc, summary = smoke
+    proc, summary = smoke[name]
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]   # EXIT_NONCOMPLIANT, never a pass
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 0.99
     assert not summary["compliant"]

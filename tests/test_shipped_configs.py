@@ -27,6 +27,7 @@ from conftest import REPO, cli_in_process
 # summary it holds to the official checker: config -> (test file, the function that starts the run).
 COVERED_ELSEWHERE = {
     "configs/deepseekv3_671b/smoke.yaml": ("tests/test_deepseek_v3.py", "smoke"),
+    "configs/deepseekv3_671b/smoke-mesh.yaml": ("tests/test_deepseek_v3.py", "smoke"),
     "configs/gpt_oss_20b/smoke.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
