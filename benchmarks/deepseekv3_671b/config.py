@@ -46,6 +46,8 @@ class ModelConfig(DecoderModelConfig):
     routed_scaling_factor: float = field(2.5, min=0.0, doc="the normalized gate weights x this")
     seq_aux_loss_coef: float = field(0.01, min=0.0, doc="sequence-level load-balancing loss weight (the "
                                      "reference's moe_aux_loss_coeff)")
+    mtp_layers: int = field(1, min=0, max=1, doc="multi-token prediction depth (the reference: 1; 0 = off)")
+    mtp_loss_weight: float = field(0.1, min=0.0, doc="the MTP loss's weight in the training loss")
     bias_update_rate: float = field(1e-3, min=0.0, doc="aux-loss-free balancing: after each step's gradients, "
                                     "each expert bias += rate * sign(mean count - the expert's count), counted over "
                                     "the routing of every training token of the global batch (0 = off)")

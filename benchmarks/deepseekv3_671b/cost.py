@@ -4,10 +4,12 @@
 Per token and layer: MLA's projections h*q_lora + q_lora*H*(nope + rope) + h*(kv_lora + rope) +
 kv_lora*H*(nope + v) + H*v*h, and causal attention's scores and context H*(nope + rope + v) per key a query
 sees (half the row on average); the dense layers' SwiGLU 3*h*ff; the MoE layers' router h*E, the k routed
-experts 3*h*eh each and the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Only the k routed
+experts 3*h*eh each and the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Multi-token
+prediction adds its projection 2*h*h, one MLA + MoE layer and the head again. Only the k routed
 experts count (the useful work; the harness's all-expert MoE computes E / k times as much). Training =
 3 x forward; eval: the forward pass. The expert bias is no parameter (not trained). At the tiny
-configuration of the spec (section 5.3) the count is 284,416 parameters, as the spec's.
+configuration of the spec (section 5.3) the count is 284,416 parameters and 78,704 more for MTP, as the
+spec's; at the full size 671,026,404,352 and 11,610,067,968.
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ def forward_macs_and_params(cfg) -> tuple[float, int]:
     scores = m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * s / 2.0
     per_token = m.num_layers * (attn_macs + scores) + dense_layers * dense + moe_layers * moe_macs + h * v
     params = 2 * v * h + m.num_layers * (attn_params + 2 * h) + dense_layers * dense + moe_layers * moe_params + h
+    if m.mtp_layers:  # eh_proj, one MLA + MoE layer, the shared head again; enorm, hnorm, its final norm
+        per_token += 2 * h * h + attn_macs + scores + moe_macs + h * v
+        params += 2 * h * h + attn_params + 2 * h + moe_params + 3 * h
     return float(per_token * s), int(params)
 
 
@@ -50,7 +55,7 @@ def model_cost(cfg) -> ModelCost:
     return decoder_model_cost(
         cfg, "deepseekv3_671b", macs, params,
         "counted (benchmarks/deepseekv3_671b/cost.py: MLA, causal attention, dense SwiGLU, k routed + shared "
-        "experts, LM head)", notes="expert-parallel all-to-all traffic not modelled; MTP not counted")
+        "experts, LM head)", notes="expert-parallel all-to-all traffic not modelled")
 
 
 def train_activation_bytes(cfg, rows: int) -> int:

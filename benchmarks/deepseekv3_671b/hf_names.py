@@ -7,8 +7,11 @@ kv_a_layernorm, kv_b_proj [heads x (nope + v), kv_lora], o_proj [hidden, heads x
 `mlp.{gate,up,down}_proj`; MoE layers `mlp.gate.weight [experts, hidden]`, `mlp.gate.e_score_correction_bias
 [experts]` (float32, the expert bias), `mlp.experts.{j}.{gate,up,down}_proj.weight` (one tensor per expert,
 stacked here into [experts, in, out] kernels) and `mlp.shared_experts.{gate,up,down}_proj.weight`. Layer
-`num_hidden_layers` (61 in DeepSeek-V3) is the multi-token-prediction block, which transformers ignores; so
-does this model (no MTP module yet).
+`num_hidden_layers` (61 in DeepSeek-V3) is the multi-token-prediction block: a layer's tensors under that
+index plus `enorm`, `hnorm`, `eh_proj [hidden, 2 x hidden]` (the embedding's columns first),
+`shared_head.norm` and copies of the embedding and LM head (`embed_tokens`, `shared_head.head`, not read;
+export writes them). transformers ignores the block and writes none: a model with MTP (model.mtp_layers)
+loads it when the checkpoint has it and keeps its initialization otherwise; a model without ignores it.
 
 The rotary rows (the last `rope` rows of each head's q_b_proj block and the last `rope` rows of
 kv_a_proj_with_mqa) are stored in interleaved pairs (x0, x1), (x2, x3), ... (config.json rope_interleave);
@@ -122,7 +125,7 @@ def config_problems(hf: dict[str, Any], m: Any) -> list[str]:
 
 def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
     """The DeepSeek-V3 model (decoder name `deepseek`) <-> `DeepseekV3ForCausalLM`'s tensors."""
-    del ckpt_names, have
+    del have
     v, h, heads = m.vocab_size, m.hidden_size, m.num_heads
     nope, rdim, vd, ql, kvl = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.q_lora_rank, m.kv_lora_rank
     e, eh = m.num_experts, m.expert_hidden
@@ -145,8 +148,7 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
         entries.append(transposed(ours, shape, Part(theirs, (out_rows, shape[0]))))
         outs.append(Out(theirs, (out_rows, shape[0]), (ours,), linear_out(shape[0])))
 
-    for i in range(m.num_layers):
-        hf, us = f"model.layers.{i}", f"{NAME}/layer_{i}"
+    def layer(i: int, hf: str, us: str) -> None:
         vector(f"{us}/attention_norm/gamma", f"{hf}.input_layernorm.weight", h)
         vector(f"{us}/mlp_norm/gamma", f"{hf}.post_attention_layernorm.weight", h)
         a, at = f"{hf}.self_attn", f"{us}/attention"
@@ -169,22 +171,40 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
             for name, theirs, shape in (("gate", "gate_proj", (h, m.ffn_hidden)), ("up", "up_proj", (h, m.ffn_hidden)),
                                         ("down", "down_proj", (m.ffn_hidden, h))):
                 linear(f"{ours}/{name}/kernel", f"{mlp}.{theirs}.weight", shape)
-            continue
+            return
         linear(f"{ours}/router/kernel", f"{mlp}.gate.weight", (h, e))
         vector(f"{ours}/router/expert_bias", f"{mlp}.gate.e_score_correction_bias", e)
         for name, theirs, shape in (("gate", "gate_proj", (e, h, eh)), ("up", "up_proj", (e, h, eh)),
                                     ("down", "down_proj", (e, eh, h))):
             names = [f"{mlp}.experts.{j}.{theirs}.weight" for j in range(e)]
             entries.append(stacked(f"{ours}/experts/{name}/kernel", shape, names))
-            outs += [Out(n, (shape[2], shape[1]), (f"{ours}/experts/{name}/kernel",),
-                         lambda k, j=j: np.ascontiguousarray(k[j].T)) for j, n in enumerate(names)]
+            outs.extend(Out(n, (shape[2], shape[1]), (f"{ours}/experts/{name}/kernel",),
+                            lambda k, j=j: np.ascontiguousarray(k[j].T)) for j, n in enumerate(names))
         if m.shared_experts:
             sh = m.shared_experts * eh
             for name, theirs, shape in (("gate", "gate_proj", (h, sh)), ("up", "up_proj", (h, sh)),
                                         ("down", "down_proj", (sh, h))):
                 linear(f"{ours}/shared/{name}/kernel", f"{mlp}.shared_experts.{theirs}.weight", shape)
-    mtp = f"model.layers.{m.num_layers}."
-    return Layout(entries, outs, ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n.startswith(mtp))
+    for i in range(m.num_layers):
+        layer(i, f"model.layers.{i}", f"{NAME}/layer_{i}")
+    mtp = f"model.layers.{m.num_layers}"
+    copies = (f"{mtp}.embed_tokens.weight", f"{mtp}.shared_head.head.weight")   # the main model's, duplicated
+    with_mtp = bool(m.mtp_layers) and (not ckpt_names or any(n.startswith(f"{mtp}.") and n not in copies
+                                                             for n in ckpt_names))
+    if with_mtp:
+        us = f"{NAME}/mtp_0"
+        layer(m.num_layers, mtp, f"{us}/layer")
+        vector(f"{us}/enorm/gamma", f"{mtp}.enorm.weight", h)
+        vector(f"{us}/hnorm/gamma", f"{mtp}.hnorm.weight", h)
+        vector(f"{us}/final_norm/gamma", f"{mtp}.shared_head.norm.weight", h)
+        linear(f"{us}/eh_proj/kernel", f"{mtp}.eh_proj.weight", (2 * h, h))
+        outs.extend([Out(copies[0], (v, h), (f"{NAME}/embedding/embeddings",), same((v, h))),
+                     Out(copies[1], (v, h), (f"{NAME}/output/kernel",), linear_out(h))])
+
+    def ignore(name: str) -> bool:
+        return name.endswith("rotary_emb.inv_freq") or name in copies or (
+            not with_mtp and name.startswith(f"{mtp}."))
+    return Layout(entries, outs, ignore=ignore)
 
 
 def hf_config(m: Any, seq_length: int, dtype: str) -> dict[str, Any]:

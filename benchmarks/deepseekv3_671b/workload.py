@@ -9,7 +9,9 @@ balance loss (model.seq_aux_loss_coef) and the aux-loss-free expert-bias update 
 each training forward's routing counts leave the loss with it, are summed over micro-batches and replicas,
 and move every MoE layer's float32 expert bias by rate * sign(mean - count) once per step, after the
 gradients are complete and before the optimizer (the reference's finalize_model_grads); eval counts nothing.
-The closed rules of this benchmark (rows of 4096 tokens, eval after
+With multi-token prediction on (model.mtp_layers, the reference's depth 1) the training loss adds
+model.mtp_loss_weight x the MTP head's mean cross-entropy on the token after next (every position but the
+last); the eval metric is the main head's alone. The closed rules of this benchmark (rows of 4096 tokens, eval after
 every step, GBS >= 15360, the aux-loss-free bias update, MTP) are not all implemented: closed is refused.
 """
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import tensorflow as tf
 
 from harness.errors import HarnessError
+from harness.nn import cross_entropy
+from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.hf_checkpoint import Format
 from harness.train.reference import ReferenceModel
 from harness.train.workload import LossTerm
@@ -94,8 +98,9 @@ class DeepseekV3Workload(DecoderLMWorkload):
         return DeepseekV3(self.runtime, self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)
 
     def expert_biases(self) -> list[tf.Variable]:
-        """The MoE layers' expert biases, in layer order."""
-        return [layer.ffn.expert_bias for layer in self.model.layers if isinstance(layer.ffn, DeepseekMoE)]
+        """The MoE layers' expert biases, in layer order (the MTP layer's last)."""
+        layers = self.model.layers + ([self.model.mtp.layer] if self.model.mtp is not None else [])
+        return [layer.ffn.expert_bias for layer in layers if isinstance(layer.ffn, DeepseekMoE)]
 
     def _pending(self) -> list[tuple[Any, tf.Tensor]]:
         if not hasattr(self._counts, "pending"):
@@ -115,18 +120,46 @@ class DeepseekV3Workload(DecoderLMWorkload):
                 bias.assign_add(rate * tf.sign(tf.reduce_mean(n) - n))
         return grads
 
-    def extra_losses(self, routings) -> dict[str, LossTerm]:
-        """The sequence-level balance loss when its coefficient is on: each MoE layer's mean over rows, summed
-        over the layers, times the coefficient. Keeps the routing counts for the bias update (training
-        forwards alone reach here: eval_step does not)."""
+    def _xent(self, hidden: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        scale = self.loss_budget_scale
+        return token_cross_entropy(self.runtime, hidden, self.model.head(), targets,
+                                   budget=max(1, int(cross_entropy.BLOCK_ELEMENTS * scale)),
+                                   keep=int(cross_entropy.KEEP_ELEMENTS * scale))
+
+    def token_losses(self, tokens: tf.Tensor):
+        """The main head's cross-entropy per position [b, s] and weights (every position scored); the extras
+        are (each layer's routing, then the MTP layer's; the MTP head's cross-entropy [b, s - 1] on the token
+        after next, or None)."""
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        hidden, routings = self.model(inputs)
+        xent = self._xent(hidden, targets)
+        mtp_xent = None
+        if self.model.mtp is not None:
+            # Position i's next input token is targets[i]; its MTP target, targets[i + 1]. The last position
+            # has none (the reference rolls in token 0 there and masks it: causal, so the rest agree).
+            mtp_hidden, routing = self.model.mtp(hidden, targets)
+            routings = list(routings) + [routing]
+            mtp_xent = self._xent(mtp_hidden[:, :-1], targets[:, 1:])
+        return xent, tf.ones_like(xent), (routings, mtp_xent)
+
+    def extra_losses(self, extras) -> dict[str, LossTerm]:
+        """The MTP loss (its weight x its mean over positions) and the sequence-level balance loss when their
+        weights are on: each MoE layer's mean over rows, summed over the layers (MTP's too), times the
+        coefficient. Keeps the routing counts for the bias update (training forwards alone reach here:
+        eval_step does not)."""
         m = self.cfg.model
+        routings, mtp_xent = extras
         moe = [r for r in routings if r is not None]
+        terms = {}
+        if mtp_xent is not None and m.mtp_loss_weight:
+            terms["mtp"] = LossTerm(m.mtp_loss_weight * tf.reduce_sum(mtp_xent),
+                                    tf.constant(float(mtp_xent.shape[0] * mtp_xent.shape[1])))
         if moe:
             self._pending().append((tf.compat.v1.get_default_graph(), tf.stack([r.counts for r in moe])))
-        if not m.seq_aux_loss_coef or not moe:
-            return {}
-        return {"seq_aux": LossTerm(m.seq_aux_loss_coef * tf.add_n([r.seq_aux for r in moe]),
-                                    tf.constant(float(moe[0].rows)))}
+        if m.seq_aux_loss_coef and moe:
+            terms["seq_aux"] = LossTerm(m.seq_aux_loss_coef * tf.add_n([r.seq_aux for r in moe]),
+                                        tf.constant(float(moe[0].rows)))
+        return terms
 
     def extra_hparams(self) -> dict[str, Any]:
         """The expert parallelism as computed (every device computes every expert) and the sequence balance
