@@ -35,7 +35,7 @@ def test_xla_train_and_eval_match_the_plain_steps(name):
         # Top-k and NMS under XLA: scores differ in the last float32 bits, so near-tied boxes can swap
         # places in the ranking COCOeval walks; the mAP then moves by far less than 1e-3.
         assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], abs=1e-3)
-    elif name in ("gpt_oss_20b", "llama31_8b"):
+    elif name in ("gpt_oss_20b", "llama31_8b", "deepseekv3_671b"):
         # A token-weighted mean of float32 cross-entropies: XLA fuses the sums in another order.
         assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], rel=1e-6)
     else:
