@@ -6,8 +6,27 @@ import dataclasses
 
 from harness.config import field
 
-from benchmarks.lm.config import DataConfig, DecoderModelConfig, OptimizerConfig  # noqa: F401  (its sections)
+from benchmarks.lm import config as lm
+from benchmarks.lm.config import DecoderModelConfig
 from benchmarks.lm.mla import DeepseekYarn, MlaShape
+
+
+@dataclasses.dataclass
+class DataConfig(lm.DataConfig):
+    """The decoder LMs' C4 data at the reference's rows of 4096 tokens (spec section 0)."""
+    seq_length: int = field(4096, min=8, doc="tokens per row (MLPerf max_sequence_length; the reference: 4096)")
+
+
+@dataclasses.dataclass
+class OptimizerConfig(lm.OptimizerConfig):
+    """AdamW as the reference sets it (spec sections 0 and 4.2): LR 2.4e-5 x sqrt(GBS / 16384) (the default
+    is GBS 16384's), 4 warmup steps, cosine over 12000 - 4 steps to 1e-8, epsilon 1e-8; weight decay logged
+    as 0.1 (the reference's scheduler applies 0.033)."""
+    base_learning_rate: float = field(2.4e-5, min=0.0)
+    end_learning_rate: float = field(1e-8, min=0.0)
+    warmup_steps: int = field(4, min=0)
+    max_steps: int = field(12000, min=1, doc="length of the cosine (decay steps: max_steps - warmup_steps)")
+    epsilon: float = field(1e-8, min=0.0)
 
 
 @dataclasses.dataclass
