@@ -18,8 +18,6 @@ import pytest
 
 from tests.helpers import decoder_golden
 
-pytestmark = pytest.mark.quick
-
 GOLDEN = os.path.join(decoder_golden.REPO, "tests", "data", "hf_golden", "deepseek_v3")
 SMOKE = os.path.join(decoder_golden.REPO, "configs", "deepseekv3_671b", "smoke.yaml")
 
@@ -418,6 +416,10 @@ def test_smoke_reaches_its_target_and_fails_the_checker_on_size_bound_rules_only
     for ruleset, verdict in summary["compliance"].items():
         assert not verdict["passed"] and verdict["errors"], ruleset
         assert all(any(f"'{key}'" in e for key in SIZE_BOUND) for e in verdict["errors"]), verdict["errors"]
+    # the harness's own diagnosis (harness/train/size_bound.py), printed and in summary.json
+    assert summary["size_bound"] == {"keys": SIZE_BOUND, "rest_pass": {"6.0.0": True, "6.1.0": True}}
+    assert "size-bound checker rules" in proc.stdout and "the rest of the log passes" in proc.stdout
+    # and independently of it: the log with the reference's sizes passes both rulesets
     sized = []
     with open(summary["log"]) as f:
         for line in f:
@@ -487,3 +489,20 @@ def test_recomputed_layers_give_the_same_losses_and_routing_counts():
     assert out[False][1].shape == (3, 8) and np.all(out[False][1].sum(-1) == 2 * 16 * 2)
     for a, b in zip(out[True][2], out[False][2]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_size_bound_diagnosis_names_other_failures(tmp_path):
+    """A log that fails on more than its size (here: one line, missing every other required event) is not
+    called size-bound only; the rewrite touches the named keys' events alone."""
+    from harness.train import size_bound
+
+    src = tmp_path / "log.txt"
+    src.write_text(':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", '
+                   '"key": "global_batch_size", "value": 8, "metadata": {}}\nnot an event\n')
+    out = tmp_path / "out.txt"
+    assert size_bound.resized_log(str(src), {"global_batch_size": 15360, "eval_samples": 1024}, str(out)) == 1
+    lines = out.read_text().splitlines()
+    assert '"value": 15360' in lines[0] and lines[1] == "not an event"
+    result = size_bound.diagnose(str(src), ["6.0.0"], {"global_batch_size": 15360})
+    assert result["rest_pass"] == {"6.0.0": False}
+    assert "fails other rules too under ruleset(s) 6.0.0" in size_bound.describe(result)

@@ -14,7 +14,7 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, export, interrupt, reference, weights_init
+from harness.train import data_service, export, interrupt, reference, size_bound, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir, op_error_line
 from harness.train.input_pipeline import InputWait, pipeline_config
@@ -199,9 +199,13 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
     workload = checked.workload
     verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=checked.schedule.cadence)
     summary = build_summary(cfg, workload, runtime, result, run_dir, log_path, verdicts, findings)
+    if workload.SIZE_BOUND and not all(v.passed for v in verdicts.values()):
+        summary["size_bound"] = size_bound.diagnose(log_path, list(verdicts), workload.SIZE_BOUND)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
+    if "size_bound" in summary:
+        print(size_bound.describe(summary["size_bound"]))
     if not summary["compliant"]:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED

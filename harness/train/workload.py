@@ -151,6 +151,9 @@ class Workload(abc.ABC):
     # The model in Hugging Face layout (a harness.nn.hf_checkpoint.Format): what `model.init_checkpoint`
     # reads from a checkpoint directory and `mlperf-harness export` writes; None: the workload has none.
     HF_FORMAT: ClassVar[Any] = None
+    # Checker keys that bind the run's size in every division, with the smallest values the checker accepts:
+    # a log failing the checker is re-checked with them (harness/train/size_bound.py, a diagnosis only).
+    SIZE_BOUND: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
