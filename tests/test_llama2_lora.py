@@ -266,7 +266,9 @@ def test_smoke_reaches_target_and_passes_the_checker(smokes, name):
 
 
 def test_mesh_smoke_equals_single_device(smokes):
-    """The first evals agree; later ones drift apart as training amplifies the two programs' different
-    summation orders (measured on the synthetic task: 3e-3 at the second eval, 0.17 by the sixth)."""
+    """The first two evals (16 steps) agree to rounding; later ones drift apart as Adam at lr 0.01 amplifies
+    the two programs' different summation orders (measured with a loss printed every step: equal to 4
+    digits through step 16, evals 1.7347355 / 1.7347351 and 1.5656871 / 1.5656874, then 1.6091 / 1.6119 at
+    the third and ~0.1 apart by the sixth)."""
     single, mesh = eval_values(smokes["single"][1]), eval_values(smokes["mesh"][1])
-    assert mesh[:2] == pytest.approx(single[:2], abs=5e-3)
+    assert mesh[:2] == pytest.approx(single[:2], abs=2e-4)
