@@ -143,6 +143,36 @@ def test_refused_in_one_line(base_ckpt, overrides, message):
     assert "Traceback" not in p.stderr
 
 
+def test_dry_run_refuses_one_h200_and_passes_fsdp_over_8_h100():
+    """The full-size dry run's state per device (measured: 17,266,774,016 bytes of weights with FSDP over 8,
+    44,564,488 of AdamW slots, 22,282,240 of gradients) plus each layer's kept input: one H200 (141 GB)
+    cannot hold the whole bf16 base and one row's kept inputs; 8 x H100 with FSDP can."""
+    import types
+
+    from benchmarks.llama2_70b_lora import cost
+    from harness import config as C
+    from harness.errors import HarnessError
+    from harness.platforms import device_memory
+    from harness.train import dryrun
+
+    assert device_memory("1xh200-141gb-gpu") == (141 * 10**9, "H200 141 GB")
+    cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml"))
+    kept = cost.kept_activation_bytes(cfg, 1)
+    assert kept == 80 * 8192 * 8192 * 2
+    sharded = types.SimpleNamespace(workload="llama2_70b_lora", per_replica_batch=1,
+                                    weight_bytes_per_device=17_266_774_016, optimizer_bytes_per_device=44_564_488,
+                                    gradient_bytes_per_device=22_282_240,
+                                    peak_bytes_per_device=None, activation_bytes_per_device=None)
+    dryrun.check_device_memory(sharded, "8xh100-80gb-gpu", kept)
+    whole = types.SimpleNamespace(**{**vars(sharded), "weight_bytes_per_device": 8 * 17_266_774_016,
+                                     "optimizer_bytes_per_device": 8 * 44_564_488,
+                                     "gradient_bytes_per_device": 8 * 22_282_240})
+    dryrun.check_device_memory(whole, "1xh200-141gb-gpu")  # the state alone fits ...
+    with pytest.raises(HarnessError, match=r"needs at least 139\.1 GiB per device: .* \(10\.0 GiB: each layer's "
+                                           r"input for 1 row\(s\) per replica\), but one H200 141 GB holds 131\.3 GiB"):
+        dryrun.check_device_memory(whole, "1xh200-141gb-gpu", kept)  # ... not with what the backward pass keeps
+
+
 def test_closed_reference_log_passes_the_closed_checker_of_every_ruleset(tmp_path):
     """The closed keys the reference config logs (the workload's own hyperparameters, through the run's
     `log_submission_keys`) with the timeline of a run that reaches 0.925 pass the official closed checker
