@@ -116,8 +116,8 @@ flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PN
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
 flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
-flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish (reads every "
-                  "such file once; cached beside the data, keyed by each file's size and mtime)")
+flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish of files over "
+                  "64 MB (reads each once; cached beside the data, keyed by each file's size, times and inode)")
 flags.DEFINE_string("manifest", None, "data verify: the data manifest to check against (default: the workload's "
                     "benchmarks/<name>/data_manifest.yaml)")
 flags.DEFINE_integer("port", 0, "data-service: port to listen on (dispatcher: required; worker: 0 = any)")
@@ -198,6 +198,8 @@ def _data_verify(config_path: str) -> int:
     from harness.train import data_verify
 
     manifest, report = data_verify.verify_config(config_path, FLAGS.set, FLAGS.hashes, FLAGS.manifest)
+    for line in report.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     for line in report.errors:
         print(f"error: {line}", file=sys.stderr)
     if report.errors:
@@ -302,6 +304,9 @@ def dispatch(argv: list[str]) -> int:
     command, args = argv[1], argv[2:]
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    if command != "data" and (FLAGS.hashes or FLAGS.manifest):  # else silently ignored
+        print("error: --hashes and --manifest go with `data verify`", file=sys.stderr)
         return 2
     try:
         # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
