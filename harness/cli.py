@@ -306,6 +306,8 @@ def dispatch(argv: list[str]) -> int:
         return 2
     try:
         # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
+        if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
+            raise HarnessError("--confidence goes with check --rcp --preflight; no other command reads it")
         with interrupt.handled(command in ("run", "campaign")):
             return COMMANDS[command](args)
     except HarnessError as e:

@@ -143,8 +143,10 @@ def read_run(path: str, ruleset: str) -> tuple[bool, float | None, int, str | No
     try:
         with _quiet_logging():
             not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
-    except (KeyError, ValueError, TypeError, IndexError) as e:  # json.JSONDecodeError is a ValueError
-        what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+    except (KeyError, ValueError, TypeError, IndexError, NameError) as e:  # JSONDecodeError is a ValueError
+        what = (f"missing key {e}" if isinstance(e, KeyError) else
+                "a successful run_stop with no eval line before it" if isinstance(e, UnboundLocalError) else
+                f"{type(e).__name__}: {e}")
         raise HarnessError(f"{path}: mlperf-logging's RCP reader cannot read this log ({what})") from None
     except OSError as e:
         raise HarnessError(f"{path}: cannot read ({e.strerror})") from None
