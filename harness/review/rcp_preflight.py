@@ -190,14 +190,14 @@ def log_sigma(relative_std: float) -> float:
 def window_scores(values: np.ndarray, failed: np.ndarray, runs: int, tolerated: int) -> np.ndarray:
     """Olympic score of every window of `runs` consecutive runs (columns) of each simulated campaign (rows):
     `tolerated` runs dropped at each end (the checker's trim: 1, unet3d 4), a failed run counting as
-    infinitely slow, and a window with more than `tolerated` failed runs (an invalid result) scoring inf."""
+    infinitely slow. A window with more than `tolerated` failed runs (an invalid result) keeps an inf after
+    the trim, so it scores inf, as the rules count it."""
     sims, total = values.shape
     slow = np.where(failed, np.inf, values)
     scores = np.empty((sims, total - runs + 1))
     for start in range(total - runs + 1):
         window = np.sort(slow[:, start:start + runs], axis=1)
         scores[:, start] = window[:, tolerated:runs - tolerated].mean(axis=1)
-        scores[failed[:, start:start + runs].sum(axis=1) > tolerated, start] = np.inf
     return scores
 
 
