@@ -87,7 +87,7 @@ class Preflight:
     normalized_share: float  # share of passing converged sets with a factor above 1
     set_valid: float  # P(an n-run set holds at most `tolerated` failed runs)
     valid: dict[int, float]  # M runs launched -> P(the median window of n is valid), MLPerf scoring rules
-    valid_pass: dict[int, float]  # M -> P(valid and the median window passes the RCP test)
+    valid_pass: dict[int, float]  # M in shown_launches(n) -> P(valid and the median window passes the RCP test)
     launch: int | None  # smallest M with valid[M] >= confidence (None: no M up to MAX_LAUNCH * n)
     confidence: float
     simulations: int
@@ -187,6 +187,12 @@ def log_sigma(relative_std: float) -> float:
     return math.sqrt(math.log1p(relative_std ** 2))
 
 
+def shown_launches(runs: int) -> list[int]:
+    """The campaign sizes M whose submitted window the checker judges and the output shows (all M up to
+    MAX_LAUNCH * n get P(valid result), which needs no checker call)."""
+    return sorted({runs, runs + 1, runs + 2, runs + runs // 2, 2 * runs, MAX_LAUNCH * runs})
+
+
 def window_scores(values: np.ndarray, failed: np.ndarray, runs: int, tolerated: int) -> np.ndarray:
     """Olympic score of every window of `runs` consecutive runs (columns) of each simulated campaign (rows):
     `tolerated` runs dropped at each end (the checker's trim: 1, unet3d 4), a failed run counting as
@@ -255,22 +261,27 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
             passed_converged[i], factors[i] = checker._eval_submission_record(record, runs[i, :n].tolist(), "")
 
     scores = window_scores(runs, fails, n, tolerated)
-    judged: dict[tuple[int, int], bool] = {}  # (simulation, window start) -> the checker's pass decision
-    valid, valid_pass = {}, {}
+    launched = list(range(n, most + 1))
+    rows = np.arange(simulations)
+    starts = np.stack([median_windows(scores, m, n) for m in launched], axis=1)  # (simulation, M)
+    ok = np.isfinite(scores[rows[:, None], starts])
+    valid = {m: float(ok[:, k].mean()) for k, m in enumerate(launched)}
+    # The checker judges the submitted windows of the shown M, each distinct window once.
+    shown = shown_launches(n)
+    starts, ok = starts[:, [m - n for m in shown]], ok[:, [m - n for m in shown]]
+    keys = rows[:, None] * scores.shape[1] + starts
+    unique = np.unique(keys[ok])
+    judged = np.zeros(unique.size, bool)
     with rcp._quiet_logging():
-        for m in range(n, most + 1):
-            starts = median_windows(scores, m, n)
-            ok = np.isfinite(scores[np.arange(simulations), starts])
-            passes = 0
-            for i in np.flatnonzero(ok):
-                key = (int(i), int(starts[i]))
-                if key not in judged:
-                    window = np.where(fails[i, key[1]:key[1] + n], NOT_CONVERGED, runs[i, key[1]:key[1] + n])
-                    judged[key] = bool(checker._eval_submission_record(record, window.tolist(), "")[0])
-                passes += judged[key]
-            valid[m], valid_pass[m] = float(ok.mean()), passes / simulations
+        for j, key in enumerate(unique):
+            i, start = divmod(int(key), scores.shape[1])
+            window = np.where(fails[i, start:start + n], NOT_CONVERGED, runs[i, start:start + n])
+            judged[j] = checker._eval_submission_record(record, window.tolist(), "")[0]
         rcp_mean = float(record["RCP Mean"])
         fastest = rcp_mean / float(record["Max Speedup"])
+    passes = np.zeros(keys.shape, bool)
+    passes[ok] = judged[np.searchsorted(unique, keys[ok])]
+    valid_pass = {m: float(passes[:, k].mean()) for k, m in enumerate(shown)}
     launch = next((m for m in valid if valid[m] >= confidence), None)
     set_valid = float(np.mean(stats.binom.cdf(tolerated, n, rate)))
     good = factors[passed_converged]
@@ -336,7 +347,7 @@ def format_preflight(p: Preflight) -> list[str]:
         f"    P(a set of {n} holds at most {t} failed run(s), the most the checker accepts): {p.set_valid:.3f}; "
         f"valid and passing the RCP test: {p.pass_all:.3f}",
     ]
-    shown = sorted({m for m in (n, n + 1, n + 2, n + n // 2, 2 * n, MAX_LAUNCH * n) if m in p.valid})
+    shown = shown_launches(n)
     table = ", ".join(f"M={m}: {p.valid[m]:.3f} ({p.valid_pass[m]:.3f})" for m in shown)
     lines += [
         f"  runs to launch (MLPerf scoring: of M >= {n} runs in launch order, the window of {n} consecutive runs "
