@@ -108,8 +108,11 @@ def test_a_set_faster_than_the_rcp_is_flagged(tmp_path):
     p = preflight([folder], "6.0.0", simulations=SIMS)
     assert p.pass_converged < 0.05 and verdict(p) == "LIKELY FAIL"
     # Three of those pilots say the same.
-    three = preflight([os.path.join(folder, f"result_{i}.txt") for i in range(3)], "6.0.0", simulations=SIMS)
-    assert three.pass_converged < 0.1 and verdict(three) == "LIKELY FAIL"
+    three = [os.path.join(folder, f"result_{i}.txt") for i in range(3)]
+    p3 = preflight(three, "6.0.0", simulations=SIMS)
+    assert p3.pass_converged < 0.1 and verdict(p3) == "LIKELY FAIL"
+    proc = cli_in_process("check", "--rcp", "--preflight", *three, "--ruleset", "6.0.0")
+    assert proc.returncode == 1 and "verdict: LIKELY FAIL" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("benchmark,ruleset,batch,record", [
@@ -124,7 +127,7 @@ def test_slow_pilots_pass_on_exact_interpolated_and_smallest_batch_records(tmp_p
     p = preflight([write_set(tmp_path / "p", benchmark, batch, [1.10 * mean, 1.14 * mean])], ruleset,
                   simulations=SIMS)
     assert p.record.startswith(record)
-    assert p.pass_converged > 0.9 and p.norm_expected < 1.01
+    assert p.pass_converged > 0.9 and p.norm_expected < 1.01 and verdict(p) == "LIKELY PASS"
 
 
 def test_same_pilots_same_numbers_and_the_spread_is_floored(tmp_path):
