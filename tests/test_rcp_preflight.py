@@ -239,7 +239,8 @@ def test_every_benchmark_and_ruleset_with_rcps_is_simulated():
             mean = float(record["RCP Mean"])
             p = simulate(bench.key, ruleset, record["BS"], [Pilot("a", 1.10 * mean), Pilot("b", 1.14 * mean)],
                          simulations=200)
-            assert p.runs == official.submission_runs["training"][bench.key] and p.tolerated >= 1
+            # n is the installed checker's; the harness's own table (campaign, package) must agree with it.
+            assert p.runs == rules.runs_required(bench.key) and p.tolerated >= 1
             assert p.pass_converged > 0.8 and p.norm_expected == pytest.approx(1.0, abs=0.01), (bench.key, ruleset)
             checked += 1
     assert checked >= 25
