@@ -91,7 +91,8 @@ flags.DEFINE_bool("rcp", False, "check: place the result logs (files or director
                   "against the RCP mean for their batch size, with the official RCP checker's verdict")
 flags.DEFINE_bool("preflight", False, "check --rcp: treat the logs as pilot runs at the batch to submit and "
                   "simulate full result sets: pass probability, normalization, runs to launch")
-flags.DEFINE_float("confidence", 0.95, "check --rcp --preflight: probability the runs to launch must reach")
+flags.DEFINE_float("confidence", 0.9, "check --rcp --preflight: RCP pass probability for LIKELY PASS, and the "
+                   "probability of a valid result the runs to launch must reach")
 flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "
                    "integrity checks (default: inferred from the log)")
 flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
@@ -310,6 +311,8 @@ def dispatch(argv: list[str]) -> int:
         return 2
     try:
         # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
+        if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
+            raise HarnessError("--confidence goes with check --rcp --preflight; no other command reads it")
         with interrupt.handled(command in ("run", "campaign")):
             return COMMANDS[command](args)
     except HarnessError as e:
