@@ -48,9 +48,19 @@ def rcp_entry(benchmark: str, ruleset: str, batch: int) -> tuple[str, dict[str, 
     return None
 
 
+# RCP hyperparameter names that differ from the log keys holding them (llama2_70b_lora's RCP files name the
+# reference's training arguments; its closed checker names the log keys)
+RCP_KEY_ALIASES = {"opt_max_grad_norm": "opt_gradient_clip_norm", "lora_r": "lora_rank",
+                   "max_steps": "opt_learning_rate_training_steps"}
+
+
 def logged_key(rcp_key: str, logged: dict[str, Any]) -> str | None:
-    """The MLPerf log key holding RCP hyperparameter `rcp_key` (RCPs drop the lars_/sgd_ prefixes)."""
-    candidates = ["opt_name"] if rcp_key == "optimizer" else [rcp_key, f"lars_{rcp_key}", f"sgd_{rcp_key}"]
+    """The MLPerf log key holding RCP hyperparameter `rcp_key` (RCPs drop the lars_/sgd_ prefixes, and name
+    some by the reference's arguments: RCP_KEY_ALIASES)."""
+    if rcp_key == "optimizer":
+        candidates = ["opt_name"]
+    else:
+        candidates = [rcp_key, f"lars_{rcp_key}", f"sgd_{rcp_key}"] + [RCP_KEY_ALIASES.get(rcp_key, rcp_key)]
     return next((k for k in candidates if k in logged), None)
 
 
