@@ -34,6 +34,8 @@ class Routing:
     tokens: int
     dispatch: tf.Tensor | None = None   # [b, g, s, e, c] one-hot slots (dense dispatch only)
     combine: tf.Tensor | None = None    # the same weighted by the gates
+    position: tf.Tensor | None = None   # [b, groups, s, k] int32: each assignment's slot in its expert's
+                                        # capacity (dense and alltoall dispatches, or when capacity can drop)
 
     def remat_outputs(self) -> list[tf.Tensor]:
         """What a layer recomputed in the backward pass returns (benchmarks/lm/decoder.py's remat)."""
@@ -52,7 +54,7 @@ def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) ->
     return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
 
 
-def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routing:
+def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True, positions: bool = False) -> Routing:
     """Token-choice top-k routing of logits [b, groups, s, experts] (float32).
 
     The k experts are the top-k logits; their weights are a softmax over those k logits (gpt-oss). The
@@ -61,22 +63,24 @@ def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routi
     choice before any second choice, earlier tokens first (causal-safe); assignments past `capacity` are
     dropped and the token keeps its residual only. `dense`: also build the one-hot dispatch/combine
     tensors (O(s x experts x capacity) per group); without it, positions are only computed when the
-    capacity can drop anything (capacity < s).
+    capacity can drop anything (capacity < s) or `positions` asks for them.
     """
     b, ng, s, e = logits.shape
     index = tf.math.top_k(tf.stop_gradient(logits), k).indices                  # [b, g, s, k]
     choice = tf.one_hot(index, e, dtype=tf.float32)                               # [b, g, s, k, e]
     gates = tf.nn.softmax(tf.reduce_sum(choice * tf.expand_dims(logits, 3), -1), -1)  # [b, g, s, k]
-    if dense or capacity < s:
+    position = None
+    if dense or capacity < s or positions:
         priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
         position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
         position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
+        position = tf.cast(position, tf.int32)
         kept = tf.cast(position < capacity, tf.float32)
     else:  # each expert can take the whole group: nothing is dropped
         kept = tf.ones([b, ng, s, k], tf.float32)
     dispatch = combine = None
     if dense:
-        slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
+        slot = tf.one_hot(position, capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
         dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
         combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
     fraction = tf.reduce_mean(choice, [2, 3])                                     # f_i: sums to 1
@@ -90,7 +94,7 @@ def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routi
     lse = top + tf.math.log(total)
     return Routing(index, gates, kept, balance_sum=float(e) * tf.reduce_sum(fraction * prob),
                    z_sum=tf.reduce_sum(tf.square(lse)), dropped=tf.reduce_sum(1.0 - kept, [1, 2, 3]),
-                   groups=b * ng, tokens=b * ng * s, dispatch=dispatch, combine=combine)
+                   groups=b * ng, tokens=b * ng * s, dispatch=dispatch, combine=combine, position=position)
 
 
 @dataclasses.dataclass
@@ -138,6 +142,43 @@ def sort_blocks(expert: tf.Tensor, experts: int, block: int) -> Blocks:
                    - tf.gather(sorted_start, own, batch_dims=1))
     destination = tf.where(expert < experts, destination, rows)
     return Blocks(block_expert, row_source, destination, blocks, block)
+
+
+@dataclasses.dataclass
+class Slots:
+    """Where each row's expert assignments go in the all-to-all dispatch's static buffer of `slots` rows,
+    ordered expert, then routing group, then position in the expert's capacity (`capacity` rows per expert
+    per group: expert e's rows of all groups are one contiguous run, so splitting the buffer's experts over
+    devices hands each device its experts' rows)."""
+    row_source: tf.Tensor     # [r, slots] int32: the assignment a slot holds (a: none, an empty slot)
+    destination: tf.Tensor    # [r, a] int32: the slot holding each assignment (slots: dropped)
+    slots: int
+
+
+def expert_slots(index: tf.Tensor, kept: tf.Tensor, position: tf.Tensor, experts: int, capacity: int) -> Slots:
+    """The slot layout of a routing (index, kept, position [r, groups, s, k], as `route` gives them): the
+    kept assignment (t, j) of group g takes slot ((index * groups + g) * capacity + position).
+
+    A slot's assignment comes from one TopKV2 sort of the assignments by slot (dropped ones last): the kept
+    assignments of a bucket (expert, group) hold positions 0..count-1, so slot p of a bucket is the sorted
+    assignment at the bucket's start + p. Counts are a one-hot sum over the experts (O(a x experts), as the
+    router's own), offsets cumulative sums; nothing is data-shaped."""
+    r, ng, s, k = index.shape
+    a, slots = ng * s * k, experts * ng * capacity
+    group = tf.range(ng, dtype=tf.int32)[None, :, None, None]
+    slot = (index * ng + group) * capacity + position
+    destination = tf.reshape(tf.where(kept > 0, slot, slots), [r, a])
+    key = tf.where(destination < slots, destination, slots + tf.range(a, dtype=tf.int32)[None, :])
+    order = tf.math.top_k(-key, a, sorted=True).indices                          # sorted -> assignment
+    counts = tf.einsum("rgske,rgsk->reg", tf.one_hot(index, experts, dtype=tf.float32), kept)
+    counts = tf.cast(tf.reshape(counts, [r, experts * ng]), tf.int32)           # [r, buckets]: expert-major
+    start = tf.cumsum(counts, 1, exclusive=True)
+    bucket = tf.range(slots, dtype=tf.int32) // capacity                         # [slots]
+    within = tf.range(slots, dtype=tf.int32) % capacity
+    valid = within[None, :] < tf.gather(counts, bucket, axis=1)
+    rank = tf.minimum(tf.gather(start, bucket, axis=1) + within[None, :], a - 1)
+    row_source = tf.where(valid, tf.gather(order, rank, batch_dims=1), a)
+    return Slots(row_source, destination, slots)
 
 
 def after(index: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
@@ -240,8 +281,9 @@ def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
     return tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), index, batch_dims=1)
 
 
-def dispatch_rows(x: tf.Tensor, lay: Blocks, k: int) -> tf.Tensor:
-    """Tokens x [b, s, m] -> the sorted rows [b, blocks * block, m] (padding rows zero).
+def dispatch_rows(x: tf.Tensor, lay: Blocks | Slots, k: int) -> tf.Tensor:
+    """Tokens x [b, s, m] -> the sorted rows [b, blocks * block, m] or slots [b, slots, m] (padding rows
+    and empty slots zero).
 
     The gradient is a gather too, not a scatter: a token's gradient is the sum of its k assignments'
     rows (`destination`; a dropped one reads the zero row), exact and local to each batch row."""
@@ -258,9 +300,9 @@ def dispatch_rows(x: tf.Tensor, lay: Blocks, k: int) -> tf.Tensor:
     return dispatch(x)
 
 
-def combine_rows(y: tf.Tensor, lay: Blocks) -> tf.Tensor:
-    """Sorted rows y [b, blocks * block, m] -> each assignment's output [b, a, m] (dropped: zero);
-    the gradient gathers each row's assignment gradient back (`row_source`; padding rows: zero)."""
+def combine_rows(y: tf.Tensor, lay: Blocks | Slots) -> tf.Tensor:
+    """Sorted rows y [b, blocks * block, m] (or slots [b, slots, m]) -> each assignment's output [b, a, m]
+    (dropped: zero); the gradient gathers each row's assignment gradient back (`row_source`; padding rows: zero)."""
 
     @tf.custom_gradient
     def combine(y):
@@ -275,7 +317,7 @@ class MoE(Block):
     """Experts [experts, hidden, ff] SwiGLU feed-forwards (model.swiglu_*: gpt-oss's clamped variant) behind a
     float32 router, with router and expert biases when model.router_bias / model.expert_bias are on.
 
-    Two dispatches (`model.moe_dispatch`), the same routing and the same result:
+    Three dispatches (`model.moe_dispatch`), the same routing and the same result:
     - sorted: each batch row's token x top-k assignments are sorted by expert into a static buffer of
       blocks (`sort_blocks`), each block multiplied by its expert's weights (gathered per block), and the
       outputs gathered back and combined with the gates. The expert work is at most the assignments plus
@@ -287,6 +329,14 @@ class MoE(Block):
       its experts (with `ff` split too), and the reverse trip brings the outputs home to be combined. In
       dropless mode the capacity is the whole group, so each expert computes every slot (experts / k times
       the useful work) and the einsums cost as much again.
+    - alltoall: the dense dispatch's route without its one-hot einsums. Each row's kept assignments are
+      gathered into a static buffer [b, experts, groups x capacity, m] (`expert_slots`: one sort, gathers
+      both ways, O(assignments + slots) per row); relaid from batch-split to experts-split it crosses the
+      mesh by one all-to-all, each device multiplies its own experts' slots by its own experts' weights
+      (never gathered; `ff` may be split too), and the reverse all-to-all brings the outputs home to be
+      combined with the gates. Capacity is per expert per routing group (a group lives on one device);
+      dropless (capacity_factor 0) makes it the whole group, the worst case, so the buffer and the expert
+      work are experts / k times the assignments; a capacity factor bounds them and drops the overflow.
     """
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg: ModelConfig) -> None:
@@ -315,10 +365,15 @@ class MoE(Block):
         logits = tf.einsum("bgsm,me->bgse", tf.cast(xg, tf.float32), self.router)
         if self.router_bias is not None:  # before the top-k: the bias moves the choice too
             logits += tf.cast(self.router_bias, tf.float32)
-        dense = c.moe_dispatch == "dense"
-        r = route(logits, c.experts_per_token, expert_capacity(s, c.num_experts, c.experts_per_token,
-                                                                c.capacity_factor), dense=dense)
-        y = self._dense(xg, r) if dense else self._sorted(x, r)
+        dense, alltoall = c.moe_dispatch == "dense", c.moe_dispatch == "alltoall"
+        capacity = expert_capacity(s, c.num_experts, c.experts_per_token, c.capacity_factor)
+        r = route(logits, c.experts_per_token, capacity, dense=dense, positions=alltoall)
+        if dense:
+            y = self._dense(xg, r)
+        elif alltoall:
+            y = self._alltoall(x, r, capacity)
+        else:
+            y = self._sorted(x, r)
         return tf.reshape(y, [b, seq, m]), r
 
     def _dense(self, xg: tf.Tensor, r: Routing) -> tf.Tensor:
@@ -352,5 +407,26 @@ class MoE(Block):
                 (self.b_gate, "ff"), (self.b_up, "ff"), (self.b_down, None)))
         ys = expert_blocks(xs, lay.block_expert, w_gate, w_up, w_down, c.moe_chunk_blocks, self.act, biases)
         ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.blocks * lay.block, m]), lay), [b, seq, k, m])
+        weights = tf.reshape(r.gates * r.kept, [b, seq, k])
+        return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
+
+    def _alltoall(self, x: tf.Tensor, r: Routing, capacity: int) -> tf.Tensor:
+        c, dt = self.cfg, self.dtype
+        b, seq, m = x.shape
+        k, e = c.experts_per_token, c.num_experts
+        lay = expert_slots(r.index, r.kept, r.position, e, capacity)
+        per_expert = lay.slots // e                                      # groups x capacity
+        xs = tf.reshape(dispatch_rows(x, lay, k), [b, e, per_expert, m])
+        # batch-split -> experts-split: with both on one mesh axis, DTensor lowers this relayout to an
+        # all-to-all (DTensorAllToAll); each device then holds every row's slots of its own experts.
+        xe = self.runtime.place(xs, (None, "experts", None, None))
+        biases = None
+        if self.b_gate is not None:  # [1, e, 1, width]: each expert's own, on its slots
+            biases = tuple(tf.reshape(tf.cast(v, dt), [1, v.shape[0], 1, v.shape[1]])
+                           for v in (self.b_gate, self.b_up, self.b_down))
+        ye = swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
+                    "becm,emh->bech", "bech,ehm->becm", self.act, biases)
+        ys = self.runtime.place(ye, ("batch", None, None, None))           # the reverse all-to-all
+        ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.slots, m]), lay), [b, seq, k, m])
         weights = tf.reshape(r.gates * r.kept, [b, seq, k])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
