@@ -1,4 +1,4 @@
-"""gpt_oss's all-to-all MoE dispatch (model.moe_dispatch=alltoall, benchmarks/gpt_oss_20b/moe.py) on a mesh of
+"""gpt_oss's all-to-all MoE dispatch (model.moe_dispatch=alltoall, benchmarks/lm/moe_dispatch.py) on a mesh of
 4 logical CPU devices: it gives the sorted (expert-gathering) dispatch's outputs, dropped counts and gradients,
 and its per-device program (DTensor's SPMD expansion, as tests/test_mesh_split.py reads it) moves tokens by
 all-to-alls over the experts' axis and never gathers an expert's weights; its slot layout holds every kept
@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.gpt_oss_20b import moe
+from benchmarks.lm import moe_dispatch
 from conftest import REPO
 
 HELPER = os.path.join(REPO, "tests", "helpers", "moe_alltoall.py")
@@ -77,7 +78,7 @@ def test_expert_slots_hold_every_kept_assignment_once_in_expert_group_order():
     rows, groups, s, k, experts, capacity = 3, 2, 12, 2, 5, 4
     logits = tf.constant(rng.normal(size=(rows, groups, s, experts)), tf.float32)
     r = moe.route(logits, k, capacity, dense=False, positions=True)
-    lay = moe.expert_slots(r.index, r.kept, r.position, experts, capacity)
+    lay = moe_dispatch.expert_slots(r.index, r.kept, r.position, experts, capacity)
     index, kept, position = (t.numpy().reshape(rows, -1) for t in (r.index, r.kept, r.position))
     src, dest = lay.row_source.numpy(), lay.destination.numpy()
     a, slots = groups * s * k, experts * groups * capacity

@@ -14,6 +14,7 @@ from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm.ffn import SWIGLU, Glu, swiglu, swiglu_hidden
+from benchmarks.lm.moe_dispatch import alltoall_experts, combine_rows, dispatch_rows, slot_positions
 
 
 # ------------------------------------------------------------------------------ mixture of experts
@@ -71,10 +72,7 @@ def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True, position
     gates = tf.nn.softmax(tf.reduce_sum(choice * tf.expand_dims(logits, 3), -1), -1)  # [b, g, s, k]
     position = None
     if dense or capacity < s or positions:
-        priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
-        position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
-        position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
-        position = tf.cast(position, tf.int32)
+        position = slot_positions(choice)                                          # [b, g, s, k]
         kept = tf.cast(position < capacity, tf.float32)
     else:  # each expert can take the whole group: nothing is dropped
         kept = tf.ones([b, ng, s, k], tf.float32)
@@ -142,43 +140,6 @@ def sort_blocks(expert: tf.Tensor, experts: int, block: int) -> Blocks:
                    - tf.gather(sorted_start, own, batch_dims=1))
     destination = tf.where(expert < experts, destination, rows)
     return Blocks(block_expert, row_source, destination, blocks, block)
-
-
-@dataclasses.dataclass
-class Slots:
-    """Where each row's expert assignments go in the all-to-all dispatch's static buffer of `slots` rows,
-    ordered expert, then routing group, then position in the expert's capacity (`capacity` rows per expert
-    per group: expert e's rows of all groups are one contiguous run, so splitting the buffer's experts over
-    devices hands each device its experts' rows)."""
-    row_source: tf.Tensor     # [r, slots] int32: the assignment a slot holds (a: none, an empty slot)
-    destination: tf.Tensor    # [r, a] int32: the slot holding each assignment (slots: dropped)
-    slots: int
-
-
-def expert_slots(index: tf.Tensor, kept: tf.Tensor, position: tf.Tensor, experts: int, capacity: int) -> Slots:
-    """The slot layout of a routing (index, kept, position [r, groups, s, k], as `route` gives them): the
-    kept assignment (t, j) of group g takes slot ((index * groups + g) * capacity + position).
-
-    A slot's assignment comes from one TopKV2 sort of the assignments by slot (dropped ones last): the kept
-    assignments of a bucket (expert, group) hold positions 0..count-1, so slot p of a bucket is the sorted
-    assignment at the bucket's start + p. Counts are a one-hot sum over the experts (O(a x experts), as the
-    router's own), offsets cumulative sums; nothing is data-shaped."""
-    r, ng, s, k = index.shape
-    a, slots = ng * s * k, experts * ng * capacity
-    group = tf.range(ng, dtype=tf.int32)[None, :, None, None]
-    slot = (index * ng + group) * capacity + position
-    destination = tf.reshape(tf.where(kept > 0, slot, slots), [r, a])
-    key = tf.where(destination < slots, destination, slots + tf.range(a, dtype=tf.int32)[None, :])
-    order = tf.math.top_k(-key, a, sorted=True).indices                          # sorted -> assignment
-    counts = tf.einsum("rgske,rgsk->reg", tf.one_hot(index, experts, dtype=tf.float32), kept)
-    counts = tf.cast(tf.reshape(counts, [r, experts * ng]), tf.int32)           # [r, buckets]: expert-major
-    start = tf.cumsum(counts, 1, exclusive=True)
-    bucket = tf.range(slots, dtype=tf.int32) // capacity                         # [slots]
-    within = tf.range(slots, dtype=tf.int32) % capacity
-    valid = within[None, :] < tf.gather(counts, bucket, axis=1)
-    rank = tf.minimum(tf.gather(start, bucket, axis=1) + within[None, :], a - 1)
-    row_source = tf.where(valid, tf.gather(order, rank, batch_dims=1), a)
-    return Slots(row_source, destination, slots)
 
 
 def after(index: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
@@ -275,44 +236,6 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
     return run(xs, *weights)
 
 
-def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-    """x [b, n, m] -> [b, len(index), m], rows `index` of each batch row; index n is a zero row."""
-    b, _, m = x.shape
-    return tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), index, batch_dims=1)
-
-
-def dispatch_rows(x: tf.Tensor, lay: Blocks | Slots, k: int) -> tf.Tensor:
-    """Tokens x [b, s, m] -> the sorted rows [b, blocks * block, m] or slots [b, slots, m] (padding rows
-    and empty slots zero).
-
-    The gradient is a gather too, not a scatter: a token's gradient is the sum of its k assignments'
-    rows (`destination`; a dropped one reads the zero row), exact and local to each batch row."""
-    b, s, m = x.shape
-    a = s * k
-    token = tf.where(lay.row_source < a, lay.row_source // k, s)
-
-    @tf.custom_gradient
-    def dispatch(x):
-        def grad(dy):
-            return tf.reduce_sum(tf.reshape(_rows(dy, lay.destination), [b, s, k, m]), 2)
-        return _rows(x, token), grad
-
-    return dispatch(x)
-
-
-def combine_rows(y: tf.Tensor, lay: Blocks | Slots) -> tf.Tensor:
-    """Sorted rows y [b, blocks * block, m] (or slots [b, slots, m]) -> each assignment's output [b, a, m]
-    (dropped: zero); the gradient gathers each row's assignment gradient back (`row_source`; padding rows: zero)."""
-
-    @tf.custom_gradient
-    def combine(y):
-        def grad(dy):
-            return _rows(dy, lay.row_source)
-        return _rows(y, lay.destination), grad
-
-    return combine(y)
-
-
 class MoE(Block):
     """Experts [experts, hidden, ff] SwiGLU feed-forwards (model.swiglu_*: gpt-oss's clamped variant) behind a
     float32 router, with router and expert biases when model.router_bias / model.expert_bias are on.
@@ -330,7 +253,7 @@ class MoE(Block):
       dropless mode the capacity is the whole group, so each expert computes every slot (experts / k times
       the useful work) and the einsums cost as much again.
     - alltoall: the dense dispatch's route without its one-hot einsums. Each row's kept assignments are
-      gathered into a static buffer [b, experts, groups x capacity, m] (`expert_slots`: one sort, gathers
+      gathered into a static buffer [b, experts, groups x capacity, m] (benchmarks/lm/moe_dispatch.py: one sort, gathers
       both ways, O(assignments + slots) per row); relaid from batch-split to experts-split it crosses the
       mesh by one all-to-all, each device multiplies its own experts' slots by its own experts' weights
       (never gathered; `ff` may be split too), and the reverse all-to-all brings the outputs home to be
@@ -412,21 +335,16 @@ class MoE(Block):
 
     def _alltoall(self, x: tf.Tensor, r: Routing, capacity: int) -> tf.Tensor:
         c, dt = self.cfg, self.dtype
-        b, seq, m = x.shape
-        k, e = c.experts_per_token, c.num_experts
-        lay = expert_slots(r.index, r.kept, r.position, e, capacity)
-        per_expert = lay.slots // e                                      # groups x capacity
-        xs = tf.reshape(dispatch_rows(x, lay, k), [b, e, per_expert, m])
-        # batch-split -> experts-split: with both on one mesh axis, DTensor lowers this relayout to an
-        # all-to-all (DTensorAllToAll); each device then holds every row's slots of its own experts.
-        xe = self.runtime.place(xs, (None, "experts", None, None))
+        b, seq, _ = x.shape
         biases = None
         if self.b_gate is not None:  # [1, e, 1, width]: each expert's own, on its slots
             biases = tuple(tf.reshape(tf.cast(v, dt), [1, v.shape[0], 1, v.shape[1]])
                            for v in (self.b_gate, self.b_up, self.b_down))
-        ye = swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
-                    "becm,emh->bech", "bech,ehm->becm", self.act, biases)
-        ys = self.runtime.place(ye, ("batch", None, None, None))           # the reverse all-to-all
-        ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.slots, m]), lay), [b, seq, k, m])
-        weights = tf.reshape(r.gates * r.kept, [b, seq, k])
+
+        def experts(xe: tf.Tensor) -> tf.Tensor:  # [b, experts, slots, m], split over `experts`
+            return swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
+                          "becm,emh->bech", "bech,ehm->becm", self.act, biases)
+
+        ya = alltoall_experts(self.runtime, x, r.index, r.kept, r.position, c.num_experts, capacity, experts)
+        weights = tf.reshape(r.gates * r.kept, [b, seq, c.experts_per_token])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
