@@ -119,9 +119,9 @@ def test_sorted_dispatch_compiles_to_at_most_assignments_plus_blocks_of_expert_w
 
 
 @pytest.mark.parametrize("capacity_factor", ["0.0", "0.5"])
-def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacity_factor):
+def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch(capacity_factor):
     """One layer of the smoke model, short rows: three train steps (the later ones after updates from the
-    earlier gradients) give the same losses under either dispatch, and the eval's `dropped` the same."""
+    earlier gradients) give the same losses under each dispatch, and the eval's `dropped` the same."""
     import os
 
     from conftest import REPO
@@ -142,6 +142,9 @@ def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacit
     (sorted_losses, sorted_dropped), (dense_losses, dense_dropped) = run("sorted"), run("dense")
     np.testing.assert_allclose(sorted_losses, dense_losses, rtol=1e-5)
     assert sorted_dropped == dense_dropped and (sorted_dropped > 0) == (capacity_factor != "0.0")
+    a2a_losses, a2a_dropped = run("alltoall")
+    np.testing.assert_allclose(a2a_losses, dense_losses, rtol=1e-5)
+    assert a2a_dropped == dense_dropped
 
 
 def _expert_blocks_case(b=2, blocks=12, block=4, m=8, h=64, experts=5):
