@@ -51,6 +51,7 @@ class VariableInfo:
     variable: tf.Variable
     dims: tuple[str | None, ...]
     trainable: bool
+    frozen: bool = False  # created under `Runtime.frozen`: a fine-tune's base, held in its frozen dtype
 
 
 # Spatial partitioning: logical devices per replica -> TPU computation shape [x, y, z, core] (the values
@@ -198,7 +199,7 @@ class Runtime(abc.ABC):
             raise ValueError(f"variable {path}: shape {shape} and dims {dims} differ in rank")
         var = self._make_variable(path, tuple(int(s) for s in shape), tuple(dims), initializer,
                                   trainable, dtype, sync)
-        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable)
+        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable, frozen_dtype is not None)
         return var
 
     @abc.abstractmethod
