@@ -156,6 +156,11 @@ class LoraWorkload(DecoderLMWorkload):
             notes.append(f"model.init_checkpoint {self.cfg.model.init_checkpoint} not read: base weights from the "
                          f"initializers")
             self.cfg.model.init_checkpoint = ""
+        if self.cfg.model.frozen_dtype == "bfloat16":
+            notes.append("frozen bfloat16 base: XLA:CPU computes a bfloat16 dot in float32, so its plan holds float32 "
+                         "copies of the weights of the layer it computes (made per layer, after the layer's input; "
+                         "none held across layers), where a GPU or TPU reads them in bfloat16: the activation "
+                         "estimate is high by up to one layer's weights in float32 (kept, not subtracted)")
         row = {"input_ids": tf.TensorSpec([d.seq_length], tf.int32), "labels": tf.TensorSpec([d.seq_length], tf.int32)}
         return row, dict(row), notes
 
