@@ -113,6 +113,58 @@ def test_base_is_frozen_bf16_and_bit_identical_after_training(base_ckpt):
     assert np.any(b.variable.numpy() != before[b.path])  # the adapters did train
 
 
+def remat_loss_and_grads(remat: bool, jit: bool) -> tuple[float, list]:
+    import tensorflow as tf
+
+    from harness.runtime.base import InputContext
+
+    cfg, rt, wl = build([f"model.remat={str(remat).lower()}", "model.num_layers=2"])
+    adapters = [v.variable for v in rt.variables(trainable=True)]
+    for i, v in enumerate(adapters):  # B is zero at init: give every adapter a value, so all paths count
+        v.assign(tf.random.stateless_normal(v.shape, [7, i], 0.0, 0.1, v.dtype))
+    batch = next(iter(wl.train_dataset(InputContext(1, 0, 4, cfg.seed)).batch(4)))
+
+    @tf.function(jit_compile=jit)
+    def step(batch):
+        with tf.GradientTape() as tape:
+            term = wl.loss(batch, tf.constant([3, 4]))["cross_entropy"]  # the adapters' dropout on
+            loss = term.total / term.count
+        return loss, tape.gradient(loss, adapters)
+
+    loss, grads = step(batch)
+    return float(loss), [g.numpy() for g in grads]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_remat_changes_no_number(jit):
+    """model.remat recomputes each layer, its frozen weights read after its input (benchmarks/lm/decoder.py
+    `remat`): the loss and every adapter's gradient are those without remat (dropout on, the same masks)."""
+    plain_loss, plain = remat_loss_and_grads(False, jit)
+    loss, grads = remat_loss_and_grads(True, jit)
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    assert len(grads) == len(plain) and all(np.any(g != 0) for g in plain)
+    for g, want in zip(grads, plain):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_a_recomputed_layer_keeps_its_input_not_its_weights():
+    """The 8 x H100 config's step (remat, bfloat16 base) compiled with 2 and 3 layers of width 256: the added
+    layer keeps, until the backward pass, about its input (64 x 256 bfloat16, 32 KiB) and no copy of its
+    weights (1.5 MiB in the float32 XLA:CPU computes a bfloat16 dot in; 2.4 MiB were kept per layer when the
+    forward pass and the recompute shared the frozen weights' reads), and the eval step about its weights'
+    shard. About a minute: four XLA compiles."""
+    from harness.train import dryrun
+
+    small = ["submission.division=open", "data.seq_length=64", "model.hidden_size=256", "model.num_heads=4",
+             "model.num_kv_heads=2", "model.head_dim=64", "model.ffn_hidden=256", "model.vocab_size=256"]
+    config = os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml")
+    r2, r3 = (dryrun.compile_report(config, small + [f"model.num_layers={n}"], stand_in=False) for n in (2, 3))
+    row = 64 * 256 * 4  # the layer's input in float32
+    assert 0 < r3.activation_bytes_per_device - r2.activation_bytes_per_device < 2 * row
+    weights = r3.weight_bytes_per_device - r2.weight_bytes_per_device  # the added layer's shard
+    assert 0 < r3.eval_peak_bytes_per_device - r2.eval_peak_bytes_per_device - weights < 4 * row
+
+
 # ------------------------------------------------------------------------------------------ cost, refusals
 
 def test_cost_counts_the_reference_model():

@@ -8,14 +8,16 @@ and LoRA adapters on the fused q/k/v and the output projections (`Lora`: llama2_
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from typing import Callable, Iterator
 
 import tensorflow as tf
 
 from harness.nn.layers import (NEG_INF, Block, RMSNorm, RopeScaling, YarnScaling, _seed, constant, dropout,
                                normal, rotary)
-from harness.runtime.base import Runtime
+from harness.runtime.base import Runtime, after_zero
 
 
 # ------------------------------------------------------------------------------------- attention
@@ -173,6 +175,15 @@ class Lora:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    @contextlib.contextmanager
+    def seeded(self, seed: tf.Tensor | None) -> Iterator[None]:
+        """Within: `seed` is the dropout seed (None: no dropout); the one before after."""
+        before, self.seed = self.seed, seed
+        try:
+            yield
+        finally:
+            self.seed = before
+
 
 def lora_uniform(fan_in: int, path: str, run_seed: int):
     """U(-1/sqrt(fan_in), 1/sqrt(fan_in)), seeded by path and run seed."""
@@ -230,6 +241,16 @@ class Attention(Block):
             self.lora_oa = self.var("lora_output/a", (kv, g, d, r), ("heads", None, None, None),
                                     lora_uniform(hd, f"{path}/lora_output/a", seed))
             self.lora_ob = self.var("lora_output/b", (r, m), (None, None), constant(0.0))
+
+    def remat_context(self) -> Callable[[tf.Tensor], contextlib.AbstractContextManager]:
+        """For decoder `remat`, taken in the forward pass: a context in which a run of this block (the
+        forward's or the backward's recompute, after the gradient has left the forward's training step)
+        draws the adapters' dropout masks from this forward pass's seed, tied to the scalar `after` (so the
+        recompute draws them anew instead of holding the forward's from the one to the other)."""
+        seed = None if self.lora is None else self.lora.seed
+        if seed is None:
+            return lambda after: contextlib.nullcontext()
+        return lambda after: self.lora.seeded(seed + tf.cast(after_zero(after, tf.float32), seed.dtype))
 
     def _lora_input(self, x: tf.Tensor, stream: int) -> tf.Tensor:
         """The adapter's input: x under this layer's and adapter's own dropout mask (none without a seed)."""
