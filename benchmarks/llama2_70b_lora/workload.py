@@ -21,7 +21,6 @@ from harness.errors import HarnessError
 from harness.nn import cross_entropy, hf_checkpoint
 from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.hf_checkpoint import Format
-from harness.nn.optim import AdamW, cosine_warmup_schedule
 from harness.train.reference import ReferenceModel, lookup
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
@@ -190,18 +189,6 @@ class LoraWorkload(DecoderLMWorkload):
         with self.runtime.frozen(self.frozen_dtype):
             return Llama(self.runtime, "llama", self.cfg.seed, self.cfg.model, self.cfg.data.seq_length,
                          lora=self.lora)
-
-    def build(self) -> None:
-        o = self.cfg.optimizer
-        self.model = self.make_model()
-        if self.cfg.model.init_checkpoint:
-            hf_checkpoint.load_into(self.runtime, self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
-        schedule = cosine_warmup_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps,
-                                          self.decay_steps)
-        self.optimizer = AdamW(self.runtime, self.runtime.variables(trainable=True), schedule,
-                               weight_decay=o.weight_decay, exclude_from_decay=o.exclude_from_decay,
-                               beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
-        self.optimizer.build()
 
     def train_dataset(self, ctx) -> tf.data.Dataset:
         return self.source.train(ctx)
