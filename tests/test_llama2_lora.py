@@ -285,12 +285,21 @@ def test_open_runs_refuse_rulesets_whose_open_checker_lacks_the_benchmark():
 
 
 def test_mesh_remat_with_dropout_is_refused_before_the_log(tmp_path):
-    """The recompute's dropout masks differ from the forward pass's on a DTensor mesh (measured: eval 0.432
-    with remat against 0.218 without at 256 samples); refused in one line, no log written."""
+    """The recompute's dropout masks differ from the forward pass's on a DTensor mesh that splits the heads
+    (measured: eval 0.432 with remat against 0.218 without at 256 samples); refused in one line, no log
+    written. The hardware configs (model axis 1) are not: their heads stay whole."""
+    from benchmarks.llama2_70b_lora.workload import LoraWorkload
+    from harness import config as C
+    from harness.train import dryrun
+
+    for name in ("reference", "gpu-8x-h100", "tpu-v5p-16"):
+        config = os.path.join(REPO, f"configs/llama2_70b_lora/{name}.yaml")
+        checked, _, _ = dryrun.standin_checked(C.load_config(config))
+        assert isinstance(checked.workload, LoraWorkload) and not checked.workload.remat_redraws_dropout(), name
     p = subprocess.run([sys.executable, "-m", "harness", "run", MESH, "--output_dir", str(tmp_path), "--set",
                         "model.remat=true"], cwd=REPO, capture_output=True, text=True, timeout=300)
     errors = [line for line in p.stderr.splitlines() + p.stdout.splitlines() if line.startswith("error:")]
-    assert p.returncode == 2 and len(errors) == 1 and "model.remat with the adapters' dropout" in errors[0], \
+    assert p.returncode == 2 and len(errors) == 1 and "splits the attention heads, model.remat" in errors[0], \
         p.stdout[-1500:] + p.stderr[-1500:]
     assert not any(f.endswith((".log", ".txt")) for _, _, files in os.walk(tmp_path) for f in files)
 
