@@ -108,23 +108,9 @@ class LoraWorkload(DecoderLMWorkload):
     # ---------------------------------------------------------------------------------- validation
     def validate(self) -> None:
         self.validate_config()
-        if self.remat_redraws_dropout():
-            raise HarnessError("on a DTensor mesh that splits the attention heads, model.remat with the adapters' "
-                               "dropout trains on gradients of other dropout masks than the forward pass drew (the "
-                               "recompute's differ); set model.lora_dropout=0, model.remat=false, or keep the heads "
-                               "whole (runtime.layout without heads, or a model axis of 1)")
         self.source.validate(closed=self.cfg.submission.division == "closed")
         if self.cfg.model.init_checkpoint:
             hf_checkpoint.check_config(self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
-
-    def remat_redraws_dropout(self) -> bool:
-        """Measured on the 2x2 CPU mesh smoke, losses of steps 1-4: with the heads split over `model`, remat
-        changes the second step's loss (4.1485 -> 4.1619; eval 0.218 -> 0.432 at 256 samples); remat changes
-        nothing without dropout, on one device, with data=4 x model=1, or with the model axis splitting only
-        the SwiGLU units and vocabulary. So the recompute draws the o adapter's dropout mask (its input's heads
-        split) otherwise than the forward pass did; why is not found."""
-        m = self.cfg.model
-        return self.cfg.runtime.kind == "mesh" and m.remat and m.lora_dropout > 0 and self.runtime.shards("heads") > 1
 
     def validate_config(self) -> None:
         c, m, d = self.cfg, self.cfg.model, self.cfg.data
@@ -169,10 +155,6 @@ class LoraWorkload(DecoderLMWorkload):
             notes.append(f"model.init_checkpoint {self.cfg.model.init_checkpoint} not read: base weights from the "
                          f"initializers")
             self.cfg.model.init_checkpoint = ""
-        if self.remat_redraws_dropout():
-            notes.append("a run of this config is refused: on a mesh that splits the heads, model.remat with the "
-                         "adapters' dropout recomputes other dropout masks than the forward pass drew (measured on "
-                         "the CPU mesh smoke); the compile here is what it would run once that is fixed")
         if self.cfg.model.frozen_dtype == "bfloat16":
             notes.append("frozen bfloat16 base: XLA:CPU computes a bfloat16 dot in float32, so its plan holds float32 "
                          "copies of the weights of the layer it computes (made per layer, after the layer's input; "
