@@ -297,6 +297,17 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_
             "data-service": cmd_data_service, "export": cmd_export}
 
 
+def stray_flag(command: str) -> str | None:
+    """Why a flag only one command reads was given to another (which would ignore it silently), or None."""
+    if command != "data" and (FLAGS.hashes or FLAGS.manifest):
+        return "--hashes and --manifest go with `data verify`"
+    if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
+        return "--confidence goes with check --rcp --preflight; no other command reads it"
+    if FLAGS["real_token_fraction"].present and command != "plan":
+        return "--real_token_fraction goes with `plan`; no other command reads it"
+    return None
+
+
 def dispatch(argv: list[str]) -> int:
     """Runs one command; a HarnessError becomes its one `error:` line and exit code."""
     if len(argv) < 2 or argv[1] in ("help", "-h"):
@@ -306,13 +317,11 @@ def dispatch(argv: list[str]) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
-    if command != "data" and (FLAGS.hashes or FLAGS.manifest):  # else silently ignored
-        print("error: --hashes and --manifest go with `data verify`", file=sys.stderr)
-        return 2
     try:
+        stray = stray_flag(command)
+        if stray:
+            raise HarnessError(stray)
         # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
-        if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
-            raise HarnessError("--confidence goes with check --rcp --preflight; no other command reads it")
         with interrupt.handled(command in ("run", "campaign")):
             return COMMANDS[command](args)
     except HarnessError as e:

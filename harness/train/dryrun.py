@@ -582,10 +582,12 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
                         if runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), True)
                         == runtime.layout_shards(v.dims, None, False)
                         and runtime.rules["batch"] not in runtime.mesh_dims_used(v.dims))))
+        kept = ("kept for the backward pass, or gathered again in a recomputed layer (model.remat)"
+                if getattr(workload.cfg.model, "remat", False) else "kept for the backward pass")
         notes.append(f"FSDP: weights, optimizer state and gradients per device are split over data={data} as "
                      f"the mesh runtime lays them out; each weight is also gathered whole where it is used "
-                     f"(an all-gather per weight per step, kept for the backward pass), which this compile of "
-                     f"whole variables does not show apart")
+                     f"(an all-gather per weight per step, {kept}), which this compile of whole variables does "
+                     f"not show apart")
     notes += data_notes + ([eval_note] if eval_note else [])
     if workload.cfg.schedule.gradient_accumulation_steps > 1:
         notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
