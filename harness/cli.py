@@ -91,7 +91,8 @@ flags.DEFINE_bool("rcp", False, "check: place the result logs (files or director
                   "against the RCP mean for their batch size, with the official RCP checker's verdict")
 flags.DEFINE_bool("preflight", False, "check --rcp: treat the logs as pilot runs at the batch to submit and "
                   "simulate full result sets: pass probability, normalization, runs to launch")
-flags.DEFINE_float("confidence", 0.95, "check --rcp --preflight: probability the runs to launch must reach")
+flags.DEFINE_float("confidence", 0.9, "check --rcp --preflight: RCP pass probability for LIKELY PASS, and the "
+                   "probability of a valid result the runs to launch must reach")
 flags.DEFINE_float("eval_every", None, "check: expected eval cadence (epochs or samples) for the "
                    "integrity checks (default: inferred from the log)")
 flags.DEFINE_integer("runs", 0, "campaign: number of runs (0 = the benchmark's MLPerf count)")
@@ -116,8 +117,8 @@ flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PN
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
 flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
-flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish (reads every "
-                  "such file once; cached beside the data, keyed by each file's size and mtime)")
+flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish of files over "
+                  "64 MB (reads each once; cached beside the data, keyed by each file's size, times and inode)")
 flags.DEFINE_string("manifest", None, "data verify: the data manifest to check against (default: the workload's "
                     "benchmarks/<name>/data_manifest.yaml)")
 flags.DEFINE_integer("port", 0, "data-service: port to listen on (dispatcher: required; worker: 0 = any)")
@@ -198,6 +199,8 @@ def _data_verify(config_path: str) -> int:
     from harness.train import data_verify
 
     manifest, report = data_verify.verify_config(config_path, FLAGS.set, FLAGS.hashes, FLAGS.manifest)
+    for line in report.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     for line in report.errors:
         print(f"error: {line}", file=sys.stderr)
     if report.errors:
@@ -294,6 +297,17 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_
             "data-service": cmd_data_service, "export": cmd_export}
 
 
+def stray_flag(command: str) -> str | None:
+    """Why a flag only one command reads was given to another (which would ignore it silently), or None."""
+    if command != "data" and (FLAGS.hashes or FLAGS.manifest):
+        return "--hashes and --manifest go with `data verify`"
+    if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
+        return "--confidence goes with check --rcp --preflight; no other command reads it"
+    if FLAGS["real_token_fraction"].present and command != "plan":
+        return "--real_token_fraction goes with `plan`; no other command reads it"
+    return None
+
+
 def dispatch(argv: list[str]) -> int:
     """Runs one command; a HarnessError becomes its one `error:` line and exit code."""
     if len(argv) < 2 or argv[1] in ("help", "-h"):
@@ -304,6 +318,9 @@ def dispatch(argv: list[str]) -> int:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
     try:
+        stray = stray_flag(command)
+        if stray:
+            raise HarnessError(stray)
         # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
         with interrupt.handled(command in ("run", "campaign")):
             return COMMANDS[command](args)

@@ -147,6 +147,46 @@ def require_ruleset(ruleset: str) -> None:
                            f"checks (its training rulesets: {', '.join(have) or 'none'})")
 
 
+def checker_benchmarks(ruleset: str, division: str) -> tuple[str, ...] | None:
+    """The benchmarks the installed checker accepts in `division` under `ruleset`: the list in its
+    `training_<ruleset>/<division>_common.yaml` `submission_benchmark` check; None where that file or list
+    cannot be read (then nothing is refused on it)."""
+    import ast
+
+    import yaml
+    from mlperf_logging import compliance_checker
+
+    path = os.path.join(os.path.dirname(os.path.abspath(compliance_checker.__file__)), f"training_{ruleset}",
+                        f"{division}_common.yaml")
+    try:
+        with open(path) as f:
+            rules = yaml.safe_load(f) or []
+    except (OSError, yaml.YAMLError):
+        return None
+    for rule in rules:
+        key = rule.get("KEY", {}) if isinstance(rule, dict) else {}
+        if key.get("NAME") == "submission_benchmark":
+            m = re.search(r"\bin\s*(\[[^\]]*\])", str(key.get("CHECK", "")))
+            try:
+                return tuple(ast.literal_eval(m.group(1))) if m else None
+            except (ValueError, SyntaxError):
+                return None
+    return None
+
+
+def require_benchmark(ruleset: str, division: str, benchmark: str) -> None:
+    """HarnessError (one line) where the installed checker's `division` rules of `ruleset` do not list
+    `benchmark`: its log would fail `submission_benchmark` however the run went."""
+    accepted = checker_benchmarks(ruleset, division)
+    if accepted is None or benchmark in accepted:
+        return
+    elsewhere = [r for r in checker_rulesets() if benchmark in (checker_benchmarks(r, division) or ())]
+    raise HarnessError(
+        f"the installed mlperf-logging {checker_version()} checker's {division} division of ruleset {ruleset} "
+        f"does not list {benchmark} (training_{ruleset}/{division}_common.yaml), so no {division} log of it "
+        f"can pass there; {division} rulesets that list it: {', '.join(elsewhere) or 'none'}")
+
+
 def _checker_messages(output: str) -> list[str]:
     """The checker's WARNING and ERROR messages, its per-line parse errors folded into one count: the lines
     themselves are named by the integrity checks (`unparsable_line`), a wall of them here says nothing more."""

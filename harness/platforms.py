@@ -30,10 +30,13 @@ def tpu_devices(name: str) -> int | None:
 
 
 # Memory of one device (what TensorFlow sees as one device) by the accelerator a platform name names, for the
-# dry run's refusal. H100: the 81,559 MiB (79.6 GiB) nvidia-smi reports for the datasheet's 80 GB HBM3; TPU v5p:
-# 95 GB HBM2e per chip (cloud.google.com/tpu/docs/v5p; one device per chip). Other accelerators: not known
-# here (no refusal).
-_DEVICE_MEMORY = (("h100", 81559 * 2**20, "H100 80 GB"), ("v5p", 95 * 10**9, "TPU v5p chip (95 GB)"))
+# dry run's refusal. H100: the 81,559 MiB (79.6 GiB) nvidia-smi reports for the datasheet's 80 GB HBM3; H200:
+# the datasheet's 141 GB HBM3e (nvidia.com/en-us/data-center/h200; what nvidia-smi reports was not sourced, so
+# the datasheet's figure, the larger); TPU v5p: 95 GB HBM2e per chip (cloud.google.com/tpu/docs/v5p; one
+# device per chip). Other accelerators: not known here (no refusal).
+_DEVICE_MEMORY = (("h100", 81559 * 2**20, "H100 80 GB"), ("h200", 141 * 10**9, "H200 141 GB"),
+                  ("v5p", 95 * 10**9, "TPU v5p chip (95 GB)"))
+_GPU_KEYS = ("h100", "h200")
 
 
 def device_memory(name: str) -> tuple[int, str] | None:
@@ -41,7 +44,7 @@ def device_memory(name: str) -> tuple[int, str] | None:
     the harness knows."""
     low = (name or "").lower()
     for key, size, what in _DEVICE_MEMORY:
-        if key in low and (key == "h100" or tpu_devices(low)):
+        if key in low and (key in _GPU_KEYS or tpu_devices(low)):
             return size, what
     return None
 

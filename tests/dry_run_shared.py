@@ -27,6 +27,10 @@ REDUCED = {
     "llama31_8b": ["submission.division=open", "data.seq_length=256", "model.vocab_size=512", "model.hidden_size=64",
                    "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=16",
                    "model.ffn_hidden=128"],
+    # The same for the LoRA fine-tune: its frozen bf16 base and float32 adapters at width 64.
+    "llama2_70b_lora": ["submission.division=open", "data.seq_length=256", "model.vocab_size=512",
+                        "model.hidden_size=64", "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2",
+                        "model.head_dim=16", "model.ffn_hidden=128"],
 }
 
 HARDWARE_CONFIGS = sorted(os.path.relpath(f, REPO) for pattern in ("reference", "gpu-*", "tpu-*")

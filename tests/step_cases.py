@@ -37,6 +37,10 @@ SMALL = {
     "deepseekv3_671b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                         "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=2",
                         "model.first_dense_layers=1"],
+    # LoRA without its dropout (each replica would draw its own masks); the frozen base stays bf16.
+    "llama2_70b_lora": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
+                        "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1",
+                        "model.lora_dropout=0"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }

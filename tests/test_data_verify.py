@@ -1,14 +1,17 @@
-"""`mlperf-harness data verify` (harness/train/data_verify.py): data files in the references' layouts, written by
-the repo's own writers, pass against a small manifest in the shipped format; a truncated, a renamed and an
-altered file (the last caught by --hashes) each give one line naming the file and what differs; the shipped
-manifests load with a source on every value and name keys the configs have; and a closed run on data that
-differs is refused in one line before its log opens.
+"""`mlperf-harness data verify` (harness/train/data_verify.py): data files in the references' layouts (ResNet,
+SSD with the Object Detection API's names, the Transformer, BERT, LoRA, C4), written by the repo's own
+writers, pass against a small manifest in the shipped format; a truncated, a renamed and an altered file each
+give one line naming the file and what differs (a large altered file with --hashes, a small one always, a
+copied one even with its cache copied along); a malformed manifest is one line naming its field; an advisory
+value gives a warning, not a refusal; the shipped manifests load with a source on every value and name keys
+the configs have; and a closed run on data that differs is refused in one line before its log opens.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ import yaml
 
 from harness import config as config_lib
 from harness.errors import HarnessError
-from harness.train import data_verify
+from harness.train import data_verify, datafiles
 from harness.train.reference import lookup
 from harness.train.run import execute
 
@@ -97,7 +100,98 @@ def good(tmp_path_factory) -> dict[str, dict]:
                                           "value": os.path.getsize(os.path.join(
                                               folder, f"c4-validation-91205-samples.en_text_document{ext}")),
                                           "source": SOURCE}} for ext in (".bin", ".idx")}}})}
+    # SSD: the TF Object Detection API converter's names (coco_train.record-*), which the source reads when the
+    # config's train-* / val-* match nothing, and the val2017 annotations by their reference name
+    from benchmarks.ssd import tfrecord_writer as ssd_writer
+
+    folder = str(root / "coco")
+    written = ssd_writer.write_synthetic(folder, 6, 4, image_size=32, num_shards=2)
+    for split, api in (("train", "coco_train.record"), ("val", "coco_val.record")):
+        for i, path in enumerate(written[split]):
+            os.rename(path, os.path.join(folder, f"{api}-{i:05d}-of-00002"))
+    annotations = os.path.join(folder, "instances_val2017.json")
+    os.rename(written["val_json"], annotations)
+    out["ssd"] = {"folder": folder, "sets": ["--set", "data.data_dir=" + folder,
+                                             "--set", "data.annotation_file=" + annotations],
+                  "manifest": write_manifest(str(root / "ssd.yaml"), "ssd", {
+                      "train": {"data_source": ["tfrecord"], "dir": "data.data_dir", "glob": "data.train_pattern",
+                                "instead": {"train-*": "coco_train.record-*"},
+                                "records": {"value": 6, "counter": "tfrecords", "source": SOURCE}},
+                      "eval": {"data_source": ["tfrecord"], "dir": "data.data_dir", "glob": "data.eval_pattern",
+                               "instead": {"val-*": "coco_val.record-*"},
+                               "records": {"value": 4, "counter": "tfrecords", "source": SOURCE}},
+                      "annotations": {"data_source": ["tfrecord"], "file": "data.annotation_file",
+                                      "any_name": {"list": ["instances_val2017.json"], "source": SOURCE}}})}
+
+    # the Transformer: wmt32k-encoded-train-* shards numbered from 1, the vocabulary, newstest2014.en / .de
+    from benchmarks.transformer import tfrecord_writer as wmt_writer
+
+    folder = str(root / "wmt")
+    data = wmt_writer.write_synthetic(folder, 12, 5, shards=2)
+    for i in (1, 2):
+        os.rename(os.path.join(folder, f"synthetic-encoded-train-{i:05d}-of-00002"),
+                  os.path.join(folder, f"wmt32k-encoded-train-{i:05d}-of-00002"))
+    files = {"vocab": data["vocab_file"], "eval_source": data["eval_source_file"],
+             "eval_reference": data["eval_reference_file"]}
+
+    def lines(path: str) -> int:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    out["transformer"] = {"folder": folder, "sets": [a for k in ("data_dir", "vocab_file", "eval_source_file",
+                                                                 "eval_reference_file")
+                                                     for a in ("--set", f"data.{k}={data[k]}")],
+                          "manifest": write_manifest(str(root / "wmt.yaml"), "transformer", {
+                              "train": {"data_source": ["tfrecord"], "dir": "data.data_dir",
+                                        "glob": "data.train_pattern",
+                                        "names": {"template": "wmt32k-encoded-train-{index:05d}-of-00002",
+                                                  "start": 1, "count": 2, "source": SOURCE}},
+                              **{name: {"data_source": ["tfrecord"], "file": f"data.{name}_file",
+                                        "any_name": {"list": [os.path.basename(path)], "source": SOURCE},
+                                        "records": {"value": lines(path), "counter": "lines", "source": SOURCE},
+                                        "files": {os.path.basename(path): {
+                                            "size": {"value": os.path.getsize(path), "source": SOURCE},
+                                            "md5": {"value": md5(path), "source": SOURCE}}}}
+                                 for name, path in files.items()}})}
+
+    # BERT: part-NNNNN-of-NNNNN training shards and eval_10k, in the reference's TFRecord format
+    from benchmarks.bert import tfrecord_writer as bert_writer
+
+    folder = str(root / "bert")
+    os.makedirs(folder)
+
+    def examples(n: int):
+        for i in range(n):
+            yield {"input_ids": np.arange(i, i + 8), "input_mask": np.ones(8), "segment_ids": np.zeros(8),
+                   "masked_lm_positions": np.array([1, 2]), "masked_lm_ids": np.array([5, 6]),
+                   "masked_lm_weights": np.ones(2), "next_sentence_labels": np.array([i % 2])}
+    parts = [os.path.join(folder, f"part-{i:05d}-of-00002") for i in range(2)]
+    for i, path in enumerate(parts):
+        bert_writer.write(path, examples(3 + i))
+    bert_writer.write(os.path.join(folder, "eval_10k"), examples(4))
+    out["bert"] = {"folder": folder, "sets": ["--set", "data.data_dir=" + folder], "manifest": write_manifest(
+        str(root / "bert.yaml"), "bert", {
+            "train": {"data_source": ["tfrecord"], "dir": "data.data_dir", "glob": "data.train_pattern",
+                      "names": {"template": "part-{index:05d}-of-00002", "count": 2, "source": SOURCE},
+                      "files": {"part-00000-of-00002": {"size": {"value": os.path.getsize(parts[0]),
+                                                                 "source": SOURCE}}},
+                      "total_size": {"value": sum(os.path.getsize(p) for p in parts), "source": SOURCE}},
+            "eval": {"data_source": ["tfrecord"], "dir": "data.data_dir", "glob": "data.eval_pattern",
+                     "names": {"list": ["eval_10k"], "source": SOURCE},
+                     "records": {"value": 4, "counter": "tfrecords", "source": SOURCE}}})}
     return out
+
+
+def flip_byte(path: str, at: int, to: bytes | None = None) -> None:
+    """One byte of the file changed in place (to `to`, else inverted), its size and mtime restored as
+    `touch -r` would: only the contents differ."""
+    stat = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(to if to is not None else bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.path.getsize(path) == stat.st_size and os.stat(path).st_mtime_ns == stat.st_mtime_ns
 
 
 def copy_of(good: dict, workload: str, tmp_path) -> tuple[str, list[str]]:
@@ -114,15 +208,22 @@ def verify(workload: str, sets: list[str], manifest: str | None, hashes: bool = 
 
 # ------------------------------------------------------------------------------------------ good sets
 
-@pytest.mark.parametrize("workload", ["resnet", "llama2_70b_lora", "llama31_8b"])
+@pytest.mark.parametrize("workload", ["resnet", "llama2_70b_lora", "llama31_8b", "ssd", "transformer", "bert"])
 def test_the_references_layouts_pass(good, workload):
     g = good[workload]
     report = verify(workload, g["sets"], g["manifest"], hashes=True)
-    assert report.errors == [], report.errors
+    assert report.errors == [] and report.warnings == [], (report.errors, report.warnings)
     assert report.checked, "a pass says what it checked"
     summary = " | ".join(report.checked)
     expected = {"resnet": ["12 records", "5 records", "1 hash", "1 published size", "the published total size"],
-                "llama2_70b_lora": ["6 rows", "3 rows"], "llama31_8b": ["3 sequences", "2 published sizes"]}
+                "llama2_70b_lora": ["6 rows", "3 rows"], "llama31_8b": ["3 sequences", "2 published sizes"],
+                "ssd": [f"train ({g['folder']}/coco_train.record-*): 2 files; 6 records",
+                        f"eval ({g['folder']}/coco_val.record-*): 2 files; 4 records",
+                        "annotations (", "instances_val2017.json): 1 file named as published"],
+                "transformer": ["train (", "2 files named as published", "vocab (", "eval_source (",
+                                "eval_reference (", "320 lines; 1 hash", "5 lines; 1 hash"],
+                "bert": ["train (", "2 files named as published; 1 published size; the published total size",
+                         "eval (", "4 records"]}
     for part in expected[workload]:
         assert part in summary, summary
 
@@ -170,7 +271,8 @@ def test_renamed_file_is_named_with_what_was_found(good, tmp_path):
         f"{folder}/train-00001-of-00004: missing (the reference's layout has 4 train files; source: {SOURCE})"]
 
 
-def test_altered_file_passes_the_cheap_checks_and_is_caught_by_hashes(good, tmp_path):
+def test_altered_large_file_passes_the_cheap_checks_and_is_caught_by_hashes(good, tmp_path, monkeypatch):
+    monkeypatch.setattr(data_verify, "SMALL_FILE_BYTES", 0)  # the test's file stands in for one over the limit
     folder, sets = copy_of(good, "resnet", tmp_path)
     path = os.path.join(folder, "train-00003-of-00004")  # its md5 is published
     manifest = good["resnet"]["manifest"]
@@ -187,10 +289,135 @@ def test_altered_file_passes_the_cheap_checks_and_is_caught_by_hashes(good, tmp_
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert os.path.getsize(path) == stat.st_size
     report = verify("resnet", sets, manifest)
-    assert report.errors == [] and "1 published hash not checked (--hashes)" in " ".join(report.checked)
+    assert report.errors == [] and "1 published hash of files over 0 MB not checked (--hashes)" in \
+        " ".join(report.checked)
     # the cached hash is of the file before the change (another mtime): it is hashed again
     assert verify("resnet", sets, manifest, hashes=True).errors == [
         f"{path}: md5 {md5(path)}, the reference's is {published} (source: {SOURCE})"]
+
+
+def test_a_copy_with_its_caches_is_read_again_not_vouched_for(good, tmp_path):
+    """`cp -a` (as `rsync -a`) copies the cache files along and keeps every file's size and mtime; a byte
+    changed in the copy with its mtime restored must still be found, in a hash and in a line count."""
+    src, _ = copy_of(good, "resnet", tmp_path / "a")
+    manifest = good["resnet"]["manifest"]
+    assert verify("resnet", ["data.data_dir=" + src], manifest, hashes=True).errors == []
+    assert os.path.isfile(os.path.join(src, data_verify.HASH_CACHE))
+    dst = str(tmp_path / "copy")
+    subprocess.run(["cp", "-a", src, dst], check=True)
+    assert os.path.isfile(os.path.join(dst, data_verify.HASH_CACHE))
+    path = os.path.join(dst, "train-00003-of-00004")  # its md5 is published
+    flip_byte(path, os.path.getsize(path) // 2)
+    assert verify("resnet", ["data.data_dir=" + dst], manifest, hashes=True).errors == [
+        f"{path}: md5 {md5(path)}, the reference's is {md5(os.path.join(src, 'train-00003-of-00004'))} "
+        f"(source: {SOURCE})"]
+
+    g = good["transformer"]
+    src = str(tmp_path / "wmt")
+    shutil.copytree(g["folder"], src)
+    sets = [s.replace(g["folder"], src) for s in g["sets"] if s != "--set"]
+    assert verify("transformer", sets, g["manifest"]).errors == []  # line counts cached beside the data
+    assert os.path.isfile(os.path.join(src, datafiles.COUNT_CACHE))
+    dst = str(tmp_path / "wmt-copy")
+    subprocess.run(["cp", "-a", src, dst], check=True)
+    path = os.path.join(dst, "newstest2014.de")
+    with open(path, "rb") as f:
+        first = f.read().index(b" ")
+    flip_byte(path, first, b"\n")  # a space made a line break: one line more, same size
+    assert verify("transformer", [s.replace(src, dst) for s in sets], g["manifest"]).errors == [
+        f"{path}: 6 lines, the reference's eval_reference set has 5 (source: {SOURCE})"]
+
+
+def test_small_file_with_a_published_hash_is_hashed_without_being_asked(good, tmp_path):
+    """An altered eval reference of the same size and line count changes the score: caught by every check."""
+    g = good["transformer"]
+    folder = str(tmp_path / "wmt")
+    shutil.copytree(g["folder"], folder)
+    sets = [s.replace(g["folder"], folder) for s in g["sets"]]
+    path = os.path.join(folder, "newstest2014.de")
+    published = md5(path)
+    flip_byte(path, 0, b"#")
+    proc = cli_in_process("data", "verify", config("transformer"), *sets, "--manifest", g["manifest"])
+    assert proc.returncode == 2 and stderr_error_lines(proc) == [
+        f"error: {path}: md5 {md5(path)}, the reference's is {published} (source: {SOURCE})"], proc.stderr
+
+
+def test_closed_run_on_an_altered_eval_reference_is_refused_before_its_log(good, tmp_path, monkeypatch):
+    g = good["transformer"]
+    folder = str(tmp_path / "wmt")
+    shutil.copytree(g["folder"], folder)
+    path = os.path.join(folder, "newstest2014.de")
+    published = md5(path)
+    flip_byte(path, 0, b"#")
+    monkeypatch.setattr(data_verify, "manifest_path", lambda workload: g["manifest"])  # the test's stand-in
+    # the test's vocabulary (320 subwords) is not the reference model's 33,708, which that check (tested in
+    # tests/test_closed_reference.py) would refuse first
+    from harness.train import reference
+
+    monkeypatch.setattr(reference, "check_closed_model", lambda workload: None)
+    out = str(tmp_path / "runs")
+    overrides = ["runtime.kind=default", "runtime.allow_platform_mismatch=true", f"output_dir={out}"] + [
+        s.replace(g["folder"], folder) for s in g["sets"] if s != "--set"]
+    with pytest.raises(HarnessError) as e:
+        execute(config("transformer"), overrides)
+    assert str(e.value) == (f"closed division needs the reference's data: {path}: md5 {md5(path)}, the "
+                            f"reference's is {published} (source: {SOURCE}); use submission.division=open for "
+                            f"other data")
+    assert not os.path.exists(out)
+
+
+def test_advisory_values_give_warnings_not_refusals(good, tmp_path):
+    g = good["bert"]
+    with open(g["manifest"]) as f:
+        sets = yaml.safe_load(f)["sets"]
+    size = sets["train"]["files"]["part-00000-of-00002"]["size"]
+    size.update(value=size["value"] + 1, advisory="the table may be of another generation")
+    path = write_manifest(str(tmp_path / "bert.yaml"), "bert", sets)
+    proc = cli_in_process("data", "verify", config("bert"), *g["sets"], "--manifest", path)
+    part = os.path.join(g["folder"], "part-00000-of-00002")
+    assert proc.returncode == 0 and stderr_error_lines(proc) == [], proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == [
+        f"warning: {part}: {size['value'] - 1} bytes, the reference's is {size['value']} bytes (source: {SOURCE}; "
+        f"advisory, so a warning only: the table may be of another generation)"]
+    # the shipped manifest: BERT's TFRecord sizes are advisory, its eval record count is not
+    eval_dir = str(tmp_path / "eval")
+    os.makedirs(eval_dir)
+    shutil.copy(os.path.join(g["folder"], "eval_10k"), eval_dir)
+    report = verify("bert", ["data.data_dir=" + eval_dir, "data.train_pattern=none-*"], None)
+    eval_file = os.path.join(eval_dir, "eval_10k")
+    assert len(report.warnings) == 1 and report.warnings[0].startswith(
+        f"{eval_file}: {os.path.getsize(eval_file)} bytes, the reference's is 25382591 bytes"), report.warnings
+    assert report.errors[-1].startswith(f"{eval_file}*: 4 records, the reference's eval set has 10000"), \
+        report.errors
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda t: t.update(files=["a", "b"]), "sets.train.files must map each file name"),
+    (lambda t: t["names"].update(template="train-{idx}-of-00004"), "sets.train.names.template 'train-{idx}-of-00004'"),
+    (lambda t: t["names"].update(template="train-of-00004"), "sets.train.names.template 'train-of-00004' must hold"),
+    (lambda t: t["files"]["train-00000-of-00004"]["size"].update(value="abc"),
+     "sets.train.files.train-00000-of-00004.size.value must be an integer >= 0, not 'abc'"),
+    (lambda t: t["records"].update(value=12.5), "sets.train.records.value must be an integer >= 0, not 12.5"),
+    (lambda t: t["files"]["train-00003-of-00004"]["md5"].update(value="xyz"),
+     "sets.train.files.train-00003-of-00004.md5.value must be 32 hex digits"),
+])
+def test_a_malformed_manifest_is_one_line_naming_the_field(good, tmp_path, edit, field):
+    with open(good["resnet"]["manifest"]) as f:
+        sets = yaml.safe_load(f)["sets"]
+    edit(sets["train"])
+    path = write_manifest(str(tmp_path / "bad.yaml"), "resnet", sets)
+    proc = cli_in_process("data", "verify", config("resnet"), *good["resnet"]["sets"], "--manifest", path)
+    errors = stderr_error_lines(proc)
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: {path}: {field}"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [("check", "result_0.txt", "--hashes"), ("plan", "x.yaml", "--manifest", "m.yaml"),
+                                  ("data", "count", "x.yaml", "--hashes")])
+def test_hashes_and_manifest_are_refused_where_nothing_reads_them(args):
+    proc = cli_in_process(*args)
+    assert proc.returncode == 2 and stderr_error_lines(proc) == [
+        "error: --hashes and --manifest go with `data verify`"], proc.stderr
 
 
 def test_row_and_sequence_counts_against_the_shipped_manifests(good):

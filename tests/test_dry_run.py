@@ -46,11 +46,14 @@ def test_every_hardware_config_compiles_at_reduced_width(config):
     assert r.params > 0 and r.gradient_bytes == 4 * r.params  # float32 gradients
     # Sharded variables take 1/model_axis of their bytes at most (1/devices where a layout also splits a
     # weight over the data axis, as experts are, or runtime.fsdp does); weights hold at least the parameters.
-    rt = config_lib.load_config(os.path.join(REPO, config), REDUCED[workload_of(config)]).runtime
+    cfg = config_lib.load_config(os.path.join(REPO, config), REDUCED[workload_of(config)])
+    rt = cfg.runtime
     over_data = rt.kind == "mesh" and (rt.fsdp or any(dim != "batch" and axis == rt.layout.get("batch")
                                                       for dim, axis in rt.layout.items()))
     ways = r.model_axis * (r.replicas if over_data else 1)
-    assert 4 * r.params / ways <= r.weight_bytes_per_device <= 4 * r.params * 1.1 + 2**20
+    # A fine-tune's frozen base is held besides its parameters (ModelCost.frozen_bytes, whole at most).
+    frozen = registry.cost_module(cfg.workload).model_cost(cfg).frozen_bytes
+    assert 4 * r.params / ways <= r.weight_bytes_per_device <= 4 * r.params * 1.1 + 2**20 + frozen
     assert r.optimizer_bytes_per_device > 0
     assert r.train_flops_per_replica_step > 2 * r.params * r.per_replica_batch  # at least a forward pass
     assert r.eval_flops_per_replica_step > 0

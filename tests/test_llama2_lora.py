@@ -113,6 +113,58 @@ def test_base_is_frozen_bf16_and_bit_identical_after_training(base_ckpt):
     assert np.any(b.variable.numpy() != before[b.path])  # the adapters did train
 
 
+def remat_loss_and_grads(remat: bool, jit: bool) -> tuple[float, list]:
+    import tensorflow as tf
+
+    from harness.runtime.base import InputContext
+
+    cfg, rt, wl = build([f"model.remat={str(remat).lower()}", "model.num_layers=2"])
+    adapters = [v.variable for v in rt.variables(trainable=True)]
+    for i, v in enumerate(adapters):  # B is zero at init: give every adapter a value, so all paths count
+        v.assign(tf.random.stateless_normal(v.shape, [7, i], 0.0, 0.1, v.dtype))
+    batch = next(iter(wl.train_dataset(InputContext(1, 0, 4, cfg.seed)).batch(4)))
+
+    @tf.function(jit_compile=jit)
+    def step(batch):
+        with tf.GradientTape() as tape:
+            term = wl.loss(batch, tf.constant([3, 4]))["cross_entropy"]  # the adapters' dropout on
+            loss = term.total / term.count
+        return loss, tape.gradient(loss, adapters)
+
+    loss, grads = step(batch)
+    return float(loss), [g.numpy() for g in grads]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_remat_changes_no_number(jit):
+    """model.remat recomputes each layer, its frozen weights read after its input (benchmarks/lm/decoder.py
+    `remat`): the loss and every adapter's gradient are those without remat (dropout on, the same masks)."""
+    plain_loss, plain = remat_loss_and_grads(False, jit)
+    loss, grads = remat_loss_and_grads(True, jit)
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    assert len(grads) == len(plain) and all(np.any(g != 0) for g in plain)
+    for g, want in zip(grads, plain):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_a_recomputed_layer_keeps_its_input_not_its_weights():
+    """The 8 x H100 config's step (remat, bfloat16 base) compiled with 2 and 3 layers of width 256: the added
+    layer keeps, until the backward pass, about its input (64 x 256 bfloat16, 32 KiB) and no copy of its
+    weights (1.5 MiB in the float32 XLA:CPU computes a bfloat16 dot in; 2.4 MiB were kept per layer when the
+    forward pass and the recompute shared the frozen weights' reads), and the eval step about its weights'
+    shard. About a minute: four XLA compiles."""
+    from harness.train import dryrun
+
+    small = ["submission.division=open", "data.seq_length=64", "model.hidden_size=256", "model.num_heads=4",
+             "model.num_kv_heads=2", "model.head_dim=64", "model.ffn_hidden=256", "model.vocab_size=256"]
+    config = os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml")
+    r2, r3 = (dryrun.compile_report(config, small + [f"model.num_layers={n}"], stand_in=False) for n in (2, 3))
+    row = 64 * 256 * 4  # the layer's input in float32
+    assert 0 < r3.activation_bytes_per_device - r2.activation_bytes_per_device < 2 * row
+    weights = r3.weight_bytes_per_device - r2.weight_bytes_per_device  # the added layer's shard
+    assert 0 < r3.eval_peak_bytes_per_device - r2.eval_peak_bytes_per_device - weights < 4 * row
+
+
 # ------------------------------------------------------------------------------------------ cost, refusals
 
 def test_cost_counts_the_reference_model():
@@ -143,6 +195,119 @@ def test_refused_in_one_line(base_ckpt, overrides, message):
     assert "Traceback" not in p.stderr
 
 
+def test_dry_run_refuses_one_h200_and_passes_fsdp_over_8_h100():
+    """The full-size dry run's state per device (measured: 17,266,774,016 bytes of weights with FSDP over 8,
+    44,564,488 of AdamW slots, 22,282,240 of gradients) plus each layer's kept input: one H200 (141 GB)
+    cannot hold the whole bf16 base and one row's kept inputs; 8 x H100 with FSDP can."""
+    import types
+
+    from benchmarks.llama2_70b_lora import cost
+    from harness import config as C
+    from harness.errors import HarnessError
+    from harness.platforms import device_memory
+    from harness.train import dryrun
+
+    assert device_memory("1xh200-141gb-gpu") == (141 * 10**9, "H200 141 GB")
+    cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml"))
+    kept = cost.kept_activation_bytes(cfg, 1)
+    assert kept == 80 * 8192 * 8192 * 2
+    sharded = types.SimpleNamespace(workload="llama2_70b_lora", per_replica_batch=1,
+                                    weight_bytes_per_device=17_266_774_016, optimizer_bytes_per_device=44_564_488,
+                                    gradient_bytes_per_device=22_282_240,
+                                    peak_bytes_per_device=None, activation_bytes_per_device=None)
+    dryrun.check_device_memory(sharded, "8xh100-80gb-gpu", kept)
+    whole = types.SimpleNamespace(**{**vars(sharded), "weight_bytes_per_device": 8 * 17_266_774_016,
+                                     "optimizer_bytes_per_device": 8 * 44_564_488,
+                                     "gradient_bytes_per_device": 8 * 22_282_240})
+    dryrun.check_device_memory(whole, "1xh200-141gb-gpu")  # the state alone fits ...
+    with pytest.raises(HarnessError, match=r"needs at least 139\.1 GiB per device: .* \(10\.0 GiB: each layer's "
+                                           r"input for 1 row\(s\) per replica\), but one H200 141 GB holds 131\.3 GiB"):
+        dryrun.check_device_memory(whole, "1xh200-141gb-gpu", kept)  # ... not with what the backward pass keeps
+
+
+def test_closed_reference_log_passes_the_closed_checker_of_every_ruleset(tmp_path):
+    """The closed keys the reference config logs (the workload's own hyperparameters, through the run's
+    `log_submission_keys`) with the timeline of a run that reaches 0.925 pass the official closed checker
+    of 4.0.0-6.1.0: the reference cannot run here, and no open log of this benchmark passes 4.0.0 or 4.1.0
+    (their open rules do not list it)."""
+    from mlperf_logging.mllog import constants as K
+
+    from benchmarks.llama2_70b_lora.workload import LoraWorkload
+    from harness import config as C, mlperf
+    from harness.train import dryrun, run
+
+    cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/reference.yaml"),
+                        ["submission.platform=8xh100-80gb-gpu"])
+    checked, _, _ = dryrun.standin_checked(cfg)
+    workload = checked.workload
+    assert workload.train_samples == 3901 and workload.eval_samples == 173
+    path = str(tmp_path / "result_0.txt")
+    log = mlperf.MLPerfLog(path)
+    log.event(K.CACHE_CLEAR, True)
+    log.start(K.INIT_START)
+    run.log_submission_keys(log, cfg, workload)
+    log.end(K.INIT_STOP)
+    log.start(K.RUN_START)
+    samples = 0
+    for i, loss in enumerate([1.10, 0.97, 0.93, 0.921]):
+        first = 1536 if i == 0 else samples
+        samples = 1536 + 384 * i
+        log.start(K.BLOCK_START, metadata={"first_epoch_num": first / 3901, "samples_count": first})
+        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first / 3901, "samples_count": samples})
+        log.start(K.EVAL_START, metadata={"epoch_num": samples / 3901, "samples_count": samples})
+        log.event(K.EVAL_ACCURACY, loss, metadata={"epoch_num": samples / 3901, "samples_count": samples})
+        log.end(K.EVAL_STOP, metadata={"epoch_num": samples / 3901, "samples_count": samples})
+    log.end(K.RUN_STOP, metadata={"status": "success", "samples_count": samples})
+    log.close()
+    assert LoraWorkload.RULESETS == ("4.0.0", "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
+    for ruleset in LoraWorkload.RULESETS:
+        verdict = mlperf.run_compliance_checker(path, ruleset)
+        assert verdict.passed, (ruleset, verdict)
+    # The same log above the target is refused: the check can fail.
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace('"value": 0.921', '"value": 0.926'))
+    assert not mlperf.run_compliance_checker(path, "4.0.0").passed
+
+
+def test_open_runs_refuse_rulesets_whose_open_checker_lacks_the_benchmark():
+    from harness import config as C
+    from harness.errors import HarnessError
+    from harness.train import preflight
+
+    cfg = C.load_config(os.path.join(REPO, SMOKE), [])
+    preflight.check_checker_rulesets(cfg)  # 5.0.0-6.1.0 list it
+    cfg = C.load_config(os.path.join(REPO, SMOKE), ["ruleset=4.0.0"])
+    with pytest.raises(HarnessError, match=r"open division of ruleset 4.0.0 does not list llama2_70b_lora .*"
+                                           r"open rulesets that list it: 5.0.0, 5.1.0, 6.0.0, 6.1.0"):
+        preflight.check_checker_rulesets(cfg)
+
+
+MESH_STEPS = """
+import sys
+from step_case import build, train
+from harness.train import loop
+for remat in ("false", "true"):
+    cfg, rt, wl = build(sys.argv[1], ["model.remat=" + remat])
+    print(remat, *train(loop.CompiledSteps(rt, wl), cfg, 3))
+"""
+
+
+def test_mesh_remat_with_dropout_changes_no_number():
+    """On the 2x2 mesh that splits the heads, remat with the adapters' dropout on: the same three step losses
+    as without (the o adapter's mask drawn on its input whole over the heads; drawn where the heads were split,
+    the recompute drew another mask: 4.1485 without remat, 4.1619 with, at the second step)."""
+    path = os.pathsep.join([REPO, os.path.join(REPO, "tests"), os.path.join(REPO, "tests", "helpers")])
+    p = subprocess.run([sys.executable, "-c", MESH_STEPS, MESH], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2"))
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in p.stdout.splitlines()
+            if line.split()[:1] in (["false"], ["true"])}
+    assert set(rows) == {"false", "true"}, p.stdout[-2000:] + p.stderr[-3000:]
+    assert rows["true"] == pytest.approx(rows["false"], rel=1e-6)
+    assert rows["false"][1] < rows["false"][0]  # it trains
+
+
 # ------------------------------------------------------------------------------------------ mesh program
 
 def test_no_collective_reduces_a_frozen_weight(tmp_path):
@@ -163,10 +328,14 @@ def test_no_collective_reduces_a_frozen_weight(tmp_path):
     # every frozen weight FSDP splits is gathered where used ...
     gathered = {sig(g["shape"], g["from"], g["to"]) for g in prog["gathers"]}
     assert frozen_split <= gathered
-    # ... and only the adapters' gradients are reduced into shards
-    scattered = [sig(s["shape"], s["to"], s["from"]) for s in prog["scatters"]]
-    assert scattered and set(scattered) <= trainable
-    assert not any(s in frozen_split for s in scattered)
+    # ... and reductions into shards hold the adapters' gradients (and activation gradients, e.g. the o
+    # adapter's input, gathered over the heads for its dropout), never a frozen weight's
+    stored = lambda shape, a: f"{shape} {a}"  # noqa: E731
+    adapters = {stored(shape, a) for shape, a, _ in prog["weights"]}
+    frozen_stored = {stored(shape, a) for path, shape, a, c in prog["frozen"] if path.startswith("llama/") and a != c}
+    scattered = [stored(s["shape"], s["to"]) for s in prog["scatters"]]
+    assert any(s in adapters for s in scattered)
+    assert not any(s in frozen_stored for s in scattered), scattered
 
 
 # ------------------------------------------------------------------------------------------ the smokes
@@ -207,7 +376,9 @@ def test_smoke_reaches_target_and_passes_the_checker(smokes, name):
 
 
 def test_mesh_smoke_equals_single_device(smokes):
-    """The first evals agree; later ones drift apart as training amplifies the two programs' different
-    summation orders (measured on the synthetic task: 3e-3 at the second eval, 0.17 by the sixth)."""
+    """The first two evals (16 steps) agree to rounding; later ones drift apart as Adam at lr 0.01 amplifies
+    the two programs' different summation orders (measured with a loss printed every step: equal to 4
+    digits through step 16, evals 1.7347355 / 1.7347351 and 1.5656871 / 1.5656874, then 1.6091 / 1.6119 at
+    the third and ~0.1 apart by the sixth)."""
     single, mesh = eval_values(smokes["single"][1]), eval_values(smokes["mesh"][1])
-    assert mesh[:2] == pytest.approx(single[:2], abs=5e-3)
+    assert mesh[:2] == pytest.approx(single[:2], abs=2e-4)

@@ -199,7 +199,12 @@ def test_fsdp_on_four_devices_steps_as_one_device_with_every_weight_split(fsdp):
 CPU = ["runtime.kind=default", "runtime.fsdp=false", "runtime.mesh={data: 1, model: 1}", "runtime.layout={}"]
 
 
-def _closed(tmp_path, *extra):
+def _closed(tmp_path, *extra, monkeypatch=None):
+    """A closed run's one refusal line. `monkeypatch`: skip the reference-data check (`data verify`), so a
+    test's small files with other names reach the checks after it."""
+    if monkeypatch is not None:
+        from harness.train import data_verify
+        monkeypatch.setattr(data_verify, "check_closed_data", lambda workload: "data verify: skipped (test)")
     args = ["run", os.path.join(CONFIGS, "reference.yaml"), "--output_dir", str(tmp_path / "runs"),
             "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set", "data.eval_prefix=c4"]
     for s in CPU + list(extra):
@@ -215,23 +220,26 @@ def test_closed_run_of_a_toy_model_is_refused(tmp_path):
     assert "Llama 3.1 8B" in line and "model.num_layers=2 (reference 32)" in line
 
 
-def test_closed_run_on_files_whose_counts_do_not_match_is_refused(tmp_path):
+def test_closed_run_on_files_whose_counts_do_not_match_is_refused(tmp_path, monkeypatch):
     indexed_dataset.write(str(tmp_path / "c4"), [np.arange(1, 3000) % 1000 + 1, np.arange(40)])
-    assert "holds 0 rows of 8193 tokens but data.eval_samples=1024" in _closed(tmp_path)
+    # The same files are refused first for not being the reference's (data verify) ...
+    assert "closed division needs the reference's data" in _closed(tmp_path)
+    # ... and past that check, for their counts.
+    assert "holds 0 rows of 8193 tokens but data.eval_samples=1024" in _closed(tmp_path, monkeypatch=monkeypatch)
 
 
-def test_closed_run_whose_train_samples_differ_from_the_files_rows_is_refused(tmp_path):
+def test_closed_run_whose_train_samples_differ_from_the_files_rows_is_refused(tmp_path, monkeypatch):
     # 1024 rows of 8192 tokens (+1): enough eval rows, but data.train_samples claims twice the training rows.
     indexed_dataset.write(str(tmp_path / "c4"), [np.arange(1024 * 8192 + 1) % 1000 + 1])
-    line = _closed(tmp_path, "data.train_samples=2048")
+    line = _closed(tmp_path, "data.train_samples=2048", monkeypatch=monkeypatch)
     assert "data.train_samples=2048" in line and "1024" in line, line
 
 
 
-def test_closed_run_with_an_optimizer_value_the_checker_fixes_is_refused_before_training(tmp_path):
-    line = _closed(tmp_path, "optimizer.beta_2=0.99")
+def test_closed_run_with_an_optimizer_value_the_checker_fixes_is_refused_before_training(tmp_path, monkeypatch):
+    line = _closed(tmp_path, "optimizer.beta_2=0.99", monkeypatch=monkeypatch)
     assert "optimizer.beta_2=0.95" in line and "0.99" in line, line
-    line = _closed(tmp_path, "optimizer.end_learning_rate=0.0001")
+    line = _closed(tmp_path, "optimizer.end_learning_rate=0.0001", monkeypatch=monkeypatch)
     assert "0.1 x base_learning_rate" in line, line
 
 

@@ -1,7 +1,7 @@
-"""gpt_oss's two MoE dispatches (benchmarks/gpt_oss_20b/moe.py): the sorted block dispatch computes what the
-dense one-hot dispatch computes (one layer's output and its gradients, dropless and with capacity
-dropping), its static block layout holds every assignment exactly once, and its compiled work is bounded
-by the assignments plus experts x block rows, not experts x group."""
+"""gpt_oss's MoE dispatches (benchmarks/gpt_oss_20b/moe.py): the sorted block dispatch (and the alltoall one on
+one device) computes what the dense one-hot dispatch computes (one layer's output and its gradients, dropless
+and with capacity dropping), its static block layout holds every assignment exactly once, and its compiled
+work is bounded by the assignments plus experts x block rows, not experts x group."""
 from __future__ import annotations
 
 import numpy as np
@@ -62,6 +62,21 @@ def test_sorted_dispatch_equals_dense_dispatch_forward_and_gradients(capacity_fa
         np.testing.assert_allclose(gs, gd, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("capacity_factor", [0.0, 0.5])
+def test_alltoall_dispatch_equals_dense_dispatch_with_gpt_oss_options(capacity_factor):
+    """The alltoall dispatch's slot buffer on one device (tests/test_moe_alltoall.py: on a mesh, against the
+    sorted one), with the expert biases on its slots and the clamped GLU."""
+    x = tf.random.stateless_normal([3, 32, 16], seed=[1, 2])
+    y_dense, dropped_dense, g_dense = _forward_and_gradients(_layer("dense", capacity_factor, **GPT_OSS), x)
+    y_a2a, dropped_a2a, g_a2a = _forward_and_gradients(_layer("alltoall", capacity_factor, **GPT_OSS), x)
+    np.testing.assert_allclose(y_a2a, y_dense, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(dropped_a2a, dropped_dense)
+    assert (dropped_dense.sum() > 0) == (capacity_factor > 0)
+    for ga, gd in zip(g_a2a, g_dense):
+        assert np.abs(gd).max() > 0
+        np.testing.assert_allclose(ga, gd, rtol=1e-4, atol=1e-6)
+
+
 def test_sorted_blocks_hold_every_kept_assignment_once_in_expert_order():
     rng = np.random.default_rng(0)
     experts, block, a = 5, 4, 40
@@ -104,9 +119,9 @@ def test_sorted_dispatch_compiles_to_at_most_assignments_plus_blocks_of_expert_w
 
 
 @pytest.mark.parametrize("capacity_factor", ["0.0", "0.5"])
-def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacity_factor):
+def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch(capacity_factor):
     """One layer of the smoke model, short rows: three train steps (the later ones after updates from the
-    earlier gradients) give the same losses under either dispatch, and the eval's `dropped` the same."""
+    earlier gradients) give the same losses under each dispatch, and the eval's `dropped` the same."""
     import os
 
     from conftest import REPO
@@ -127,6 +142,9 @@ def test_the_smoke_models_train_steps_are_the_same_under_both_dispatches(capacit
     (sorted_losses, sorted_dropped), (dense_losses, dense_dropped) = run("sorted"), run("dense")
     np.testing.assert_allclose(sorted_losses, dense_losses, rtol=1e-5)
     assert sorted_dropped == dense_dropped and (sorted_dropped > 0) == (capacity_factor != "0.0")
+    a2a_losses, a2a_dropped = run("alltoall")
+    np.testing.assert_allclose(a2a_losses, dense_losses, rtol=1e-5)
+    assert a2a_dropped == dense_dropped
 
 
 def _expert_blocks_case(b=2, blocks=12, block=4, m=8, h=64, experts=5):

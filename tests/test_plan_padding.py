@@ -201,3 +201,14 @@ def test_a_measured_cost_is_scaled_by_the_counts_real_to_padded_ratio():
     assert scaled.source.startswith("file x.json; x ") and "real/padded ratio" in scaled.source
     # at 0.6, away from the dataset's own fraction, the squared term is the stated approximation
     assert "an approximation" in real.source
+
+
+def test_the_fraction_given_to_another_command_is_refused():
+    """Only `plan` reads --real_token_fraction: elsewhere it would be ignored without a word."""
+    from conftest import stderr_error_lines
+
+    for args in (["list"], ["check", os.path.join(V11, "result_0.txt")]):
+        proc = cli_in_process(*args, "--real_token_fraction", DATASET_FRACTION)
+        lines = stderr_error_lines(proc)
+        assert proc.returncode == 2 and lines == ["error: --real_token_fraction goes with `plan`; no other command "
+                                                  "reads it"], (args, proc.stdout, proc.stderr)

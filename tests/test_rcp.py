@@ -112,3 +112,17 @@ def test_bad_input_is_one_error_line(tmp_path):
         assert proc.returncode == 2 and len(stderr_error_lines(proc)) == 1, proc.stderr
     with pytest.raises(HarnessError, match="one global_batch_size"):
         rcp_report([a, b], "4.0.0")
+
+
+def test_lora_rcp_hyperparameters_are_read_from_the_log_keys_that_hold_them():
+    """llama2_70b_lora's RCP files name the reference's arguments (lora_r, opt_max_grad_norm, max_steps); the
+    log holds them as lora_rank, opt_gradient_clip_norm and opt_learning_rate_training_steps."""
+    from harness.review import rcp
+
+    _, entry = rcp.rcp_entry("llama2_70b_lora", "5.0.0", 8)
+    logged = {"opt_base_learning_rate": 0.0004, "opt_gradient_clip_norm": 0.3, "gradient_accumulation_steps": 1,
+              "lora_rank": 16, "lora_alpha": 32, "opt_learning_rate_training_steps": 1024}
+    missing = rcp.hparam_mismatches(entry, logged)
+    assert all("not logged" in m for m in missing) and not any(k in " ".join(missing) for k in (
+        "lora_r", "opt_max_grad_norm", "max_steps")), missing
+    assert "lora_r: RCP 16, logged lora_rank=8" in rcp.hparam_mismatches(entry, dict(logged, lora_rank=8))

@@ -74,7 +74,8 @@ def test_tpu_configs_do_not_pad_their_batches():
         s = cfg.schedule
         # The rows a core's matmuls tile: examples, or for the language models (rows of data.seq_length
         # tokens) the tokens.
-        tokens = getattr(cfg.data, "seq_length", 1) if cfg.workload in ("gpt_oss_20b", "llama31_8b") else 1
+        lm = cfg.workload in ("gpt_oss_20b", "llama31_8b", "llama2_70b_lora")
+        tokens = getattr(cfg.data, "seq_length", 1) if lm else 1
         assert s.global_batch_size * tokens % (8 * plan.replicas) == 0, (path, s.global_batch_size, plan.replicas)
         ebs = s.eval_batch_size or s.global_batch_size
         padded = math.ceil(cfg.data.eval_samples / ebs) * ebs

@@ -41,10 +41,13 @@ class ModelConfig(DecoderModelConfig):
     moe_group_size: int = field(512, min=1, doc="tokens routed together (a group's capacity is shared)")
     capacity_factor: float = field(0.0, min=0.0, doc="0 = dropless (the reference); else each expert takes "
                                    "ceil(cf * group * k / experts) tokens per group and drops the rest")
-    moe_dispatch: str = field("sorted", choices=("sorted", "dense"), doc="sorted: each row's assignments "
-                              "sorted by expert into blocks of moe_block_size rows, one gathered expert weight "
-                              "per block (compiled expert work <= assignments + experts x block); dense: one-hot "
-                              "dispatch/combine einsums into [experts, capacity] slots (dropless: capacity = group)")
+    moe_dispatch: str = field("sorted", choices=("sorted", "dense", "alltoall"), doc="sorted: each row's "
+                              "assignments sorted by expert into blocks of moe_block_size rows, one gathered expert "
+                              "weight per block (compiled expert work <= assignments + experts x block); dense: "
+                              "one-hot dispatch/combine einsums into [experts, capacity] slots (dropless: capacity = "
+                              "group); alltoall: tokens gathered into [experts, capacity] slots and sent to the "
+                              "devices that own their experts by an all-to-all over the experts' mesh axis, and "
+                              "back (expert weights never gathered; dropless: capacity = group)")
     moe_block_size: int = field(128, min=1, doc="sorted dispatch: rows per expert block (each expert's rows are "
                                 "padded to a multiple of it; fewer blocks = fewer gathered weight copies)")
     moe_chunk_blocks: int = field(16, min=0, doc="sorted dispatch: blocks computed at a time, so only their "

@@ -10,9 +10,12 @@ one more softmax logit per query) but their parameters are counted (`option_para
 tokens counts about 3.8 G multiply-adds per token forward. Training = 3 x forward; eval: the forward pass.
 This is the model's useful work (what MFU counts), a lower bound of what the harness's implementation hands
 XLA (the sorted MoE dispatch's padding blocks and dense full-row attention add about 19% at the reference;
-the one-hot `dense` dispatch computes every slot): --calibrate absorbs the difference.
+the one-hot `dense` dispatch computes every slot, and so does `alltoall`: dropless, each expert's capacity
+is the whole routing group, experts / k times the routed work; with a capacity factor cf, about cf times):
+--calibrate absorbs the difference.
 Everything else (bytes, tensor-parallel and FSDP collectives, the eval split and cadence) is the decoder LMs'
-shared cost, benchmarks/lm/cost.py; expert-parallel all-to-all traffic is not modelled.
+shared cost, benchmarks/lm/cost.py; expert-parallel all-to-all traffic is not modelled (per layer and
+device, each way: experts x groups x capacity x hidden values per row, `moe.MoE._alltoall`'s buffer).
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm.ffn import SWIGLU, Glu, swiglu, swiglu_hidden
+from benchmarks.lm.moe_dispatch import alltoall_experts, combine_rows, dispatch_rows, slot_positions
 
 
 # ------------------------------------------------------------------------------ mixture of experts
@@ -34,6 +35,8 @@ class Routing:
     tokens: int
     dispatch: tf.Tensor | None = None   # [b, g, s, e, c] one-hot slots (dense dispatch only)
     combine: tf.Tensor | None = None    # the same weighted by the gates
+    position: tf.Tensor | None = None   # [b, groups, s, k] int32: each assignment's slot in its expert's
+                                        # capacity (dense and alltoall dispatches, or when capacity can drop)
 
     def remat_outputs(self) -> list[tf.Tensor]:
         """What a layer recomputed in the backward pass returns (benchmarks/lm/decoder.py's remat)."""
@@ -52,7 +55,7 @@ def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) ->
     return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
 
 
-def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routing:
+def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True, positions: bool = False) -> Routing:
     """Token-choice top-k routing of logits [b, groups, s, experts] (float32).
 
     The k experts are the top-k logits; their weights are a softmax over those k logits (gpt-oss). The
@@ -61,22 +64,21 @@ def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routi
     choice before any second choice, earlier tokens first (causal-safe); assignments past `capacity` are
     dropped and the token keeps its residual only. `dense`: also build the one-hot dispatch/combine
     tensors (O(s x experts x capacity) per group); without it, positions are only computed when the
-    capacity can drop anything (capacity < s).
+    capacity can drop anything (capacity < s) or `positions` asks for them.
     """
     b, ng, s, e = logits.shape
     index = tf.math.top_k(tf.stop_gradient(logits), k).indices                  # [b, g, s, k]
     choice = tf.one_hot(index, e, dtype=tf.float32)                               # [b, g, s, k, e]
     gates = tf.nn.softmax(tf.reduce_sum(choice * tf.expand_dims(logits, 3), -1), -1)  # [b, g, s, k]
-    if dense or capacity < s:
-        priority = tf.reshape(tf.transpose(choice, [0, 1, 3, 2, 4]), [b, ng, k * s, e])
-        position = tf.reduce_sum(tf.cumsum(priority, axis=2, exclusive=True) * priority, -1)
-        position = tf.transpose(tf.reshape(position, [b, ng, k, s]), [0, 1, 3, 2])    # [b, g, s, k]
+    position = None
+    if dense or capacity < s or positions:
+        position = slot_positions(choice)                                          # [b, g, s, k]
         kept = tf.cast(position < capacity, tf.float32)
     else:  # each expert can take the whole group: nothing is dropped
         kept = tf.ones([b, ng, s, k], tf.float32)
     dispatch = combine = None
     if dense:
-        slot = tf.one_hot(tf.cast(position, tf.int32), capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
+        slot = tf.one_hot(position, capacity, dtype=tf.float32) * tf.expand_dims(kept, -1)
         dispatch = tf.einsum("bgske,bgskc->bgsec", choice, slot)
         combine = tf.einsum("bgske,bgskc,bgsk->bgsec", choice, slot, gates)
     fraction = tf.reduce_mean(choice, [2, 3])                                     # f_i: sums to 1
@@ -90,7 +92,7 @@ def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True) -> Routi
     lse = top + tf.math.log(total)
     return Routing(index, gates, kept, balance_sum=float(e) * tf.reduce_sum(fraction * prob),
                    z_sum=tf.reduce_sum(tf.square(lse)), dropped=tf.reduce_sum(1.0 - kept, [1, 2, 3]),
-                   groups=b * ng, tokens=b * ng * s, dispatch=dispatch, combine=combine)
+                   groups=b * ng, tokens=b * ng * s, dispatch=dispatch, combine=combine, position=position)
 
 
 @dataclasses.dataclass
@@ -234,48 +236,11 @@ def expert_blocks(xs: tf.Tensor, block_expert: tf.Tensor, w_gate: tf.Tensor, w_u
     return run(xs, *weights)
 
 
-def _rows(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-    """x [b, n, m] -> [b, len(index), m], rows `index` of each batch row; index n is a zero row."""
-    b, _, m = x.shape
-    return tf.gather(tf.concat([x, tf.zeros([b, 1, m], x.dtype)], 1), index, batch_dims=1)
-
-
-def dispatch_rows(x: tf.Tensor, lay: Blocks, k: int) -> tf.Tensor:
-    """Tokens x [b, s, m] -> the sorted rows [b, blocks * block, m] (padding rows zero).
-
-    The gradient is a gather too, not a scatter: a token's gradient is the sum of its k assignments'
-    rows (`destination`; a dropped one reads the zero row), exact and local to each batch row."""
-    b, s, m = x.shape
-    a = s * k
-    token = tf.where(lay.row_source < a, lay.row_source // k, s)
-
-    @tf.custom_gradient
-    def dispatch(x):
-        def grad(dy):
-            return tf.reduce_sum(tf.reshape(_rows(dy, lay.destination), [b, s, k, m]), 2)
-        return _rows(x, token), grad
-
-    return dispatch(x)
-
-
-def combine_rows(y: tf.Tensor, lay: Blocks) -> tf.Tensor:
-    """Sorted rows y [b, blocks * block, m] -> each assignment's output [b, a, m] (dropped: zero);
-    the gradient gathers each row's assignment gradient back (`row_source`; padding rows: zero)."""
-
-    @tf.custom_gradient
-    def combine(y):
-        def grad(dy):
-            return _rows(dy, lay.row_source)
-        return _rows(y, lay.destination), grad
-
-    return combine(y)
-
-
 class MoE(Block):
     """Experts [experts, hidden, ff] SwiGLU feed-forwards (model.swiglu_*: gpt-oss's clamped variant) behind a
     float32 router, with router and expert biases when model.router_bias / model.expert_bias are on.
 
-    Two dispatches (`model.moe_dispatch`), the same routing and the same result:
+    Three dispatches (`model.moe_dispatch`), the same routing and the same result:
     - sorted: each batch row's token x top-k assignments are sorted by expert into a static buffer of
       blocks (`sort_blocks`), each block multiplied by its expert's weights (gathered per block), and the
       outputs gathered back and combined with the gates. The expert work is at most the assignments plus
@@ -287,6 +252,14 @@ class MoE(Block):
       its experts (with `ff` split too), and the reverse trip brings the outputs home to be combined. In
       dropless mode the capacity is the whole group, so each expert computes every slot (experts / k times
       the useful work) and the einsums cost as much again.
+    - alltoall: the dense dispatch's route without its one-hot einsums. Each row's kept assignments are
+      gathered into a static buffer [b, experts, groups x capacity, m] (benchmarks/lm/moe_dispatch.py: one sort, gathers
+      both ways, O(assignments + slots) per row); relaid from batch-split to experts-split it crosses the
+      mesh by one all-to-all, each device multiplies its own experts' slots by its own experts' weights
+      (never gathered; `ff` may be split too), and the reverse all-to-all brings the outputs home to be
+      combined with the gates. Capacity is per expert per routing group (a group lives on one device);
+      dropless (capacity_factor 0) makes it the whole group, the worst case, so the buffer and the expert
+      work are experts / k times the assignments; a capacity factor bounds them and drops the overflow.
     """
 
     def __init__(self, runtime: Runtime, path: str, seed: int, cfg: ModelConfig) -> None:
@@ -315,10 +288,15 @@ class MoE(Block):
         logits = tf.einsum("bgsm,me->bgse", tf.cast(xg, tf.float32), self.router)
         if self.router_bias is not None:  # before the top-k: the bias moves the choice too
             logits += tf.cast(self.router_bias, tf.float32)
-        dense = c.moe_dispatch == "dense"
-        r = route(logits, c.experts_per_token, expert_capacity(s, c.num_experts, c.experts_per_token,
-                                                                c.capacity_factor), dense=dense)
-        y = self._dense(xg, r) if dense else self._sorted(x, r)
+        dense, alltoall = c.moe_dispatch == "dense", c.moe_dispatch == "alltoall"
+        capacity = expert_capacity(s, c.num_experts, c.experts_per_token, c.capacity_factor)
+        r = route(logits, c.experts_per_token, capacity, dense=dense, positions=alltoall)
+        if dense:
+            y = self._dense(xg, r)
+        elif alltoall:
+            y = self._alltoall(x, r, capacity)
+        else:
+            y = self._sorted(x, r)
         return tf.reshape(y, [b, seq, m]), r
 
     def _dense(self, xg: tf.Tensor, r: Routing) -> tf.Tensor:
@@ -353,4 +331,20 @@ class MoE(Block):
         ys = expert_blocks(xs, lay.block_expert, w_gate, w_up, w_down, c.moe_chunk_blocks, self.act, biases)
         ya = tf.reshape(combine_rows(tf.reshape(ys, [b, lay.blocks * lay.block, m]), lay), [b, seq, k, m])
         weights = tf.reshape(r.gates * r.kept, [b, seq, k])
+        return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))
+
+    def _alltoall(self, x: tf.Tensor, r: Routing, capacity: int) -> tf.Tensor:
+        c, dt = self.cfg, self.dtype
+        b, seq, _ = x.shape
+        biases = None
+        if self.b_gate is not None:  # [1, e, 1, width]: each expert's own, on its slots
+            biases = tuple(tf.reshape(tf.cast(v, dt), [1, v.shape[0], 1, v.shape[1]])
+                           for v in (self.b_gate, self.b_up, self.b_down))
+
+        def experts(xe: tf.Tensor) -> tf.Tensor:  # [b, experts, slots, m], split over `experts`
+            return swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
+                          "becm,emh->bech", "bech,ehm->becm", self.act, biases)
+
+        ya = alltoall_experts(self.runtime, x, r.index, r.kept, r.position, c.num_experts, capacity, experts)
+        weights = tf.reshape(r.gates * r.kept, [b, seq, c.experts_per_token])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt))

@@ -106,10 +106,11 @@ class GptOssWorkload(DecoderLMWorkload):
     def extra_hparams(self) -> dict[str, Any]:
         """The router options that are on, and expert parallelism as computed: the sorted dispatch keeps tokens on
         their device and gathers the (data-split) expert weights where used, so every device computes every
-        expert (1: the split is storage, as FSDP's); the dense dispatch sends tokens to the devices of their
-        experts (the layout's split)."""
+        expert (1: the split is storage, as FSDP's); the dense and alltoall dispatches send tokens to the
+        devices of their experts (the layout's split)."""
         m, keys = self.cfg.model, {}
-        keys["expert_parallelism"] = self.runtime.shards("experts") if m.moe_dispatch == "dense" else 1
+        keys["expert_parallelism"] = (self.runtime.shards("experts") if m.moe_dispatch in ("dense", "alltoall")
+                                   else 1)
         if m.capacity_factor:
             keys["moe_expert_capacity_factor"] = m.capacity_factor
         if m.load_balancing_coef:

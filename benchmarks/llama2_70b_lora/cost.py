@@ -11,12 +11,13 @@ import math
 
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
                                 OPTIMIZER_BYTES_PER_PARAM, decoder_activation_bytes, decoder_macs_and_params,
-                                decoder_model_cost)
+                                decoder_model_cost, kept_activation_bytes)
 from harness import benchmark_rules as rules
 from harness.plan.cost import ModelCost
 
 __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes", "adapter_params"]
+           "forward_macs_and_params", "model_cost", "train_activation_bytes", "adapter_params",
+           "kept_activation_bytes"]
 
 eval_every, eval_skip = rules.lora_eval_every, rules.lora_eval_skip  # the rules' cadence
 

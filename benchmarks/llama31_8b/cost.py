@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
                                 decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
-                                eval_positions)
+                                eval_positions, kept_activation_bytes)
 from harness.plan.cost import ModelCost
 
 # the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
 __all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
+           "forward_macs_and_params", "model_cost", "train_activation_bytes", "kept_activation_bytes"]
 
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:

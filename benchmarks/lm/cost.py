@@ -106,6 +106,15 @@ def loss_bytes(cfg, rows: int) -> int:
     return 4 * (LOSS_BLOCK_COPIES * block + HEAD_GRADIENT_PARTIALS * m.hidden_size * m.vocab_size)
 
 
+def kept_activation_bytes(cfg, rows: int) -> int:
+    """A lower bound of what a decoder's train step keeps for its backward pass on a device that holds
+    `rows` rows' hidden stream: each layer's input (all that `model.remat` keeps; more without it), in the
+    compute dtype. The dry run refuses a device that cannot hold this beside the weights and optimizer state."""
+    m = cfg.model
+    width = 2 if cfg.runtime.precision in ("bfloat16", "float16") else 4
+    return int(m.num_layers * rows * cfg.data.seq_length * m.hidden_size * width)
+
+
 def decoder_activation_bytes(cfg, rows: int, score_keys: float, ffn_units: float, extra_units: float = 0,
                              score_copies: int = 3, ffn_copies: int = 5) -> int:
     """Peak bytes of a decoder LM's train step beyond its variables, for `rows` rows of data.seq_length

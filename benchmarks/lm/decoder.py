@@ -8,7 +8,8 @@ name their own. Every shape is static and no op leaves the device, so a step com
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import tensorflow as tf
 
@@ -37,14 +38,51 @@ class DecoderLayer(Block):
         return x + y, extras
 
 
+@contextlib.contextmanager
+def frozen_reads_after(block: Block, after: tf.Tensor) -> Iterator[None]:
+    """Within: each frozen (non-trainable) variable that `block` or a block inside it holds is, as that
+    block's attribute, its value read after the scalar `after` (`Runtime.read_after`); the variable again
+    after."""
+    held = [(m, name, v) for m in (block, *block.submodules) for name, v in list(vars(m).items())
+            if isinstance(v, tf.Variable) and not v.trainable]
+    try:
+        for m, name, v in held:
+            setattr(m, name, block.runtime.read_after(v, after))
+        yield
+    finally:
+        for m, name, v in held:
+            setattr(m, name, v)
+
+
 def remat(layer: DecoderLayer, x: tf.Tensor, segments: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
     """`layer` recomputed in the backward pass (tf.recompute_grad): only its input is kept. Extras leave it as
     the tensors of their `remat_outputs()` (those the losses and metrics read, with their gradients) and
-    come back as `with_remat_outputs(tensors)`; None passes through."""
+    come back as `with_remat_outputs(tensors)`; None passes through.
+
+    A block inside the layer whose call reads state set from outside (a LoRA adapter's dropout seed) has a
+    `remat_context()`, taken here, in the forward pass: each run of the layer, the recompute too, sees that
+    state as the forward pass did, tied to the run's input. Each run also reads the layer's frozen weights
+    after its input (`frozen_reads_after`). tf.recompute_grad orders the recompute after the incoming
+    gradient only through that input; a frozen weight (or a seed) is no input and gets no gradient, so a
+    plain read is one value for both runs, and each copy made of it alone (a transposed layout, a bfloat16
+    weight cast for a float32 dot, an FSDP gather, a dropout mask) is made once, in the forward pass, and
+    held until the backward pass reaches the layer: a layer's weights kept per layer. Tied to the input,
+    such a copy is also not made before its layer (XLA:CPU otherwise casts every layer's weights at the
+    start of the step). Trainable weights are read as they are: the plain layer keeps about its input."""
+    contexts = [m.remat_context() for m in (layer, *layer.submodules) if hasattr(m, "remat_context")]
+    frozen = any(not v.trainable for v in layer.variables)
     made = {}
 
     def run(h):
-        y, extras = layer(h, segments)
+        with contextlib.ExitStack() as stack:
+            if contexts or frozen:
+                # A reduce over two positions of each row, not one element, which XLA would fuse into every
+                # weight's copy as a slice of the whole input (keeping the input until the last copy).
+                after = tf.reduce_max(h[:, :2, 0])
+                stack.enter_context(frozen_reads_after(layer, after))
+                for context in contexts:
+                    stack.enter_context(context(after))
+            y, extras = layer(h, segments)
         made["extras"] = extras
         return y if extras is None else (y, *extras.remat_outputs())
 

@@ -48,9 +48,19 @@ def rcp_entry(benchmark: str, ruleset: str, batch: int) -> tuple[str, dict[str, 
     return None
 
 
+# RCP hyperparameter names that differ from the log keys holding them (llama2_70b_lora's RCP files name the
+# reference's training arguments; its closed checker names the log keys)
+RCP_KEY_ALIASES = {"opt_max_grad_norm": "opt_gradient_clip_norm", "lora_r": "lora_rank",
+                   "max_steps": "opt_learning_rate_training_steps"}
+
+
 def logged_key(rcp_key: str, logged: dict[str, Any]) -> str | None:
-    """The MLPerf log key holding RCP hyperparameter `rcp_key` (RCPs drop the lars_/sgd_ prefixes)."""
-    candidates = ["opt_name"] if rcp_key == "optimizer" else [rcp_key, f"lars_{rcp_key}", f"sgd_{rcp_key}"]
+    """The MLPerf log key holding RCP hyperparameter `rcp_key` (RCPs drop the lars_/sgd_ prefixes, and name
+    some by the reference's arguments: RCP_KEY_ALIASES)."""
+    if rcp_key == "optimizer":
+        candidates = ["opt_name"]
+    else:
+        candidates = [rcp_key, f"lars_{rcp_key}", f"sgd_{rcp_key}"] + [RCP_KEY_ALIASES.get(rcp_key, rcp_key)]
     return next((k for k in candidates if k in logged), None)
 
 
@@ -109,7 +119,9 @@ class RcpReport:
 
 
 def result_logs(paths: list[str]) -> list[str]:
-    """Result logs named by `paths`: files as given, directories searched for result_*.txt."""
+    """Result logs named by `paths`: files as given, directories searched for result_*.txt. One log reached
+    twice (the same file, a link to it, or a file and its directory) is refused: counted twice it would
+    weigh double in a set and in a spread."""
     found: list[str] = []
     for p in paths:
         if os.path.isfile(p):
@@ -122,7 +134,45 @@ def result_logs(paths: list[str]) -> list[str]:
             raise HarnessError(f"{p}: no such file or directory")
     if not found:
         raise HarnessError(f"no result_*.txt logs under {', '.join(paths)}")
+    seen: dict[str, str] = {}
+    for path in found:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise HarnessError(f"{path}: the same log as {seen[real]}; give each run once")
+        seen[real] = path
     return found
+
+
+def read_run(path: str, ruleset: str) -> tuple[bool, float | None, int, str | None]:
+    """(converged, epochs or samples to converge, global batch, benchmark) from mlperf-logging's RCP reader.
+    One HarnessError line naming the file for a log the reader cannot read (a truncated line, an eval
+    without the key it counts, no passing eval before a successful run_stop) or a converged run at <= 0,
+    which no RCP can judge (the spread and olympic mean need positive counts)."""
+    from mlperf_logging.rcp_checker import rcp_checker as official
+
+    try:
+        with _quiet_logging():
+            not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
+    except (KeyError, ValueError, TypeError, IndexError, NameError) as e:  # JSONDecodeError is a ValueError
+        what = (f"missing key {e}" if isinstance(e, KeyError) else
+                "a successful run_stop with no eval line before it" if isinstance(e, UnboundLocalError) else
+                f"{type(e).__name__}: {e}")
+        raise HarnessError(f"{path}: mlperf-logging's RCP reader cannot read this log ({what})") from None
+    except OSError as e:
+        raise HarnessError(f"{path}: cannot read ({e.strerror})") from None
+    if not_converged:
+        return False, None, bs, bench
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise HarnessError(f"{path}: converged at {value!r} {_unit_name(bench)}; a run needs a positive count "
+                           "to converge")
+    return True, float(value), bs, bench
+
+
+def _unit_name(benchmark: str | None) -> str:
+    try:
+        return "samples" if rules.record(benchmark).unit == rules.SAMPLE else "epochs"
+    except HarnessError:
+        return "epochs/samples"
 
 
 def require_rcps(path: str, benchmark: str | None, ruleset: str) -> None:
@@ -179,12 +229,12 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     require_rcps(logs[0], benchmark, ruleset)
     runs, batches, logged = [], set(), {}
     for path in logs:
-        not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
+        converged, value, bs, bench = read_run(path, ruleset)
         if bench != benchmark:
             raise HarnessError(f"{path}: benchmark {bench!r}, but {logs[0]} is {benchmark!r}; "
                                "give the logs of one benchmark")
         batches.add(bs)
-        runs.append(RunPoint(path, not not_converged, None if not_converged else float(value)))
+        runs.append(RunPoint(path, converged, value))
     if len(batches) != 1 or -1 in batches:
         raise HarnessError(f"the logs must share one global_batch_size (found {sorted(batches)})")
     batch = batches.pop()

@@ -2,8 +2,8 @@
 
 `check --rcp` judges finished result sets; this module answers before the submission runs are booked. From
 k >= 2 pilot logs at the batch size to be submitted it reads each run's samples (epochs) to converge with
-mlperf-logging's own reader, fits a spread, simulates many n-run result sets (n: the benchmark's run count
-in `benchmark_rules`) and has the installed checker judge each set with the calls `check_directory`
+mlperf-logging's own reader, fits a spread, simulates many n-run result sets (n: the installed checker's
+`submission_runs` for the benchmark) and has the checker judge each set with the calls `check_directory`
 makes: `RCP_Checker._eval_submission_record` for the olympic mean, the pass decision and the normalization
 factor, on the record `rcp.checker_record` takes from the checker's own lookups (entry at the batch, or the
 interpolation). How many non-converged runs a set may hold is probed from the checker's
@@ -21,9 +21,18 @@ The model, and why:
   speedup limit already assumes that a submission spreads like the reference. Pilots that agree by chance
   (or sit on the same eval point) do not shrink the spread below it. It is capped at SIGMA_CAP, far above
   any real spread, so the posterior's tail (infinite mean with 2 pilots) stays finite.
-- A pilot whose run_stop is not a success counts as a failed run. The failure rate of a simulated set is
-  drawn from Beta(f + 1/2, c + 1/2) (the Jeffreys posterior for f failures in f + c pilots), so clean
-  pilots do not claim a zero failure rate: two clean pilots cannot tell 0% from 20%.
+- The verdict is the RCP test's: the pass probability of sets of n converged runs. A failed run makes a
+  result invalid, not faster than the reference, so failures are reported on their own: a pilot whose
+  run_stop is not a success counts as failed, and the per-run failure rate is drawn from Beta(f + 1/2,
+  c + 1/2), the Jeffreys posterior of f failures in f + c pilots, with no prior from public logs (those
+  come from other systems, and sets with failures were mostly not published: 12 of 2,417 v4.0 logs
+  failed), so two clean pilots cannot tell 0% from 20%.
+- Runs to launch follow the MLPerf scoring rules (training_rules.adoc, Scoring): M >= n runs in launch
+  order, every window of n consecutive runs scored olympically with a failed run as infinitely slow and a
+  window holding more failed runs than a set tolerates as infinite; the median window is submitted, and an
+  infinite median makes the whole result invalid. Windows are ranked by samples (epochs) to converge, i.e.
+  at equal throughput per run. Each simulation draws one campaign of MAX_LAUNCH * n runs; its first M runs
+  are the campaign of M.
 Eval points are discrete (a run converges at an eval); the simulation is continuous, so the probabilities
 near the limit are approximate to about one eval interval of the mean.
 """
@@ -45,7 +54,7 @@ from harness.review import rcp
 
 SIMULATIONS = 20_000
 SEED = 0  # fixed: the same pilots give the same numbers on every machine
-MAX_LAUNCH = 4  # runs to launch are searched up to this many times n
+MAX_LAUNCH = 3  # runs to launch are searched up to this many times n
 NOT_CONVERGED = 1e9  # what mlperf-logging's reader returns for a run that did not converge
 # Upper bound of a set's log-space sigma: 4x the widest spread of any RCP entry in mlperf-logging 4.1.68
 # (unet3d, 0.25) but one whose spread is a single outlier run (gpt3_ref_3072, 1.6, which keeps its own).
@@ -64,7 +73,7 @@ class Preflight:
     benchmark: str
     ruleset: str
     batch: int
-    runs: int  # n: logs in a result set
+    runs: int  # n: logs in a result set, the checker's submission_runs
     pilots: list[Pilot]
     record: str
     rcp_mean: float
@@ -73,13 +82,20 @@ class Preflight:
     pilot_sigma: float  # the converged pilots' sample std of log values
     tolerated: int  # non-converged runs the checker accepts in one set
     failure_rate: float  # posterior mean of the per-run failure rate
-    pass_converged: float  # P(an n-run set of converged runs passes)
-    pass_all: float  # P(an n-run set passes, failed runs included)
+    pass_converged: float  # P(an n-run set of converged runs passes the RCP test): the verdict
     norm_expected: float  # mean checker normalization factor over passing converged sets
     normalized_share: float  # share of passing converged sets with a factor above 1
-    launch: int | None  # runs to launch (None: more than MAX_LAUNCH * n)
+    set_valid: float  # P(an n-run set holds at most `tolerated` failed runs)
+    valid: dict[int, float]  # M runs launched -> P(the median window of n is valid), MLPerf scoring rules
+    valid_pass: dict[int, float]  # M in shown_launches(n) -> P(valid and the median window passes the RCP test)
+    launch: int | None  # smallest M with valid[M] >= confidence (None: no M up to MAX_LAUNCH * n)
     confidence: float
     simulations: int
+
+    @property
+    def pass_all(self) -> float:
+        """P(an n-run set, failed runs included, is valid and passes the RCP test)."""
+        return self.valid_pass[self.runs]
 
     @property
     def unit(self) -> str:
@@ -94,8 +110,6 @@ def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, l
     """(benchmark, ruleset, batch, pilots) from the logs, read by mlperf-logging's RCP reader; one
     HarnessError line for fewer than 2 logs, mixed benchmarks or batch sizes, or a benchmark/ruleset
     without RCPs."""
-    from mlperf_logging.rcp_checker import rcp_checker as official
-
     from harness.review import logparse
 
     logs = rcp.result_logs(paths)
@@ -108,16 +122,15 @@ def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, l
     ruleset = ruleset or logparse.log_ruleset(logs[0], first)
     rcp.require_rcps(logs[0], benchmark, ruleset)
     pilots, batches = [], {}
-    with rcp._quiet_logging():
-        for path in logs:
-            not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
-            if bench != benchmark:
-                raise HarnessError(f"{path}: a {bench!r} log, but {logs[0]} is {benchmark!r}; pilots must be "
-                                   "runs of one benchmark")
-            if bs == -1:
-                raise HarnessError(f"{path}: no global_batch_size line; the RCP depends on the batch size")
-            batches.setdefault(bs, path)
-            pilots.append(Pilot(path, None if not_converged else float(value)))
+    for path in logs:
+        converged, value, bs, bench = rcp.read_run(path, ruleset)
+        if bench != benchmark:
+            raise HarnessError(f"{path}: a {bench!r} log, but {logs[0]} is {benchmark!r}; pilots must be "
+                               "runs of one benchmark")
+        if bs == -1:
+            raise HarnessError(f"{path}: no global_batch_size line; the RCP depends on the batch size")
+        batches.setdefault(bs, path)
+        pilots.append(Pilot(path, value if converged else None))
     if len(batches) != 1:
         where = ", ".join(f"{b} ({p})" for b, p in sorted(batches.items()))
         raise HarnessError(f"pilots at different global batch sizes: {where}; run them at the batch to submit")
@@ -174,7 +187,35 @@ def log_sigma(relative_std: float) -> float:
     return math.sqrt(math.log1p(relative_std ** 2))
 
 
-def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], confidence: float = 0.95,
+def shown_launches(runs: int) -> list[int]:
+    """The campaign sizes M whose submitted window the checker judges and the output shows (all M up to
+    MAX_LAUNCH * n get P(valid result), which needs no checker call)."""
+    return sorted({runs, runs + 1, runs + 2, runs + runs // 2, 2 * runs, MAX_LAUNCH * runs})
+
+
+def window_scores(values: np.ndarray, failed: np.ndarray, runs: int, tolerated: int) -> np.ndarray:
+    """Olympic score of every window of `runs` consecutive runs (columns) of each simulated campaign (rows):
+    `tolerated` runs dropped at each end (the checker's trim: 1, unet3d 4), a failed run counting as
+    infinitely slow. A window with more than `tolerated` failed runs (an invalid result) keeps an inf after
+    the trim, so it scores inf, as the rules count it."""
+    sims, total = values.shape
+    slow = np.where(failed, np.inf, values)
+    scores = np.empty((sims, total - runs + 1))
+    for start in range(total - runs + 1):
+        window = np.sort(slow[:, start:start + runs], axis=1)
+        scores[:, start] = window[:, tolerated:runs - tolerated].mean(axis=1)
+    return scores
+
+
+def median_windows(scores: np.ndarray, launched: int, runs: int) -> np.ndarray:
+    """Start of the window the MLPerf rules submit from `launched` runs: the median of the launched-order
+    windows' scores; for an even count, the slower of the two middle ones (the rules name one median set)."""
+    count = launched - runs + 1
+    order = np.argsort(scores[:, :count], axis=1, kind="stable")
+    return order[:, count // 2]
+
+
+def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], confidence: float = 0.9,
              simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
     """The preflight numbers for `pilots` (see the module docstring for the model)."""
     from scipy import stats
@@ -186,8 +227,8 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
     if len(values) < 2:
         raise HarnessError(f"only {len(values)} of {len(pilots)} pilot runs converged; the spread needs at least 2 "
                            "converged pilots")
-    n = rules.runs_required(benchmark)
     checker = rcp_checker(benchmark, ruleset)
+    n = int(checker.submission_runs)
     with rcp._quiet_logging():
         name, record = rcp.checker_record(checker, batch)
     if record is None:
@@ -204,50 +245,66 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
     drawn = np.sqrt((c - 1) * s_hat ** 2 / rng.chisquare(c - 1, simulations))
     sigma = np.clip(drawn, floor, max(SIGMA_CAP, floor))
     mu = rng.normal(mu_hat, sigma / math.sqrt(c))
-    runs = np.exp(mu[:, None] + sigma[:, None] * rng.standard_normal((simulations, n)))
+    most = MAX_LAUNCH * n
+    # One campaign of `most` runs in launch order per simulation; its first M runs are the campaign of M.
+    runs = np.exp(mu[:, None] + sigma[:, None] * rng.standard_normal((simulations, most)))
     rate = rng.beta(failed + 0.5, c + 0.5, simulations)
-    fails = rng.random((simulations, n)) < rate[:, None]
+    fails = rng.random((simulations, most)) < rate[:, None]
 
     passed_converged = np.zeros(simulations, bool)
-    passed_all = np.zeros(simulations, bool)
     factors = np.ones(simulations)
     with rcp._quiet_logging():
         for i in range(simulations):
             # The checker sorts the list it gets and, for llama31_405b, rewrites the record's speedup from
             # its own fields (the same value each time): both harmless to repeat. results_dir '' is what
             # check_directory passes when it is not asked to write scaling.json.
-            passed_converged[i], factors[i] = checker._eval_submission_record(record, runs[i].tolist(), "")
-            if fails[i].sum() <= tolerated:
-                with_fails = np.where(fails[i], NOT_CONVERGED, runs[i]).tolist()
-                passed_all[i] = checker._eval_submission_record(record, with_fails, "")[0]
+            passed_converged[i], factors[i] = checker._eval_submission_record(record, runs[i, :n].tolist(), "")
+
+    scores = window_scores(runs, fails, n, tolerated)
+    launched = list(range(n, most + 1))
+    rows = np.arange(simulations)
+    starts = np.stack([median_windows(scores, m, n) for m in launched], axis=1)  # (simulation, M)
+    ok = np.isfinite(scores[rows[:, None], starts])
+    valid = {m: float(ok[:, k].mean()) for k, m in enumerate(launched)}
+    # The checker judges the submitted windows of the shown M, each distinct window once.
+    shown = shown_launches(n)
+    starts, ok = starts[:, [m - n for m in shown]], ok[:, [m - n for m in shown]]
+    keys = rows[:, None] * scores.shape[1] + starts
+    unique = np.unique(keys[ok])
+    judged = np.zeros(unique.size, bool)
+    with rcp._quiet_logging():
+        for j, key in enumerate(unique):
+            i, start = divmod(int(key), scores.shape[1])
+            window = np.where(fails[i, start:start + n], NOT_CONVERGED, runs[i, start:start + n])
+            judged[j] = checker._eval_submission_record(record, window.tolist(), "")[0]
         rcp_mean = float(record["RCP Mean"])
         fastest = rcp_mean / float(record["Max Speedup"])
-
-    # Runs to launch: the smallest m >= n for which at least n of m runs converge with probability
-    # >= confidence, averaged over the failure-rate posterior.
-    launch = None
-    for m in range(n, MAX_LAUNCH * n + 1):
-        if float(np.mean(stats.binom.sf(n - 1, m, 1 - rate))) >= confidence:
-            launch = m
-            break
+    passes = np.zeros(keys.shape, bool)
+    passes[ok] = judged[np.searchsorted(unique, keys[ok])]
+    valid_pass = {m: float(passes[:, k].mean()) for k, m in enumerate(shown)}
+    launch = next((m for m in valid if valid[m] >= confidence), None)
+    set_valid = float(np.mean(stats.binom.cdf(tolerated, n, rate)))
     good = factors[passed_converged]
     return Preflight(benchmark, ruleset, batch, n, pilots, name, rcp_mean, fastest, floor, s_hat, tolerated,
-                     float(rate.mean()), float(passed_converged.mean()), float(passed_all.mean()),
+                     float(rate.mean()), float(passed_converged.mean()),
                      float(good.mean()) if good.size else float("nan"),
-                     float((good > 1).mean()) if good.size else 0.0, launch, confidence, simulations)
+                     float((good > 1).mean()) if good.size else 0.0, set_valid, valid, valid_pass, launch,
+                     confidence, simulations)
 
 
-def preflight(paths: list[str], ruleset: str | None = None, confidence: float = 0.95,
+def preflight(paths: list[str], ruleset: str | None = None, confidence: float = 0.9,
               simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
     benchmark, ruleset, batch, pilots = read_pilots(paths, ruleset)
     return simulate(benchmark, ruleset, batch, pilots, confidence, simulations, seed)
 
 
 def verdict(p: Preflight) -> str:
-    """LIKELY PASS at or above the confidence, LIKELY FAIL below one half, AT RISK between."""
-    if p.pass_all >= p.confidence:
+    """From the RCP test alone (sets of converged runs): LIKELY PASS at or above the confidence, LIKELY FAIL
+    below one half, AT RISK between. Failed runs are the failure-risk line's business: they make a result
+    invalid, not faster than the reference."""
+    if p.pass_converged >= p.confidence:
         return "LIKELY PASS"
-    return "LIKELY FAIL" if p.pass_converged < 0.5 or p.pass_all < 0.5 else "AT RISK"
+    return "LIKELY FAIL" if p.pass_converged < 0.5 else "AT RISK"
 
 
 def format_preflight(p: Preflight) -> list[str]:
@@ -257,9 +314,9 @@ def format_preflight(p: Preflight) -> list[str]:
         return f"{x:,.0f}" if unit == "samples" else f"{x:.2f}"
 
     conv = p.converged
+    n, t = p.runs, p.tolerated
     lines = [f"RCP preflight: {p.benchmark}, ruleset {p.ruleset}, global batch {p.batch}, "
-             f"{len(p.pilots)} pilot run(s); "
-             f"a result set is {p.runs} runs",
+             f"{len(p.pilots)} pilot run(s); a result set is {n} runs",
              f"  RCP {p.record}: mean {num(p.rcp_mean)} {unit} to converge, fastest allowed olympic mean "
              f"{num(p.fastest_allowed)} ({p.fastest_allowed / p.rcp_mean:.3f} x the mean)"]
     for pilot in p.pilots:
@@ -274,31 +331,40 @@ def format_preflight(p: Preflight) -> list[str]:
         f"{100 * (geo / p.fastest_allowed - 1):+.1f}% vs the fastest allowed), "
         f"spread {100 * p.pilot_sigma:.1f}% (log sigma of {len(conv)} converged), floored at the RCP's "
         f"{100 * p.rcp_sigma:.1f}%; mean and spread drawn per set from their posterior",
-        f"  failure rate: {len(p.pilots) - len(conv)} of {len(p.pilots)} pilots did not converge; per set drawn "
-        f"from Beta(failed + 1/2, converged + 1/2), mean {100 * p.failure_rate:.1f}%; the checker accepts "
-        f"{p.tolerated} non-converged run(s) in a set of {p.runs}"
-        + (f" (no pilot failed: the rate is what {len(p.pilots)} clean runs cannot rule out)"
-           if len(p.pilots) == len(conv) else ""),
-        f"  simulated {p.simulations:,} sets of {p.runs} runs (seed {SEED}), each judged by mlperf_logging's "
-        "RCP_Checker._eval_submission_record:",
-        f"    pass probability, sets of {p.runs} converged runs: {p.pass_converged:.3f}",
-        f"    pass probability, failed runs included:  {p.pass_all:.3f}",
+        f"  RCP test: simulated {p.simulations:,} sets of {n} converged runs (seed {SEED}), each judged by "
+        "mlperf_logging's RCP_Checker._eval_submission_record:",
+        f"    pass probability: {p.pass_converged:.3f}",
     ]
     if math.isnan(p.norm_expected):
         lines.append("    expected normalization factor: none (no simulated set passed)")
     else:
         lines.append(f"    expected normalization factor (the checker's, over passing sets): {p.norm_expected:.3f}; "
                      f"normalized in {100 * p.normalized_share:.0f}% of them")
-    if p.launch is None:
-        lines.append(f"  runs to launch: more than {MAX_LAUNCH * p.runs} (at least {p.runs} converged runs with "
-                     f"probability {p.confidence:g} is out of reach at this failure rate)")
+    lines += [
+        f"  failure risk (not in the verdict): {len(p.pilots) - len(conv)} of {len(p.pilots)} pilots did not "
+        f"converge; per-run failure rate ~ Beta(failed + 1/2, converged + 1/2) (the pilots alone, no prior from "
+        f"other systems' logs), mean {100 * p.failure_rate:.1f}%",
+        f"    P(a set of {n} holds at most {t} failed run(s), the most the checker accepts): {p.set_valid:.3f}; "
+        f"valid and passing the RCP test: {p.pass_all:.3f}",
+    ]
+    shown = shown_launches(n)
+    table = ", ".join(f"M={m}: {p.valid[m]:.3f} ({p.valid_pass[m]:.3f})" for m in shown)
+    lines += [
+        f"  runs to launch (MLPerf scoring: of M >= {n} runs in launch order, the window of {n} consecutive runs "
+        f"with the median olympic score is submitted; a window with more than {t} failed run(s) scores "
+        "infinite and an infinite median makes the result invalid; windows ranked by "
+        f"{unit} to converge, i.e. at equal throughput):",
+        f"    P(valid result) (and valid passing the RCP test): {table}",
+    ]
+    if p.launch is not None:
+        lines.append(f"    runs to launch: {p.launch} (the smallest M with P(valid result) >= {p.confidence:g})")
     else:
-        lines.append(f"  runs to launch: {p.launch} (the smallest number m of runs for which at least {p.runs} of "
-                     f"the m converge with probability >= {p.confidence:g})")
-    if p.pass_converged < p.confidence:
-        lines.append(f"  launching more runs does not raise the {p.pass_converged:.3f}: the RCP test judges the "
-                     "set's olympic mean, which is the pilots' convergence, not their number")
-    lines.append(f"  verdict: {verdict(p)} (confidence {p.confidence:g})")
+        best = max(p.valid, key=lambda m: (p.valid[m], -m))
+        lines.append(f"    runs to launch: none up to {MAX_LAUNCH * n} reaches P(valid result) >= {p.confidence:g} "
+                     f"(best {p.valid[best]:.3f} at M={best}): the failure rate, not the count launched, limits "
+                     "it; more pilots narrow the rate")
+    lines.append(f"  verdict: {verdict(p)} (RCP pass probability {p.pass_converged:.3f}; LIKELY PASS at >= "
+                 f"confidence {p.confidence:g}, LIKELY FAIL below 0.5)")
     return lines
 
 

@@ -51,6 +51,7 @@ class VariableInfo:
     variable: tf.Variable
     dims: tuple[str | None, ...]
     trainable: bool
+    frozen: bool = False  # created under `Runtime.frozen`: a fine-tune's base, held in its frozen dtype
 
 
 # Spatial partitioning: logical devices per replica -> TPU computation shape [x, y, z, core] (the values
@@ -198,7 +199,7 @@ class Runtime(abc.ABC):
             raise ValueError(f"variable {path}: shape {shape} and dims {dims} differ in rank")
         var = self._make_variable(path, tuple(int(s) for s in shape), tuple(dims), initializer,
                                   trainable, dtype, sync)
-        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable)
+        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable, frozen_dtype is not None)
         return var
 
     @abc.abstractmethod
@@ -219,6 +220,16 @@ class Runtime(abc.ABC):
     def read(self, variable: tf.Variable) -> tf.Tensor:
         """A variable's value as the model computes with it (a mesh with FSDP gathers the shards)."""
         return variable.read_value()
+
+    def read_after(self, variable: tf.Variable, after: tf.Tensor) -> tf.Tensor:
+        """`read(variable)` as a value that exists only once the scalar `after` does (`after_zero`), so
+        nothing derived from it is merged with the same derivation from another read (XLA and Grappler
+        CSE) or computed ahead of `after`. A recomputed layer reads its frozen weights so (decoder `remat`):
+        a plain read is one value for the forward pass and the backward's recompute alike, and each copy
+        made of it (XLA's transposed layout, a bfloat16 weight cast, an FSDP gather) would be made once
+        in the forward pass and held until the backward pass reaches the layer. A runtime whose read
+        gathers a stored shard ties the shard, before the gather."""
+        return self.read(variable) + after_zero(after, variable.dtype)
 
     def variables(self, trainable: bool | None = None) -> list[VariableInfo]:
         return [v for v in self._variables.values() if trainable is None or v.trainable == trainable]
@@ -347,3 +358,10 @@ def one_hot_take_along_axis1(x: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
         picked = tf.reduce_sum(one * tf.expand_dims(tf.cast(flat, tf.int32), 1), 2)
         picked = tf.cast(picked, x.dtype)
     return tf.reshape(picked, [batch, index.shape[1]] + x.shape[2:].as_list())
+
+
+def after_zero(after: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """-0.0 in `dtype`, computed from the scalar `after` (finite): x + after_zero(...) is x bit for bit
+    (-0.0 is the one additive identity that keeps a -0.0 too), yet depends on `after`, which no compiler may
+    fold away (a float multiply by zero keeps NaN and infinity). A non-finite `after` turns it into NaN."""
+    return -tf.cast(tf.abs(after) * 0.0, dtype)

@@ -33,7 +33,7 @@ from tensorflow.experimental import dtensor
 
 from harness.config import RuntimeConfig
 from harness.errors import HarnessError
-from harness.runtime.base import InputContext, Runtime, one_hot_take_along_axis1
+from harness.runtime.base import InputContext, Runtime, after_zero, one_hot_take_along_axis1
 
 BATCH = "batch"
 REPLICATED = "replicated"  # a layout value that keeps a named dimension whole on every device
@@ -157,6 +157,12 @@ class MeshRuntime(Runtime):
 
     def read(self, variable: tf.Variable) -> tf.Tensor:
         return variable.value()  # a ShardedDVariable's value() is gathered to its compute layout
+
+    def read_after(self, variable: tf.Variable, after: tf.Tensor) -> tf.Tensor:
+        layout = getattr(variable, "compute_layout", None)
+        if layout is None:
+            return super().read_after(variable, after)
+        return dtensor.relayout(variable.read_value() + after_zero(after, variable.dtype), layout)  # tie, gather
 
     def fsdp_replicated_bytes(self) -> int:
         """Bytes of variables (any, optimizer slots included) that FSDP could not split over the data axis

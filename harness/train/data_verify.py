@@ -8,10 +8,13 @@ sizes, record counts and md5 / sha256 as far as a reference publishes them, each
 no reference publishes is absent, and the set's `unsourced` note says so.
 
 The cheap checks (names, presence, sizes, record counts through the counts cache of `datafiles.py`) always
-run; hashes only on request, cached beside the data in `.mlperf-harness-hashes.json`, each keyed by the file's
-size and mtime so a changed file is hashed again. Every difference is one line naming the file, what the
-reference has and what was found. A closed-division run on real data makes the cheap check before its log
-opens (`check_closed_data`, from `harness/train/preflight.py`).
+run, and so does the hash of every file up to SMALL_FILE_BYTES with a published hash (a vocabulary, an eval
+set: a second to read, and an altered one changes the score while keeping its size and line count); the
+hashes of larger files only on request. Hashes are cached beside the data in `.mlperf-harness-hashes.json`,
+each under its file's `file_stamp`, so a changed or copied file is hashed again. Every difference is one line
+naming the file, what the reference has and what was found; a value whose source is in doubt (`advisory` in
+the manifest) gives a warning line instead. A closed-division run on real data makes these checks before its
+log opens (`check_closed_data`, from `harness/train/preflight.py`).
 """
 from __future__ import annotations
 
@@ -20,10 +23,13 @@ import glob as globlib
 import hashlib
 import json
 import os
+import re
+import string
 import struct
 from typing import Any, Callable, Mapping
 
 import yaml
+from absl import logging
 
 from harness.errors import HarnessError
 from harness.train import datafiles
@@ -32,15 +38,19 @@ from harness.train.reference import lookup
 MANIFEST_NAME = "data_manifest.yaml"
 HASH_CACHE = ".mlperf-harness-hashes.json"
 HASHES = ("md5", "sha256")
+HASH_DIGITS = {"md5": 32, "sha256": 64}
+SMALL_FILE_BYTES = 64 << 20  # files up to this size with a published hash are hashed in every check
 KINDS = ("glob", "file", "prefix")
 MAX_LINES_PER_KIND = 10  # per set and kind of difference; the rest is one "... and N more" line
 
 
 @dataclasses.dataclass(frozen=True)
 class Fact:
-    """A published value and where it is published (a URL, or a reference repository and path)."""
+    """A published value and where it is published (a URL, or a reference repository and path). `advisory`:
+    why the value may not hold for correct data; a difference from it is a warning, not a refusal."""
     value: Any
     source: str
+    advisory: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +82,12 @@ class Manifest:
 
 @dataclasses.dataclass
 class Report:
-    """`errors`: one line each, naming the file and what differs; `checked`: a line per set verified."""
+    """`errors`: one line each, naming the file and what differs; `checked`: a line per set verified;
+    `warnings`: differences from advisory values (the data may still be the reference's)."""
     errors: list[str]
     checked: list[str]
     skipped: str = ""
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ manifests
@@ -92,7 +104,32 @@ def _fact(node: Any, where: str, key: str = "value") -> Fact | None:
         return None
     if not isinstance(node, Mapping) or key not in node or not node.get("source"):
         raise HarnessError(f"{where}: a published value needs `{key}` and `source` (where it is published)")
-    return Fact(node[key], str(node["source"]))
+    advisory = node.get("advisory") or ""
+    if not isinstance(advisory, str):
+        raise HarnessError(f"{where}.advisory must say why the value may not hold (a string), not {advisory!r}")
+    return Fact(node[key], str(node["source"]), " ".join(advisory.split()))
+
+
+def _integer(value: Any, where: str, least: int = 0) -> int:
+    """`value` as a count or size; a bool, a float or text is a malformed manifest, not a number to guess."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise HarnessError(f"{where} must be an integer >= {least}, not {value!r}")
+    return value
+
+
+def _number_fact(node: Any, where: str) -> Fact | None:
+    fact = _fact(node, where)
+    if fact is not None:
+        _integer(fact.value, f"{where}.value")
+    return fact
+
+
+def _hash_fact(node: Any, where: str, algorithm: str) -> Fact | None:
+    fact = _fact(node, where)
+    digits = HASH_DIGITS[algorithm]
+    if fact is not None and not re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", str(fact.value)):
+        raise HarnessError(f"{where}.value must be {digits} hex digits (an {algorithm}), not {fact.value!r}")
+    return fact
 
 
 def _names(node: Any, where: str) -> Fact | None:
@@ -101,14 +138,30 @@ def _names(node: Any, where: str) -> Fact | None:
         return None
     if isinstance(node, Mapping) and "template" in node:
         fact = _fact(node, where, "template")
-        start, count = int(node.get("start", 0)), int(node.get("count", 0))
-        if count < 1:
-            raise HarnessError(f"{where}: a name template needs `count` (the number of files)")
-        return Fact([str(fact.value).format(index=i) for i in range(start, start + count)], fact.source)
+        start = _integer(node.get("start", 0), f"{where}.start")
+        count = _integer(node.get("count"), f"{where}.count (the number of files)", least=1)
+        template = str(fact.value)
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            names = [template.format(index=i) for i in range(start, start + count)]
+        except (KeyError, IndexError, ValueError) as e:
+            raise HarnessError(f"{where}.template {template!r} is not a name template with {{index}} "
+                               f"({type(e).__name__}: {e})") from None
+        if fields != {"index"}:
+            raise HarnessError(f"{where}.template {template!r} must hold {{index}} (e.g. "
+                               f"train-{{index:05d}}-of-01024) and no other field")
+        return Fact(names, fact.source, fact.advisory)
     fact = _fact(node, where, "list")
     if not isinstance(fact.value, list) or not fact.value:
-        raise HarnessError(f"{where}: `list` must name at least one file")
-    return Fact([str(v) for v in fact.value], fact.source)
+        raise HarnessError(f"{where}.list must name at least one file")
+    return Fact([str(v) for v in fact.value], fact.source, fact.advisory)
+
+
+def _config_key(node: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = node.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise HarnessError(f"{where}.{key} must be a config key (text such as data.data_dir), not {value!r}")
+    return value
 
 
 def parse_manifest(data: Mapping[str, Any], path: str) -> Manifest:
@@ -123,31 +176,38 @@ def parse_manifest(data: Mapping[str, Any], path: str) -> Manifest:
         kinds = [k for k in KINDS if k in node]
         if len(kinds) != 1:
             raise HarnessError(f"{where} needs exactly one of {', '.join(KINDS)} (the config key naming its files)")
-        records = _fact(node.get("records"), f"{where}.records")
-        counter = node.get("records", {}).get("counter") if records else None
+        records = _number_fact(node.get("records"), f"{where}.records")
+        counter = node["records"].get("counter") if records else None
         if records and counter not in COUNTERS:
             raise HarnessError(f"{where}.records.counter must be one of {', '.join(COUNTERS)}")
         files = node.get("files") or {}
+        if not isinstance(files, Mapping):
+            raise HarnessError(f"{where}.files must map each file name to its published values, not be a "
+                               f"{type(files).__name__}")
         sizes, hashes = {}, {}
         for fname, facts in files.items():
             if not isinstance(facts, Mapping):
                 raise HarnessError(f"{where}.files.{fname} is not a mapping")
             if "size" in facts:
-                sizes[str(fname)] = _fact(facts["size"], f"{where}.files.{fname}.size")
-            published = {h: _fact(facts[h], f"{where}.files.{fname}.{h}") for h in HASHES if h in facts}
+                sizes[str(fname)] = _number_fact(facts["size"], f"{where}.files.{fname}.size")
+            published = {h: _hash_fact(facts[h], f"{where}.files.{fname}.{h}", h) for h in HASHES if h in facts}
             if published:
                 hashes[str(fname)] = published
         sources = node.get("data_source") or []
-        if not sources:
+        sources = sources if isinstance(sources, list) else [sources]
+        if not sources or not all(isinstance(s, str) for s in sources):
             raise HarnessError(f"{where} needs `data_source`: the data.source values that read it")
+        instead = node.get("instead") or {}
+        if not isinstance(instead, Mapping):
+            raise HarnessError(f"{where}.instead must map a glob to the glob read when it matches nothing")
         sets.append(FileSet(
-            name=str(name), data_sources=tuple(sources if isinstance(sources, list) else [sources]),
-            kind=kinds[0], key=str(node[kinds[0]]), dir_key=node.get("dir"),
-            instead={str(k): str(v) for k, v in (node.get("instead") or {}).items()},
+            name=str(name), data_sources=tuple(sources),
+            kind=kinds[0], key=str(_config_key(node, kinds[0], where)), dir_key=_config_key(node, "dir", where),
+            instead={str(k): str(v) for k, v in instead.items()},
             names=_names(node.get("names"), f"{where}.names"),
             any_name=_names(node.get("any_name"), f"{where}.any_name"),
             records=records, counter=counter, sizes=sizes, hashes=hashes,
-            total_size=_fact(node.get("total_size"), f"{where}.total_size"),
+            total_size=_number_fact(node.get("total_size"), f"{where}.total_size"),
             unsourced=" ".join(str(node.get("unsourced", "")).split())))
     return Manifest(str(data["workload"]), path, tuple(sets), " ".join(str(data.get("note", "")).split()))
 
@@ -228,10 +288,9 @@ COUNTERS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 # ------------------------------------------------------------------------------------------ hashing
 
 def file_hash(path: str, algorithm: str) -> str:
-    """`algorithm` (md5 or sha256) of the file, kept in HASH_CACHE beside it under its name, size and mtime: a
-    file changed since (another size or mtime) is hashed again."""
-    stat = os.stat(path)
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    """`algorithm` (md5 or sha256) of the file, kept in HASH_CACHE beside it under its name and
+    `datafiles.file_stamp`: a file changed or copied since is hashed again."""
+    stamp = datafiles.file_stamp(path)
     paths = datafiles.cache_paths([path], HASH_CACHE)
     # beside the data a file is known by its name (the folder may move); in the user's cache by its full path
     names = [os.path.basename(path)] + [os.path.abspath(path)] * (len(paths) - 1)
@@ -336,38 +395,52 @@ def _check_names(fs: FileSet, where: str, files: list[str]) -> list[str]:
     return lines
 
 
-def _check_sizes(fs: FileSet, files: list[str], all_present: bool, where: str) -> tuple[list[str], int]:
-    """Published sizes, and the published total when every file is there."""
-    lines, checked = [], 0
+def _cited(fact: Fact) -> str:
+    """The source of a value in a difference's line; for an advisory value, also why it is only a warning."""
+    if fact.advisory:
+        return f"(source: {fact.source}; advisory, so a warning only: {fact.advisory})"
+    return f"(source: {fact.source})"
+
+
+def _check_sizes(fs: FileSet, files: list[str], all_present: bool,
+                 where: str) -> tuple[list[str], list[str], int]:
+    """Published sizes, and the published total when every file is there: (errors, warnings, sizes checked)."""
+    errors, warnings, checked = [], [], 0
     by_name = {os.path.basename(p): p for p in files}
     for name, fact in fs.sizes.items():
         if name in by_name:
             size = os.path.getsize(by_name[name])
             checked += 1
             if size != int(fact.value):
-                lines.append(f"{by_name[name]}: {size} bytes, the reference's is {int(fact.value)} bytes "
-                             f"(source: {fact.source})")
-    if fs.total_size and all_present and not lines:
+                (warnings if fact.advisory else errors).append(
+                    f"{by_name[name]}: {size} bytes, the reference's is {int(fact.value)} bytes {_cited(fact)}")
+    if fs.total_size and all_present and not errors:
         total = sum(os.path.getsize(p) for p in files)
         if total != int(fs.total_size.value):
-            lines.append(f"{where}: {len(files)} files of {total} bytes in all, the reference's are "
-                         f"{int(fs.total_size.value)} bytes (source: {fs.total_size.source})")
-    return lines, checked
+            (warnings if fs.total_size.advisory else errors).append(
+                f"{where}: {len(files)} files of {total} bytes in all, the reference's are "
+                f"{int(fs.total_size.value)} bytes {_cited(fs.total_size)}")
+    return errors, warnings, checked
 
 
-def _check_hashes(fs: FileSet, files: list[str]) -> tuple[list[str], int]:
-    """Published hashes of the files present."""
-    lines, checked = [], 0
+def _check_hashes(fs: FileSet, files: list[str], all_files: bool) -> tuple[list[str], list[str], int, int]:
+    """Published hashes of the files present: all of them (`all_files`, --hashes) or those of files up to
+    SMALL_FILE_BYTES. Returns (errors, warnings, hashes checked, hashes left unchecked)."""
+    errors, warnings, checked, left = [], [], 0, 0
     by_name = {os.path.basename(p): p for p in files}
     for name, published in fs.hashes.items():
         for algorithm, fact in published.items():
-            if name in by_name:
-                value = file_hash(by_name[name], algorithm)
-                checked += 1
-                if value != str(fact.value).lower():
-                    lines.append(f"{by_name[name]}: {algorithm} {value}, the reference's is {fact.value} "
-                                 f"(source: {fact.source})")
-    return lines, checked
+            if name not in by_name:
+                continue
+            if not all_files and os.path.getsize(by_name[name]) > SMALL_FILE_BYTES:
+                left += 1
+                continue
+            value = file_hash(by_name[name], algorithm)
+            checked += 1
+            if value != str(fact.value).lower():
+                (warnings if fact.advisory else errors).append(
+                    f"{by_name[name]}: {algorithm} {value}, the reference's is {fact.value} {_cited(fact)}")
+    return errors, warnings, checked, left
 
 
 def applicable_sets(manifest: Manifest, cfg: Any) -> list[FileSet]:
@@ -377,14 +450,15 @@ def applicable_sets(manifest: Manifest, cfg: Any) -> list[FileSet]:
 
 def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
     """Every set of `manifest` the config's data.source reads, against the files the config names: names,
-    presence, sizes and record counts; with `hashes`, md5 / sha256 where published. Records are counted and
-    files hashed only in a set whose cheaper checks passed: reading files already known to differ would add a
-    second line about the same file and nothing the user needs."""
+    presence, sizes, record counts and the published md5 / sha256 of files up to SMALL_FILE_BYTES; with
+    `hashes`, of every file. Records are counted and files hashed only in a set whose cheaper checks passed:
+    reading files already known to differ would add a second line about the same file and nothing the user
+    needs. Differences from advisory values go to the report's warnings."""
     sets = applicable_sets(manifest, cfg)
     if not sets:
         return Report([], [], f"data.source={lookup(cfg, 'data.source')} reads no files the {manifest.workload} "
                               f"manifest describes")
-    errors, checked = [], []
+    errors, checked, warnings = [], [], []
     for fs in sets:
         where, files, problems = _resolve(fs, cfg)
         if problems:
@@ -393,7 +467,8 @@ def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
         names = _check_names(fs, where, files)
         expected = _expected(fs, where)
         all_present = not names and bool(files)
-        sizes, n_sizes = _check_sizes(fs, files, all_present, where)
+        sizes, size_warnings, n_sizes = _check_sizes(fs, files, all_present, where)
+        warnings += size_warnings
         set_errors = names + sizes
         done = [f"{len(files)} file{'s' if len(files) != 1 else ''}" + (" named as published" if expected or
                                                                            fs.any_name else "")]
@@ -412,18 +487,20 @@ def verify(cfg: Any, manifest: Manifest, hashes: bool = False) -> Report:
                     set_errors.append(f"{where}: {n} {unit}, the reference's {fs.name} set has "
                                       f"{int(fs.records.value)} (source: {fs.records.source})")
                 done.append(f"{n} {unit}")
-        published = sum(len(h) for h in fs.hashes.values())
-        if hashes and published and not set_errors:  # a set already known to differ is not read again
-            hash_errors, n_hashes = _check_hashes(fs, files)
+        if fs.hashes and files and not set_errors:  # a set already known to differ is not read again
+            hash_errors, hash_warnings, n_hashes, left = _check_hashes(fs, files, hashes)
             set_errors += hash_errors
-            done.append(f"{n_hashes} hash{'es' if n_hashes != 1 else ''}")
-        elif published and not hashes:
-            done.append(f"{published} published hash{'es' if published != 1 else ''} not checked (--hashes)")
+            warnings += hash_warnings
+            if n_hashes:
+                done.append(f"{n_hashes} hash{'es' if n_hashes != 1 else ''}")
+            if left:
+                done.append(f"{left} published hash{'es' if left != 1 else ''} of files over "
+                            f"{SMALL_FILE_BYTES >> 20} MB not checked (--hashes)")
         if fs.unsourced:
             done.append("not published: " + fs.unsourced)
         errors += set_errors
         checked.append(f"{fs.name} ({where}): " + "; ".join(done))
-    return Report(errors, checked)
+    return Report(errors, checked, warnings=warnings)
 
 
 def verify_config(config_path: str, overrides: list[str], hashes: bool = False,
@@ -443,9 +520,10 @@ def verify_config(config_path: str, overrides: list[str], hashes: bool = False,
 
 
 def check_closed_data(workload: Any, manifest_file: str | None = None) -> str:
-    """Before a closed-division run's log opens: the cheap checks of `verify`, refused in one line on the
-    first difference. Returns what was done, or why nothing was (open division, synthetic data, a source the
-    manifest does not describe, such as TFDS, whose own download checks stand)."""
+    """Before a closed-division run's log opens: the checks of `verify` without --hashes (small files' hashes
+    included), refused in one line on the first difference; differences from advisory values are logged as
+    warnings. Returns what was done, or why nothing was (open division, synthetic data, a source the manifest
+    does not describe, such as TFDS, whose own download checks stand)."""
     cfg = workload.cfg
     if cfg.submission.division != "closed":
         return "data verify: skipped (open division)"
@@ -462,4 +540,6 @@ def check_closed_data(workload: Any, manifest_file: str | None = None) -> str:
                f"lists them)" if more else ""
         raise HarnessError(f"closed division needs the reference's data: {report.errors[0]}{tail}; "
                            f"use submission.division=open for other data")
+    for line in report.warnings:
+        logging.warning("data verify: %s", line)
     return "data verify: " + " | ".join(report.checked)

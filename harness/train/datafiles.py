@@ -2,9 +2,9 @@
 
 Lists a source's shards (a missing directory or a pattern that matches nothing is one line), reads them
 sharded over hosts (`sharded_records`), counts TFRecords from their record headers, caches counts beside the
-data (`.mlperf-harness-counts.json`; the user's cache folder when that is read-only), keyed by the files and
-the settings that change a count, and turns a stated sample count that disagrees with the files into one
-line naming the right number.
+data (`.mlperf-harness-counts.json`; the user's cache folder when that is read-only), keyed by the files'
+stamps (`file_stamp`) and the settings that change a count, and turns a stated sample count that disagrees
+with the files into one line naming the right number.
 """
 from __future__ import annotations
 
@@ -154,8 +154,22 @@ def count_records(files: list[str]) -> int:
     return total
 
 
+def file_stamp(path: str) -> dict[str, int]:
+    """What a cached count or hash of the file is keyed by. Beside size and mtime, a local file's ctime, inode
+    and device: `cp -a` and `rsync -a` keep size and mtime (and copy the cache files with the data), and
+    `touch -r` restores an mtime after an edit, but none of them can set a ctime or keep an inode, so a
+    copied or edited file is read again rather than vouched for by the cache of the original. (A chmod, a
+    rename or a new hard link changes the ctime too: that file is read once more.)"""
+    if "://" in path:  # object stores: their stat has a size and an mtime only
+        stat = tf.io.gfile.stat(path)
+        return {"size": stat.length, "mtime_ns": stat.mtime_nsec}
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
+            "ino": stat.st_ino, "dev": stat.st_dev}
+
+
 def _fingerprint(files: list[str], what: str, settings: dict[str, Any]) -> str:
-    stats = [(os.path.basename(p), tf.io.gfile.stat(p).length, tf.io.gfile.stat(p).mtime_nsec) for p in files]
+    stats = [(os.path.basename(p), file_stamp(p)) for p in files]
     blob = json.dumps([what, settings, stats], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -177,8 +191,8 @@ def read_cache(path: str) -> dict[str, Any]:
 
 
 def cached_count(files: list[str], what: str, settings: dict[str, Any], count: Callable[[], int]) -> int:
-    """`count()` of `files`, computed once and kept in COUNT_CACHE beside them, keyed by the files' names,
-    sizes and mtimes, `what` is counted and the `settings` the count depends on (e.g. packing)."""
+    """`count()` of `files`, computed once and kept in COUNT_CACHE beside them, keyed by the files' names and
+    `file_stamp`s, `what` is counted and the `settings` the count depends on (e.g. packing)."""
     key = _fingerprint(files, what, settings)
     paths = cache_paths(files) if "://" not in files[0] else cache_paths(files)[1:]
     for path in paths:

@@ -582,10 +582,12 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
                         if runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), True)
                         == runtime.layout_shards(v.dims, None, False)
                         and runtime.rules["batch"] not in runtime.mesh_dims_used(v.dims))))
+        kept = ("kept for the backward pass, or gathered again in a recomputed layer (model.remat)"
+                if getattr(workload.cfg.model, "remat", False) else "kept for the backward pass")
         notes.append(f"FSDP: weights, optimizer state and gradients per device are split over data={data} as "
                      f"the mesh runtime lays them out; each weight is also gathered whole where it is used "
-                     f"(an all-gather per weight per step, kept for the backward pass), which this compile of "
-                     f"whole variables does not show apart")
+                     f"(an all-gather per weight per step, {kept}), which this compile of whole variables does "
+                     f"not show apart")
     notes += data_notes + ([eval_note] if eval_note else [])
     if workload.cfg.schedule.gradient_accumulation_steps > 1:
         notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
@@ -652,15 +654,29 @@ def main(config_path: str, overrides: list[str], json_path: str | None = None) -
         with open(json_path, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
         print(f"json: {json_path}")
-    check_device_memory(report, config_lib.load_config(config_path, overrides).submission.platform)
+    cfg = config_lib.load_config(config_path, overrides)
+    check_device_memory(report, cfg.submission.platform, kept_activations(cfg, report))
     return 0
 
 
-def check_device_memory(report: CompileReport, platform: str) -> None:
+def kept_activations(cfg: config_lib.Config, report: CompileReport) -> int:
+    """The workload's lower bound of what its train step keeps for the backward pass per device
+    (`kept_activation_bytes(cfg, rows)` of its cost module, the decoder LMs: each layer's input), for the
+    rows of one micro-batch of a replica; 0 where the workload states none."""
+    from benchmarks import registry
+
+    module = registry.cost_module(cfg.workload)
+    floor = getattr(module, "kept_activation_bytes", None) if module is not None else None
+    if floor is None:
+        return 0
+    return int(floor(cfg, report.per_replica_batch // max(1, cfg.schedule.gradient_accumulation_steps)))
+
+
+def check_device_memory(report: CompileReport, platform: str, kept: int = 0) -> None:
     """Refuses (HarnessError) a run whose weights, gradients and optimizer state per device (exact, from
-    the layout) exceed the memory of the device `platform` names (harness.platforms.device_memory; unknown
-    devices are not checked); prints a warning where the train peak estimate (activations from XLA:CPU's
-    plan, an upper bound) does."""
+    the layout), plus `kept` (activations no step can do without, a lower bound), exceed the memory of the
+    device `platform` names (harness.platforms.device_memory; unknown devices are not checked); prints a
+    warning where the train peak estimate (activations from XLA:CPU's plan, an upper bound) does."""
     known = device_memory(platform)
     if known is None:
         return
@@ -672,6 +688,12 @@ def check_device_memory(report: CompileReport, platform: str) -> None:
             f"gradients ({gib(report.gradient_bytes_per_device)}) and optimizer state "
             f"({gib(report.optimizer_bytes_per_device)}) before any activation, but one {known[1]} holds "
             f"{gib(known[0])}; split them (runtime.fsdp=true on a mesh, or a model axis)")
+    if state + kept > known[0]:
+        raise HarnessError(
+            f"{report.workload} needs at least {gib(state + kept)} per device: weights, gradients and optimizer "
+            f"state ({gib(state)}) and the activations its backward pass cannot do without ({gib(kept)}: each "
+            f"layer's input for {report.per_replica_batch} row(s) per replica), but one {known[1]} holds "
+            f"{gib(known[0])}; split the weights further (runtime.fsdp=true, more devices) or the rows")
     peak = report.peak_bytes_per_device
     if peak is not None and peak > known[0]:
         print(f"warning: the train step's peak estimate is {gib(peak)} per device, above the {gib(known[0])} of "

@@ -43,10 +43,13 @@ def run_rulesets(cfg: config_lib.Config) -> list[str]:
 
 
 def check_checker_rulesets(cfg: config_lib.Config) -> None:
-    """Every ruleset the run's log is checked against is one the installed checker has: known after the
-    run otherwise, with the log already a result and no summary."""
+    """Every ruleset the run's log is checked against is one the installed checker has, and its rules for
+    the run's division list the benchmark: known after the run otherwise, with the log already a result
+    and no summary."""
+    benchmark = registry.get(cfg.workload).MLPERF_KEY
     for ruleset in run_rulesets(cfg):
         mlperf.require_ruleset(ruleset)
+        mlperf.require_benchmark(ruleset, cfg.submission.division, benchmark)
 
 
 def check_batches(cfg: config_lib.Config, runtime: Runtime) -> None:

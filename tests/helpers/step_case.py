@@ -112,7 +112,8 @@ def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> di
         losses = train(steps, cfg, train_steps)
         out[precision] = {
             "losses": losses, "eval": evaluate(steps, cfg)[0],
-            "variable_dtypes": sorted({v.variable.dtype.name for v in rt.variables()}),
+            "variable_dtypes": sorted({v.variable.dtype.name for v in rt.variables() if not v.frozen}),
+            "frozen_dtypes": sorted({v.variable.dtype.name for v in rt.variables() if v.frozen}),
             "loss_scale": steps.loss_scale_state(),
             "optimizer_step": int(wl.optimizer.step.numpy()),
         }
