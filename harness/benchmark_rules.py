@@ -74,6 +74,7 @@ BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7: "starting at 3M sam
 SSD_FIRST, SSD_EVERY, SSD_V10_SKIP = 40, 5, 45  # 0.7.0/1.0.0: epochs 40, 50, 55, ...; 1.1.0: every 5
 LM_EVAL_SAMPLES = 12_288  # the decoder LMs: every 12,288 samples, rounded up to whole batches
 LORA_EVAL_SAMPLES = 384   # llama2_70b_lora: every 384 samples, rounded up to whole batches
+DSV3_SKIP_STEPS, DSV3_SKIP_SAMPLES = 42, 24_576  # deepseekv3_671b 6.1.0: first eval at step 42 + 24576 // gbs
 
 
 def bert_eval_every(global_batch: int) -> int:
@@ -94,6 +95,23 @@ def lora_eval_every(global_batch: int) -> int:
 def lora_eval_skip(global_batch: int) -> int:
     """llama2_70b_lora: the first floor(0.125 * gbs + 2) evals are skipped (3 at GBS 8: first at 1536)."""
     return int(math.floor(0.125 * global_batch + 2))
+
+
+def dsv3_first_eval_step(global_batch: int) -> int:
+    """deepseekv3_671b under 6.1.0: the first eval after step floor(42 + 24576 / gbs) (43 for 15360-24576);
+    the checker's FIRST_CHECK wants the first eval_accuracy at that step x gbs samples."""
+    return DSV3_SKIP_STEPS + DSV3_SKIP_SAMPLES // global_batch
+
+
+def _dsv3_cadence(ruleset: str, global_batch: int) -> Cadence:
+    """An eval after every step: 6.1.0 from its first-eval step; 6.0.0 from any step up to that one (the
+    rules say every step, its checker has no first-eval rule, and a log that skips the first evals as
+    6.1.0 does passes both)."""
+    first = dsv3_first_eval_step(global_batch)
+    if ruleset == "6.0.0":
+        return Cadence(SAMPLE, global_batch, global_batch,
+                       first_choices=tuple(k * global_batch for k in range(1, first + 1)))
+    return Cadence(SAMPLE, first * global_batch, global_batch)
 
 
 def _lora_cadence(ruleset: str, global_batch: int) -> Cadence:
@@ -231,7 +249,7 @@ _ALL = [
     _bench("gpt_oss_20b", _at(span("6.0.0", "6.1.0"), 3.34), False, 10, span("6.0.0", "6.1.0"),
            unit=SAMPLE, cadence=_lm_cadence),
     _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
-           unit=SAMPLE),
+           unit=SAMPLE, cadence=_dsv3_cadence),
     _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
     _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE),
 ]

@@ -230,35 +230,16 @@ def test_closed_reference_log_passes_the_closed_checker_of_every_ruleset(tmp_pat
     `log_submission_keys`) with the timeline of a run that reaches 0.925 pass the official closed checker
     of 4.0.0-6.1.0: the reference cannot run here, and no open log of this benchmark passes 4.0.0 or 4.1.0
     (their open rules do not list it)."""
-    from mlperf_logging.mllog import constants as K
-
     from benchmarks.llama2_70b_lora.workload import LoraWorkload
-    from harness import config as C, mlperf
-    from harness.train import dryrun, run
+    from harness import mlperf
+    from tests.helpers.closed_log import checked_workload, write_run_log
 
-    cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/reference.yaml"),
-                        ["submission.platform=8xh100-80gb-gpu"])
-    checked, _, _ = dryrun.standin_checked(cfg)
-    workload = checked.workload
+    cfg, workload = checked_workload(os.path.join(REPO, "configs/llama2_70b_lora/reference.yaml"),
+                                     ["submission.platform=8xh100-80gb-gpu"])
     assert workload.train_samples == 3901 and workload.eval_samples == 173
     path = str(tmp_path / "result_0.txt")
-    log = mlperf.MLPerfLog(path)
-    log.event(K.CACHE_CLEAR, True)
-    log.start(K.INIT_START)
-    run.log_submission_keys(log, cfg, workload)
-    log.end(K.INIT_STOP)
-    log.start(K.RUN_START)
-    samples = 0
-    for i, loss in enumerate([1.10, 0.97, 0.93, 0.921]):
-        first = 1536 if i == 0 else samples
-        samples = 1536 + 384 * i
-        log.start(K.BLOCK_START, metadata={"first_epoch_num": first / 3901, "samples_count": first})
-        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first / 3901, "samples_count": samples})
-        log.start(K.EVAL_START, metadata={"epoch_num": samples / 3901, "samples_count": samples})
-        log.event(K.EVAL_ACCURACY, loss, metadata={"epoch_num": samples / 3901, "samples_count": samples})
-        log.end(K.EVAL_STOP, metadata={"epoch_num": samples / 3901, "samples_count": samples})
-    log.end(K.RUN_STOP, metadata={"status": "success", "samples_count": samples})
-    log.close()
+    points = write_run_log(path, cfg, workload, [1.10, 0.97, 0.93, 0.921])
+    assert [p.samples for p in points] == [1536, 1920, 2304, 2688]
     assert LoraWorkload.RULESETS == ("4.0.0", "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
     for ruleset in LoraWorkload.RULESETS:
         verdict = mlperf.run_compliance_checker(path, ruleset)

@@ -15,6 +15,11 @@ from benchmarks.lm.mla import DeepseekYarn, MlaShape
 class DataConfig(lm.DataConfig):
     """The decoder LMs' C4 data at the reference's rows of 4096 tokens (spec section 0)."""
     seq_length: int = field(4096, min=8, doc="tokens per row (MLPerf max_sequence_length; the reference: 4096)")
+    eval_every_samples: int = field(0, min=0, doc="eval cadence in training samples (0 = the rules: after every "
+                                    "step, global_batch_size)")
+    first_eval_step: int = field(-1, min=-1, doc="the step after which the first eval runs (then every "
+                                 "eval_every_samples); -1: closed, the rules' (floor(42 + 24576 / gbs) when the "
+                                 "run is checked under 6.1.0, else step 1), open, the first eval_every_samples")
 
 
 @dataclasses.dataclass
@@ -27,6 +32,12 @@ class OptimizerConfig(lm.OptimizerConfig):
     warmup_steps: int = field(4, min=0)
     max_steps: int = field(12000, min=1, doc="length of the cosine (decay steps: max_steps - warmup_steps)")
     epsilon: float = field(1e-8, min=0.0)
+    applied_weight_decay: float = field(-1.0, min=-1.0, doc="the decoupled decay AdamW applies when it differs "
+                                        "from the logged weight_decay (the reference logs 0.1 and its scheduler "
+                                        "applies 0.033); negative = weight_decay")
+
+    def applied_decay(self) -> float:
+        return self.weight_decay if self.applied_weight_decay < 0 else self.applied_weight_decay
 
 
 @dataclasses.dataclass

@@ -11,22 +11,30 @@ and move every MoE layer's float32 expert bias by rate * sign(mean - count) once
 gradients are complete and before the optimizer (the reference's finalize_model_grads); eval counts nothing.
 With multi-token prediction on (model.mtp_layers, the reference's depth 1) the training loss adds
 model.mtp_loss_weight x the MTP head's mean cross-entropy on the token after next (every position but the
-last); the eval metric is the main head's alone. The closed rules of this benchmark (rows of 4096 tokens, eval after
-every step, GBS >= 15360, the aux-loss-free bias update, MTP) are not all implemented: closed is refused.
+last); the eval metric is the main head's alone.
+
+Closed (`validate_closed`) is the reference's run: rows of 4096 tokens, 1024 eval rows, GBS >= 15360 with the
+learning rate on the rules' square-root line, the fixed optimizer, the MoE losses and MTP, the MLCommons
+checkpoint, and an eval after every step from the step the run's rulesets allow (`closed_first_eval_steps`:
+6.1.0's floor(42 + 24576 / gbs), 6.0.0's any step up to that; harness/benchmark_rules.py holds the cadence).
+The decay AdamW applies may differ from the logged one (optimizer.applied_weight_decay: the reference logs
+0.1 and applies 0.033).
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
 import tensorflow as tf
 
+from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 from harness.nn import cross_entropy
 from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.hf_checkpoint import Format
-from harness.train.reference import ReferenceModel
-from harness.train.workload import LossTerm
+from harness.train.reference import ReferenceModel, lookup
+from harness.train.workload import EvalSchedule, LossTerm, sample_schedule
 
 from benchmarks.deepseekv3_671b import config, hf_names
 from benchmarks.deepseekv3_671b.model import DeepseekV3
@@ -43,6 +51,21 @@ REFERENCE_MODEL = ReferenceModel("DeepSeek-V3 671B", {
     "model.num_experts": 256, "model.experts_per_token": 8, "model.expert_hidden": 2048,
     "model.shared_experts": 1, "model.expert_groups": 8, "model.groups_per_token": 4,
     "model.routed_scaling_factor": 2.5, "model.seq_aux_loss_coef": 0.01, "model.norm_epsilon": 1e-6})
+
+# The closed division: the checker's bounds (closed_deepseekv3_671b.yaml) and the reference's learning rate
+# rule, 2.4e-5 x sqrt(gbs / 16384) within 1e-9 (spec sections 4.1-4.3).
+CLOSED_MIN_BATCH, CLOSED_SEQ_LENGTH, CLOSED_EVAL_SAMPLES = 15360, 4096, 1024
+LR_AT_16384, LR_TOLERANCE = 2.4e-5, 1e-9
+# What the checker (optimizer keys, moe_aux_loss_coeff) and the reference (MTP, the bias update) fix.
+CLOSED_FIXED = (("optimizer.warmup_steps", 4), ("optimizer.max_steps", 12000), ("optimizer.beta_1", 0.9),
+                ("optimizer.beta_2", 0.95), ("optimizer.epsilon", 1e-8), ("optimizer.weight_decay", 0.1),
+                ("optimizer.clip_norm", 1.0), ("model.seq_aux_loss_coef", 0.01), ("model.mtp_layers", 1),
+                ("model.mtp_loss_weight", 0.1), ("model.bias_update_rate", 1e-3))
+
+
+def closed_learning_rate(global_batch: int) -> float:
+    """The rules' peak learning rate at `global_batch`: 2.4e-5 x sqrt(gbs / 16384)."""
+    return LR_AT_16384 * math.sqrt(global_batch / 16384)
 
 
 class DeepseekV3Workload(DecoderLMWorkload):
@@ -62,12 +85,81 @@ class DeepseekV3Workload(DecoderLMWorkload):
     HF_FORMAT = Format(hf_names.layout, hf_names.config_problems,
                        lambda cfg, dtype: hf_names.hf_config(cfg.model, cfg.data.seq_length, dtype))
 
-    def validate_config(self) -> None:
+    # ------------------------------------------------------------------------------------ schedule
+    @property
+    def eval_every_samples(self) -> int:
+        return self.cfg.data.eval_every_samples or self.cfg.schedule.global_batch_size
+
+    def closed_first_eval_steps(self) -> list[int]:
+        """The steps a closed run's first eval may follow under every ruleset its log is checked against:
+        [floor(42 + 24576 / gbs)] with 6.1.0 among them, 1 to that step under 6.0.0 alone."""
+        c, gbs = self.cfg, self.cfg.schedule.global_batch_size
+        allowed: set[int] | None = None
+        for ruleset in [c.ruleset, *c.check_rulesets]:
+            cadence = rules.cadence(self.MLPERF_KEY, ruleset, gbs)
+            if cadence is None:
+                continue
+            steps = {round(p / gbs) for p in (cadence.first_choices or (cadence.first,))}
+            allowed = steps if allowed is None else allowed & steps
+        return sorted(allowed or {1})
+
+    @property
+    def first_eval_step(self) -> int:
+        """data.first_eval_step, or by default closed the rules' first (the earliest every ruleset allows),
+        open the first eval_every_samples mark."""
+        d, gbs = self.cfg.data, self.cfg.schedule.global_batch_size
+        if d.first_eval_step > 0:
+            return d.first_eval_step
         if self.cfg.submission.division == "closed":
-            raise HarnessError(f"closed {self.NAME} is not implemented yet (its rows of 4096 tokens, eval after "
-                               f"every step, the expert-bias update and multi-token prediction); set "
-                               f"submission.division=open")
-        super().validate_config()
+            return self.closed_first_eval_steps()[0]
+        return max(1, math.ceil(self.eval_every_samples / gbs))
+
+    def eval_schedule(self) -> EvalSchedule:
+        """An eval after `first_eval_step`, then every `eval_every_samples` up to the budget (and at it)."""
+        gbs = self.cfg.schedule.global_batch_size
+        budget = max(1, math.ceil(self.cfg.schedule.max_epochs * self.train_samples / gbs - 1e-9)) * gbs
+        first = self.first_eval_step * gbs
+        marks = list(range(first, budget, self.eval_every_samples)) + [budget]
+        return sample_schedule(marks, self.train_samples, gbs, None)
+
+    # ---------------------------------------------------------------------------------- validation
+    def validate_closed(self) -> None:
+        """The reference's run (spec sections 3 and 4): each departure refused in one line."""
+        c, d, gbs = self.cfg, self.cfg.data, self.cfg.schedule.global_batch_size
+        fix = "; or set submission.division=open"
+        if gbs < CLOSED_MIN_BATCH:
+            raise HarnessError(f"closed {self.NAME} needs schedule.global_batch_size >= {CLOSED_MIN_BATCH} (the "
+                               f"checker's bound; got {gbs}){fix}")
+        if d.seq_length != CLOSED_SEQ_LENGTH:
+            raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens (got "
+                               f"data.seq_length={d.seq_length}){fix}")
+        if d.eval_samples != CLOSED_EVAL_SAMPLES:
+            raise HarnessError(f"closed {self.NAME} scores {CLOSED_EVAL_SAMPLES} eval rows (got "
+                               f"data.eval_samples={d.eval_samples}){fix}")
+        if d.source != "indexed":
+            raise HarnessError(f"closed {self.NAME} trains on the reference's C4 .bin/.idx files: set "
+                               f"data.source=indexed (got {d.source}){fix}")
+        if d.eval_every_samples not in (0, gbs):
+            raise HarnessError(f"closed {self.NAME} evaluates after every step: set data.eval_every_samples=0 "
+                               f"(got {d.eval_every_samples}){fix}")
+        allowed = self.closed_first_eval_steps()
+        if d.first_eval_step > 0 and d.first_eval_step not in allowed:
+            where = f"step {allowed[0]}" if len(allowed) == 1 else f"a step from {allowed[0]} to {allowed[-1]}"
+            raise HarnessError(f"closed {self.NAME} at global batch {gbs} evaluates first after {where} under "
+                               f"rulesets {', '.join([c.ruleset, *c.check_rulesets])} (6.1.0: floor(42 + 24576 / "
+                               f"gbs)): set data.first_eval_step=-1 (got {d.first_eval_step}){fix}")
+        lr, want = c.optimizer.base_learning_rate, closed_learning_rate(gbs)
+        if abs(lr - want) >= LR_TOLERANCE:
+            raise HarnessError(f"closed {self.NAME}: optimizer.base_learning_rate must be 2.4e-5 x sqrt("
+                               f"global_batch_size / 16384) = {want:.9f} at global batch {gbs}, within "
+                               f"{LR_TOLERANCE:g} (got {lr:g}){fix}")
+        for key, value in CLOSED_FIXED:
+            if not math.isclose(lookup(c, key), value, rel_tol=1e-9, abs_tol=0.0):
+                raise HarnessError(f"closed {self.NAME}: the reference fixes {key}={value:g} (got "
+                                   f"{lookup(c, key):g}){fix}")
+        if not c.model.init_checkpoint:
+            raise HarnessError(f"closed {self.NAME} continues pre-training from the MLCommons DeepSeek-V3 "
+                               f"checkpoint: set model.init_checkpoint to its Hugging Face directory{fix}")
 
     def validate_model(self) -> None:
         m = self.cfg.model
@@ -99,6 +191,11 @@ class DeepseekV3Workload(DecoderLMWorkload):
 
     def make_model(self) -> DeepseekV3:
         return DeepseekV3(self.runtime, self.cfg.seed, self.cfg.model, self.cfg.data.seq_length)
+
+    def build(self) -> None:
+        super().build()
+        # read when the update is traced: the decay applied, whatever opt_adamw_weight_decay logs
+        self.optimizer.weight_decay = self.cfg.optimizer.applied_decay()
 
     def expert_biases(self) -> list[tf.Variable]:
         """The MoE layers' expert biases, in layer order (the MTP layer's last)."""
@@ -165,7 +262,13 @@ class DeepseekV3Workload(DecoderLMWorkload):
         return terms
 
     def extra_hparams(self) -> dict[str, Any]:
-        """The expert parallelism as computed (every device computes every expert) and the sequence balance
-        loss's coefficient (the checker wants it, 0 included)."""
-        m = self.cfg.model
-        return {"expert_parallelism": 1, "moe_aux_loss_coeff": m.seq_aux_loss_coef}
+        """The expert parallelism as computed (every device computes every expert), the sequence balance
+        loss's coefficient (the checker wants it, 0 included), the checkpoint's step (the reference loads
+        step 0: no optimizer state, the schedule from its start) and, not an MLPerf key, the decay applied
+        where it differs from opt_adamw_weight_decay."""
+        m, o = self.cfg.model, self.cfg.optimizer
+        keys: dict[str, Any] = {"expert_parallelism": 1, "moe_aux_loss_coeff": m.seq_aux_loss_coef,
+                                "init_checkpoint_step": 0}
+        if o.applied_decay() != o.weight_decay:
+            keys["harness_applied_weight_decay"] = o.applied_decay()
+        return keys

@@ -116,28 +116,9 @@ class DecoderLMWorkload(Workload):
     def validate_config(self) -> None:
         """What `validate` checks of the config alone (no data file is read); then `validate_model`, then that
         every size in SPLIT_DIMS divides over its devices."""
-        c, m, d = self.cfg, self.cfg.model, self.cfg.data
-        fix = "; or set submission.division=open"
+        c, m = self.cfg, self.cfg.model
         if c.submission.division == "closed":
-            if d.eval_every_samples:
-                raise HarnessError(f"closed {self.NAME} evaluates every ceil(12288/gbs)*gbs samples: set "
-                                   f"data.eval_every_samples=0{fix}")
-            if d.seq_length != CLOSED_SEQ_LENGTH or d.eval_samples != CLOSED_EVAL_SAMPLES:
-                raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens and scores "
-                                   f"{CLOSED_EVAL_SAMPLES} eval rows (got data.seq_length={d.seq_length}, "
-                                   f"data.eval_samples={d.eval_samples}){fix}")
-            o = c.optimizer
-            for key, want in CLOSED_OPTIMIZER:
-                if not math.isclose(getattr(o, key), want, rel_tol=1e-9):
-                    raise HarnessError(f"closed {self.NAME}: the checker fixes optimizer.{key}={want:g} (got "
-                                       f"{getattr(o, key):g}){fix}")
-            if not math.isclose(o.end_learning_rate, 0.1 * o.base_learning_rate, rel_tol=1e-6):
-                raise HarnessError(f"closed {self.NAME}: the rules fix optimizer.end_learning_rate at 0.1 x "
-                                   f"base_learning_rate = {0.1 * o.base_learning_rate:g} (got "
-                                   f"{o.end_learning_rate:g}){fix}")
-            if m.init_checkpoint:
-                raise HarnessError(f"closed {self.NAME} pretrains from the reference's random initialization: "
-                                   f"remove model.init_checkpoint{fix}")
+            self.validate_closed()
         if m.num_heads % m.num_kv_heads:
             raise HarnessError(f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
                                f"{m.num_kv_heads}")
@@ -146,6 +127,30 @@ class DecoderLMWorkload(Workload):
         self.validate_model()
         for key, dim in self.SPLIT_DIMS.items():
             self.runtime.check_divides(key, lookup(self.cfg, key), dim)
+
+    def validate_closed(self) -> None:
+        """What the closed division fixes of the config (HarnessError): gpt_oss_20b's and llama31_8b's rules."""
+        c, m, d = self.cfg, self.cfg.model, self.cfg.data
+        fix = "; or set submission.division=open"
+        if d.eval_every_samples:
+            raise HarnessError(f"closed {self.NAME} evaluates every ceil(12288/gbs)*gbs samples: set "
+                               f"data.eval_every_samples=0{fix}")
+        if d.seq_length != CLOSED_SEQ_LENGTH or d.eval_samples != CLOSED_EVAL_SAMPLES:
+            raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens and scores "
+                               f"{CLOSED_EVAL_SAMPLES} eval rows (got data.seq_length={d.seq_length}, "
+                               f"data.eval_samples={d.eval_samples}){fix}")
+        o = c.optimizer
+        for key, want in CLOSED_OPTIMIZER:
+            if not math.isclose(getattr(o, key), want, rel_tol=1e-9):
+                raise HarnessError(f"closed {self.NAME}: the checker fixes optimizer.{key}={want:g} (got "
+                                   f"{getattr(o, key):g}){fix}")
+        if not math.isclose(o.end_learning_rate, 0.1 * o.base_learning_rate, rel_tol=1e-6):
+            raise HarnessError(f"closed {self.NAME}: the rules fix optimizer.end_learning_rate at 0.1 x "
+                               f"base_learning_rate = {0.1 * o.base_learning_rate:g} (got "
+                               f"{o.end_learning_rate:g}){fix}")
+        if m.init_checkpoint:
+            raise HarnessError(f"closed {self.NAME} pretrains from the reference's random initialization: "
+                               f"remove model.init_checkpoint{fix}")
 
     def validate_model(self) -> None:
         """The model's own config checks (HarnessError)."""

@@ -279,10 +279,14 @@ def check_eval_schedule(events: list[LogEvent], ruleset: str) -> list[Finding]:
                 flag(acc, f"is {cur - prev:g} samples after the previous one; v0.7 evaluates at least "
                           f"every {every:,g}")
     elif batch:
+        first = cadence.first
+        if cadence.first_choices and any(abs(positions[0] - c) < 1e-6 for c in cadence.first_choices):
+            first = positions[0]  # a first eval the rules let the run choose
         for k, (acc, pos) in enumerate(zip(accs, positions), start=1):
-            if not (k * every - 1e-6 <= pos < k * every + batch):
-                flag(acc, f"is eval {k}; the rules put it at {k * every:,g} samples (every {every:,g} at "
-                          f"batch {batch}, rounded up to a batch)")
+            want = first + (k - 1) * every
+            if not (want - 1e-6 <= pos < want + batch):
+                flag(acc, f"is eval {k}; the rules put it at {want:,g} samples (from {first:,g}, every "
+                          f"{every:,g} at batch {batch}, rounded up to a batch)")
     if cadence.unit == rules.EPOCH and cadence.first_choices:
         train_samples = _value(events, "train_samples")
         if isinstance(train_samples, (int, float)):

@@ -5,7 +5,8 @@ the benchmark's; record counts alone miss most of it. Each workload keeps a mani
 (`benchmarks/<name>/data_manifest.yaml`, see `load_manifest`): for every set of files its data section names (a
 glob under a folder, one file, or a Megatron `<prefix>.bin/.idx` pair), the reference's file names, file count,
 sizes, record counts and md5 / sha256 as far as a reference publishes them, each value with its source. A value
-no reference publishes is absent, and the set's `unsourced` note says so.
+no reference publishes is absent, and the set's `unsourced` note says so. A benchmark that reads another's
+download names that one's manifest (`same_files_as`) instead of copying it.
 
 The cheap checks (names, presence, sizes, record counts through the counts cache of `datafiles.py`) always
 run, and so does the hash of every file up to SMALL_FILE_BYTES with a published hash (a vocabulary, an eval
@@ -223,6 +224,15 @@ def load_manifest(workload: str, path: str | None = None) -> Manifest:
             data = yaml.safe_load(f)
         except yaml.YAMLError as e:
             raise HarnessError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if isinstance(data, Mapping) and data.get("same_files_as"):
+        # A benchmark that reads another's download (deepseekv3_671b: llama31_8b's C4) names it once
+        other = data["same_files_as"]
+        if data.get("workload") != workload or "sets" in data or other == workload:
+            raise HarnessError(f"{path}: a manifest with `same_files_as` names its own workload ({workload}) "
+                               f"and no sets of its own")
+        shared = load_manifest(str(other))
+        note = " ".join(str(data.get("note", "")).split()) or shared.note
+        return dataclasses.replace(shared, workload=workload, path=f"{path} (the sets of {shared.path})", note=note)
     manifest = parse_manifest(data, path)
     if manifest.workload != workload:
         raise HarnessError(f"{path} is the data manifest of {manifest.workload}, not of {workload}")
