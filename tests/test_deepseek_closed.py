@@ -13,6 +13,8 @@ import pytest
 
 from conftest import REPO, cli_in_process, stderr_error_lines
 
+pytestmark = pytest.mark.quick
+
 REFERENCE = os.path.join(REPO, "configs", "deepseekv3_671b", "reference.yaml")
 SMOKE = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
 # Eval losses of a run that reaches 3.6 at its fourth eval (the RCP runs cross it at steps 45-48).

@@ -250,7 +250,7 @@ def test_config_mismatches_are_named(tmp_path):
     (["model.groups_per_token=3"], "exceeds model.expert_groups"),
     (["model.experts_per_token=5"], "exceeds the experts of"),
     (["model.num_kv_heads=2"], "must equal model.num_heads"),
-    (["submission.division=closed"], "closed deepseekv3_671b is not implemented"),
+    (["submission.division=closed"], r"closed deepseekv3_671b needs schedule.global_batch_size >= 15360"),
 ])
 def test_bad_configs_are_refused_in_one_line(overrides, message):
     from benchmarks import registry
