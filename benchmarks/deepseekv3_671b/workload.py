@@ -1,5 +1,4 @@
-"""DeepSeek-V3 671B continued pre-training (MLPerf deepseekv3_671b, rulesets 6.0.0 and 6.1.0) as a workload,
-open division only so far.
+"""DeepSeek-V3 671B continued pre-training (MLPerf deepseekv3_671b, rulesets 6.0.0 and 6.1.0) as a workload.
 
 The decoder LMs' common workload (benchmarks/lm/workload.py: AdamW with cosine-with-linear-warmup, token
 cross-entropy, eval log perplexity, LOWER is better), target 3.6, on the DeepSeek-V3 model (model.py: MLA,
