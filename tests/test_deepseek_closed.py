@@ -97,6 +97,7 @@ def test_the_applied_weight_decay_is_the_schedulers_while_the_log_says_0_1():
 
     _, _, workload = build(SMOKE, ["optimizer.weight_decay=0.1", "optimizer.applied_weight_decay=0.033"])
     assert workload.optimizer.weight_decay == 0.033
+    assert float(workload.optimizer.learning_rate()) == 0.0  # what the first step's update reads
     keys = workload.mllog_hparams()
     assert keys["opt_adamw_weight_decay"] == 0.1 and keys["harness_applied_weight_decay"] == 0.033
     _, _, workload = build(SMOKE, ["optimizer.weight_decay=0.1"])
