@@ -157,15 +157,18 @@ class DeepseekMoE(Block):
         """The routed experts' output [b, s, m] and each row's dropped assignments [b]; one routing group per
         row (index, kept, position [b, 1, s, k])."""
         c, dt = self.cfg, self.dtype
-        seq = x.shape[1]
-        capacity = expert_capacity(seq, c.num_experts, c.experts_per_token, c.capacity_factor)
-        position = slot_positions(choice[:, None])
+        b, seq, _ = x.shape
+        k, e = c.experts_per_token, c.num_experts
+        capacity = expert_capacity(seq, e, k, c.capacity_factor)
+        # reshapes, not [:, None] / [:, 0] slices: DTensor (TF 2.21) segfaults on those of batch-split tensors
+        position = slot_positions(tf.reshape(choice, [b, 1, seq, k, e]))
         kept = tf.cast(position < capacity, tf.float32)
 
         def experts(xe: tf.Tensor) -> tf.Tensor:  # [b, experts, capacity, m], split over `experts`
             return swiglu(xe, tf.cast(self.w_gate, dt), tf.cast(self.w_up, dt), tf.cast(self.w_down, dt),
                           "becm,emh->bech", "bech,ehm->becm")
 
-        ya = alltoall_experts(self.runtime, x, index[:, None], kept, position, c.num_experts, capacity, experts)
-        weights = tf.einsum("bske,bse->bsk", choice, gates) * kept[:, 0]
+        ya = alltoall_experts(self.runtime, x, tf.reshape(index, [b, 1, seq, k]), kept, position, e, capacity,
+                              experts)
+        weights = tf.einsum("bske,bse->bsk", choice, gates) * tf.reshape(kept, [b, seq, k])
         return tf.einsum("bskm,bsk->bsm", ya, tf.cast(weights, dt)), tf.reduce_sum(1.0 - kept, [1, 2, 3])
