@@ -1,17 +1,18 @@
 """DeepSeek-V3's cost for `mlperf-harness plan` and the dry run's useful FLOPs: multiply-adds per row of
 `data.seq_length` tokens, counted from the config.
 
-Per token and layer: MLA's projections h*q_lora + q_lora*H*(nope + rope) + h*(kv_lora + rope) + kv_lora*H*(nope
-+ v) + H*v*h, and causal attention's scores and context H*(nope + rope + v) per key a query sees (half the row
-on average); the dense layers' SwiGLU 3*h*ff; the MoE layers' router h*E, the k routed experts 3*h*eh each and
-the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Multi-token prediction adds its projection
-2*h*h, one MLA + MoE layer and the head again. Only the k routed experts count: the useful work, what MFU
-counts. What XLA is handed for the routed experts is their slots (`routed_slots` per token): dropless
-(model.capacity_factor 0, the reference's, either dispatch) every expert computes every token, E / k times the
-useful routed work (4x at the smoke, 32x at the reference's 256 top-8); a capacity factor cf makes it about cf
-x; the dry run's compiled count shows it. Training = 3 x forward; eval: the forward pass. The expert bias is no
-parameter (not trained). At the tiny configuration of the spec (section 5.3) the count is 284,416 parameters and
-78,704 more for MTP, as the spec's; at the full size 671,026,404,352 and 11,610,067,968.
+Per token and layer: MLA's projections h*q_lora + q_lora*H*(nope + rope) + h*(kv_lora + rope) +
+kv_lora*H*(nope + v) + H*v*h, and causal attention's scores and context H*(nope + rope + v) per key a query
+sees (half the row on average); the dense layers' SwiGLU 3*h*ff; the MoE layers' router h*E, the k routed
+experts 3*h*eh each and the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Multi-token
+prediction adds its projection 2*h*h, one MLA + MoE layer and the head again. Only the k routed experts count:
+the useful work, what MFU counts. What XLA is handed for the routed experts is their slots (`routed_slots` per
+token): dropless (model.capacity_factor 0, the reference's, either dispatch) every expert computes every
+token, E / k times the useful routed work (4x at the smoke, 32x at the reference's 256 top-8); a capacity
+factor cf makes it about cf x; the dry run's compiled count shows it. Training = 3 x forward; eval: the
+forward pass. The expert bias is no parameter (not trained). At the tiny configuration of the spec (section
+5.3) the count is 284,416 parameters and 78,704 more for MTP, as the spec's; at the full size 671,026,404,352
+and 11,610,067,968.
 """
 from __future__ import annotations
 
