@@ -72,8 +72,9 @@ def model_cost(cfg) -> ModelCost:
         cfg, "deepseekv3_671b", macs, params,
         "counted (benchmarks/deepseekv3_671b/cost.py: MLA, causal attention, dense SwiGLU, k routed + shared "
         "experts, LM head)",
-        notes=f"the routed experts compute {routed_slots(cfg) / cfg.model.experts_per_token:.3g}x their useful "
-              f"work ({cfg.model.moe_dispatch} dispatch); expert-parallel all-to-all traffic not modelled")
+        notes=f"expert-parallel all-to-all traffic not modelled; the routed experts compile "
+              f"{routed_slots(cfg) / cfg.model.experts_per_token:.3g}x their useful work ({cfg.model.moe_dispatch} "
+              f"dispatch, capacity_factor {cfg.model.capacity_factor:g})")
 
 
 def train_activation_bytes(cfg, rows: int) -> int:
