@@ -5,10 +5,7 @@ all-to-alls over the experts' axis and never gathers an expert's weights; its sl
 assignment once. One subprocess (tests/helpers/moe_alltoall.py, about 20 s of CPU) traces both programs."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,20 +14,14 @@ import tensorflow as tf
 from benchmarks.gpt_oss_20b import moe
 from benchmarks.lm import moe_dispatch
 from conftest import REPO
+from tests.spmd_trace import run_spmd_helper
 
 HELPER = os.path.join(REPO, "tests", "helpers", "moe_alltoall.py")
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    dump = str(tmp_path_factory.mktemp("spmd"))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPP_VMODULE="dtensor_mlir_passes=1",
-               TF_DUMP_GRAPH_PREFIX=dump, MLIR_BRIDGE_LOG_PASS_FILTER="DTensorSPMDExpansion")
-    p = subprocess.run([sys.executable, HELPER, dump], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=900)
-    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
-    return json.loads(line[-1][len("RESULT "):])
+    return run_spmd_helper(HELPER, str(tmp_path_factory.mktemp("spmd")))
 
 
 @pytest.mark.parametrize("cf", ["cf0.0", "cf0.5"])

@@ -74,6 +74,14 @@ class ModelConfig(DecoderModelConfig):
     expert_groups: int = field(8, min=1, doc="n_group: experts in contiguous groups")
     groups_per_token: int = field(4, min=1, doc="topk_group: a token's experts come from this many groups")
     routed_scaling_factor: float = field(2.5, min=0.0, doc="the normalized gate weights x this")
+    moe_dispatch: str = field("alltoall", choices=("alltoall", "dense"), doc="alltoall: each row's assignments "
+                              "gathered into [experts, capacity] slots and sent to the devices that own their "
+                              "experts by an all-to-all over the experts' mesh axis, and back (expert weights "
+                              "never gathered); dense: every expert computes every token, weighted by the "
+                              "(mostly zero) gates (exact, experts / k times the work: the small reference)")
+    capacity_factor: float = field(0.0, min=0.0, doc="alltoall: 0 = dropless (the reference; each expert's "
+                                   "capacity is the row); else each expert takes ceil(cf * seq * k / experts) "
+                                   "of a row's tokens and drops the rest (counted in eval)")
     seq_aux_loss_coef: float = field(0.01, min=0.0, doc="sequence-level load-balancing loss weight (the "
                                      "reference's moe_aux_loss_coeff)")
     mtp_layers: int = field(1, min=0, max=1, doc="multi-token prediction depth (the reference: 1; 0 = off)")

@@ -180,6 +180,9 @@ class DeepseekV3Workload(DecoderLMWorkload):
         if m.experts_per_token // m.groups_per_token > per_group:
             raise HarnessError(f"a group is scored by its top experts_per_token / groups_per_token = "
                                f"{m.experts_per_token // m.groups_per_token} experts, more than its {per_group}")
+        if m.capacity_factor and m.moe_dispatch != "alltoall":
+            raise HarnessError(f"model.capacity_factor={m.capacity_factor} needs model.moe_dispatch=alltoall (the "
+                               f"{m.moe_dispatch} dispatch computes every expert on every token: it never drops)")
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
@@ -260,14 +263,34 @@ class DeepseekV3Workload(DecoderLMWorkload):
                                         tf.constant(float(moe[0].rows)))
         return terms
 
+    def extra_eval_sums(self, extras, mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Health metric (ST-MoE): expert assignments dropped for capacity (model.capacity_factor), real rows
+        only, and the assignments routed, over the MoE layers (MTP's included)."""
+        moe = [r for r in extras[0] if r is not None]
+        if not moe:
+            return {}
+        per_row = float(self.cfg.data.seq_length * self.cfg.model.experts_per_token * len(moe))
+        return {"dropped": tf.add_n([tf.reduce_sum(r.dropped * mask) for r in moe]),
+                "assigned": per_row * tf.reduce_sum(mask)}
+
+    def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
+        if "dropped" not in state:
+            return {}
+        return {"dropped assignments": state["dropped"] / max(state["assigned"], 1.0)}
+
     def extra_hparams(self) -> dict[str, Any]:
-        """The expert parallelism as computed (every device computes every expert), the sequence balance
-        loss's coefficient (the checker wants it, 0 included), the checkpoint's step (the reference loads
-        step 0: no optimizer state, the schedule from its start) and, not an MLPerf key, the decay applied
-        where it differs from opt_adamw_weight_decay."""
+        """Expert parallelism as computed: the alltoall dispatch sends tokens to the devices of their experts
+        (the layout's split); the dense one computes every expert on every device (1: the split is storage).
+        The capacity factor when one can drop, the sequence balance loss's coefficient (the checker wants it, 0
+        included), the checkpoint's step (the reference loads step 0: no optimizer state, the schedule from its
+        start) and, not an MLPerf key, the decay applied where it differs from opt_adamw_weight_decay."""
         m, o = self.cfg.model, self.cfg.optimizer
-        keys: dict[str, Any] = {"expert_parallelism": 1, "moe_aux_loss_coeff": m.seq_aux_loss_coef,
-                                "init_checkpoint_step": 0}
+        keys: dict[str, Any] = {
+            "expert_parallelism": self.runtime.shards("experts") if m.moe_dispatch == "alltoall" else 1}
+        if m.capacity_factor:
+            keys["moe_expert_capacity_factor"] = m.capacity_factor
+        keys["moe_aux_loss_coeff"] = m.seq_aux_loss_coef
+        keys["init_checkpoint_step"] = 0
         if o.applied_decay() != o.weight_decay:
             keys["harness_applied_weight_decay"] = o.applied_decay()
         return keys

@@ -5,7 +5,6 @@ Named dimensions `experts` and `ff` (an expert's hidden units) let a mesh runtim
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import tensorflow as tf
 
@@ -14,7 +13,8 @@ from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm.ffn import SWIGLU, Glu, swiglu, swiglu_hidden
-from benchmarks.lm.moe_dispatch import alltoall_experts, combine_rows, dispatch_rows, slot_positions
+from benchmarks.lm.moe_dispatch import (alltoall_experts, combine_rows, dispatch_rows, expert_capacity,
+                                        slot_positions)
 
 
 # ------------------------------------------------------------------------------ mixture of experts
@@ -45,14 +45,6 @@ class Routing:
     def with_remat_outputs(self, tensors: list[tf.Tensor]) -> Routing:
         """The routing as seen outside a recomputed layer: the sums of `remat_outputs`, no per-token tensors."""
         return Routing(None, None, None, *tensors, groups=self.groups, tokens=self.tokens)
-
-
-def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
-    """Slots per expert per group: the whole group when dropless (no expert can receive a token twice, so
-    nothing overflows), else ceil(cf * group * k / experts) (Switch eq. 3 for top-k), at most the group."""
-    if capacity_factor <= 0:
-        return group
-    return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
 
 
 def route(logits: tf.Tensor, k: int, capacity: int, dense: bool = True, positions: bool = False) -> Routing:

@@ -4,16 +4,26 @@ map, never scatters), and expert parallelism by all-to-all over the mesh axis th
 
 A routing here is index [b, groups, s, k] (each token's k experts, int32), kept [b, groups, s, k] (1 = the
 assignment has a slot) and position (its slot within its expert's capacity in its group). gpt_oss_20b's MoE
-(benchmarks/gpt_oss_20b/moe.py) routes with a softmax top-k; any router giving these tensors can use them.
+(benchmarks/gpt_oss_20b/moe.py) routes with a softmax top-k, deepseekv3_671b's (benchmarks/deepseekv3_671b/moe.py)
+with a group-limited sigmoid top-k; any router giving these tensors can use them.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Protocol
 
 import tensorflow as tf
 
 from harness.runtime.base import Runtime
+
+
+def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
+    """Slots per expert per group: the whole group when dropless (no expert can receive a token twice, so
+    nothing overflows), else ceil(cf * group * k / experts) (Switch eq. 3 for top-k), at most the group."""
+    if capacity_factor <= 0:
+        return group
+    return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
 
 
 def slot_positions(choice: tf.Tensor) -> tf.Tensor:
