@@ -147,18 +147,26 @@ def bert_cost(rnd: str):
     return dataclasses.replace(cost, gradient_bytes=GRADIENT_BYTES_PER_PARAM * cost.params)
 
 
+def scale_row(rows: list[dict], rnd: str, submitter: str, bench: str, n: int, batch: int,
+              sysname: str) -> dict | None:
+    """The scale table's row of one submitter's system at n accelerators and global batch `batch`."""
+    for r in rows:
+        if ((r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
+                and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch):
+            return r
+    return None
+
+
 def held_out_padding(data_dir: str) -> tuple[float, str]:
     """The padding factor from HELD_OUT_PADDING and how it was found."""
     rnd, submitter, bench, system_name, pts = HELD_OUT_PADDING
     rows = scale_rows(data_dir)
     found = []
     for n, batch, sysname in pts:
-        r = [r for r in rows
-             if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
-             and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
-        if not r:
+        r = scale_row(rows, rnd, submitter, bench, n, batch, sysname)
+        if r is None:
             raise HarnessError(f"padding factor: no {rnd} {submitter} {bench} row for {sysname}")
-        found.append((n, batch, float(r[0]["mean_step_ms"]) / 1e3))
+        found.append((n, batch, float(r["mean_step_ms"]) / 1e3))
     system = load_system(system_name)
     if (rnd, submitter, bench) in POST_BACKWARD_ALLREDUCE:
         system = dataclasses.replace(system, allreduce_overlap=0.0)
@@ -177,13 +185,11 @@ def real_token_check(data_dir: str) -> list[str]:
     rows = scale_rows(data_dir)
     found = []
     for n, batch, sysname in pts:
-        r = [r for r in rows
-             if (r["round"], r["submitter"], r["benchmark"], r["system"]) == (rnd, submitter, bench, sysname)
-             and int(r["num_accelerators"]) == n and int(r["global_batch_size"]) == batch]
-        if not r:
+        r = scale_row(rows, rnd, submitter, bench, n, batch, sysname)
+        if r is None:
             return [f"  {rnd} {submitter} {bench}: no row for {sysname}"]
-        found.append((n, batch, float(r[0]["mean_step_ms"]) / 1e3, float(r[0]["olympic_score_minutes"]),
-                      float(r[0]["epochs_or_samples_to_converge"])))
+        found.append((n, batch, float(r["mean_step_ms"]) / 1e3, float(r["olympic_score_minutes"]),
+                      float(r["epochs_or_samples_to_converge"])))
     cfg = load_config(os.path.join(REPO, "configs", bench, "reference.yaml"), [f"ruleset={ROUND_RULESETS[rnd]}"])
     module = costs.workload_cost_module(bench)
     system = dataclasses.replace(load_system(system_name), allreduce_overlap=0.0)

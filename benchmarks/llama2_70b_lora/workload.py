@@ -177,15 +177,6 @@ class LoraWorkload(DecoderLMWorkload):
             return Llama(self.runtime, "llama", self.cfg.seed, self.cfg.model, self.cfg.data.seq_length,
                          lora=self.lora)
 
-    def train_dataset(self, ctx) -> tf.data.Dataset:
-        return self.source.train(ctx)
-
-    def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
-        return self.source.train(ctx, repeat=False)
-
-    def eval_records(self, ctx) -> tf.data.Dataset:
-        return self.source.eval_records()
-
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
         return record
 

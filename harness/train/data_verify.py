@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import glob as globlib
 import hashlib
-import json
 import os
 import re
 import string
@@ -313,20 +312,11 @@ def file_hash(path: str, algorithm: str) -> str:
         for block in iter(lambda: f.read(8 << 20), b""):
             digest.update(block)
     value = digest.hexdigest()
-    for cache, name in zip(paths, names):
-        try:
-            os.makedirs(os.path.dirname(cache), exist_ok=True)
-            data = datafiles.read_cache(cache)
-            old = data.get(name)
-            entry = dict(old) if isinstance(old, dict) and all(old.get(k) == v for k, v in stamp.items()) else {}
-            data[name] = {**entry, **stamp, algorithm: value}
-            tmp = f"{cache}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, cache)
-            break
-        except OSError:
-            continue
+    def entry(old: Any) -> dict:
+        kept = dict(old) if isinstance(old, dict) and all(old.get(k) == v for k, v in stamp.items()) else {}
+        return {**kept, **stamp, algorithm: value}
+
+    datafiles.write_cache_entry(paths, names, entry)
     return value
 
 

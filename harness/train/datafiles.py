@@ -200,19 +200,27 @@ def cached_count(files: list[str], what: str, settings: dict[str, Any], count: C
         if isinstance(entry, dict) and isinstance(entry.get("count"), int):
             return entry["count"]
     n = int(count())
-    for path in paths:
+    write_cache_entry(paths, [key] * len(paths), lambda old: {"what": what, "settings": settings,
+                                                             "files": len(files), "count": n})
+    return n
+
+
+def write_cache_entry(paths: list[str], names: list[str], entry: Callable[[Any], dict]) -> None:
+    """Store `entry(old value)` under names[i] in the first cache file paths[i] that can be written (a
+    read-only data folder falls through to the user's cache); each file is replaced whole, so a reader never
+    sees half of one."""
+    for path, name in zip(paths, names):
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             data = read_cache(path)
-            data[key] = {"what": what, "settings": settings, "files": len(files), "count": n}
+            data[name] = entry(data.get(name))
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
                 json.dump(data, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
-            break
+            return
         except OSError:
             continue
-    return n
 
 
 def counted_records(files: list[str]) -> int:
