@@ -238,3 +238,15 @@ def test_a_manifest_naming_another_names_its_own_workload(tmp_path):
     path.write_text("workload: llama31_8b\nsame_files_as: llama31_8b\n")
     with pytest.raises(HarnessError, match="names its own workload"):
         data_verify.load_manifest("deepseekv3_671b", str(path))
+
+
+def test_evals_that_dropped_expert_assignments_are_named_a_deviation():
+    """A capacity factor that drops (the reference's MoE is dropless): the run names it beside the verdicts."""
+    from tests.helpers.closed_log import checked_workload
+
+    _, workload = checked_workload(REFERENCE, ["model.capacity_factor=2.0"])
+    clean = [{"metrics": {"dropped assignments": 0.0}} for _ in range(3)]
+    assert workload.deviations(clean) == []
+    (line,) = workload.deviations(clean + [{"metrics": {"dropped assignments": 0.0004}}])
+    assert "model.capacity_factor=2.0 dropped expert assignments in 1 of 4 evals (at most 0.040%)" in line
+    assert "closed result is not its computation" in line

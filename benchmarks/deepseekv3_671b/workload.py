@@ -38,6 +38,7 @@ from harness.train.workload import EvalSchedule, LossTerm, sample_schedule
 from benchmarks.deepseekv3_671b import config, hf_names
 from benchmarks.deepseekv3_671b.model import DeepseekV3
 from benchmarks.deepseekv3_671b.moe import DeepseekMoE
+from benchmarks.lm.moe_dispatch import DROPPED_METRIC
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # DeepSeek-V3 as the reference builds it from the checkpoint's config.json (spec sections 1.1-1.4).
@@ -276,7 +277,7 @@ class DeepseekV3Workload(DecoderLMWorkload):
     def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
         if "dropped" not in state:
             return {}
-        return {"dropped assignments": state["dropped"] / max(state["assigned"], 1.0)}
+        return {DROPPED_METRIC: state["dropped"] / max(state["assigned"], 1.0)}
 
     def extra_hparams(self) -> dict[str, Any]:
         """Expert parallelism as computed: the alltoall dispatch sends tokens to the devices of their experts

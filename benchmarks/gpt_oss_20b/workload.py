@@ -18,6 +18,7 @@ from harness.train.workload import LossTerm
 
 from benchmarks.gpt_oss_20b import config, hf_names
 from benchmarks.gpt_oss_20b.model import GptOss
+from benchmarks.lm.moe_dispatch import DROPPED_METRIC
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # GPT-OSS 20B as the MLPerf reference implementation (Primus/Megatron, which produced the RCPs) builds it:
@@ -101,7 +102,7 @@ class GptOssWorkload(DecoderLMWorkload):
     def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
         m = self.cfg.model
         assignments = max(state["rows"], 1.0) * self.cfg.data.seq_length * m.experts_per_token * m.num_layers
-        return {"dropped assignments": state["dropped"] / assignments}
+        return {DROPPED_METRIC: state["dropped"] / assignments}
 
     def extra_hparams(self) -> dict[str, Any]:
         """The router options that are on, and expert parallelism as computed: the sorted dispatch keeps tokens on

@@ -17,6 +17,10 @@ import tensorflow as tf
 
 from harness.runtime.base import Runtime
 
+# The eval metric of the share of expert assignments a capacity factor dropped (workloads report it, the run
+# names it a deviation from the dropless references).
+DROPPED_METRIC = "dropped assignments"
+
 
 def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
     """Slots per expert per group: the whole group when dropless (no expert can receive a token twice, so

@@ -206,6 +206,8 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
     print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
     if "size_bound" in summary:
         print(size_bound.describe(summary["size_bound"]))
+    for line in summary.get("deviations", []):
+        print(f"deviation from the reference: {line}")
     if not summary["compliant"]:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
@@ -249,6 +251,9 @@ def build_summary(cfg: config_lib.Config, workload: Any, runtime: Any, result: R
     }
     summary.update(mfu.model_flops(cfg, result.samples_per_s, platforms.devices_used(runtime),
                                    runtime.device_type, device_name(cfg, runtime)))
+    deviations = workload.deviations(result.evals)
+    if deviations:
+        summary["deviations"] = deviations
     if result.loss_scale is not None:
         summary["loss_scale"] = {"final": result.loss_scale["scale"],
                                  "skipped_steps": result.loss_scale["skipped_steps"]}

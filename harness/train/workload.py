@@ -306,6 +306,12 @@ class Workload(abc.ABC):
     def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:
         """Named metrics from the whole eval set's state, METRIC among them (run on the chief only)."""
 
+    def deviations(self, evals: list[dict[str, Any]]) -> list[str]:
+        """What this run computed differently from the reference, found in its evals' metrics (e.g. a mixture
+        of experts that dropped assignments the reference's dropless dispatch keeps): printed and kept in
+        summary.json beside the verdicts, which the official checker cannot see."""
+        return []
+
     # ----------------------------------------------------------------------------------- logging
     @abc.abstractmethod
     def mllog_hparams(self) -> dict[str, Any]:
