@@ -420,3 +420,24 @@ def test_the_all_to_all_bytes_are_printed_from_the_full_config():
     assert f"sends {one_way / 1e9:.3f} GB" in note and f"{2 * one_way / 1e9:.3f} GB in all" in note
     assert f"{slots / 1e9:.3f} GB each way (256 experts x 256 slots" in note
     assert f"= {2 * one_way * 59 * 64 * 3 / 1e12:.2f} TB per device per step" in note
+
+
+def test_a_stood_in_compile_frees_its_model_before_the_next():
+    """A recomputed layer (tf.recompute_grad) traced in a graph registers its gradient process-wide and keeps
+    the layers, and so every variable, alive: the stand-in's compiles, one after another at full width, would
+    hold every model built so far. `_model_freed_after` drops the registration once the compile is done."""
+    import gc
+
+    def runtimes_alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, dryrun.StandInRuntime) for o in gc.get_objects())
+
+    path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+    before = runtimes_alive()
+    report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+    report.traced = {}
+    assert runtimes_alive() == before + 1  # kept by the gradient registry, not by the report
+    with dryrun._model_freed_after():
+        report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+        report.traced = {}
+    assert runtimes_alive() == before + 1  # the first still held (its registration predates the block)

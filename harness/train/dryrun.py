@@ -500,8 +500,8 @@ def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
 # is compiled at the smaller sizes its workload names (Workload.DRY_RUN_LINEAR) and extrapolated.
 HOST_MEMORY_SHARE = 0.5
 # The report's numbers that grow linearly with a layer count or a vocabulary size.
-_LINEAR_FIELDS = ("params", "replica_params", "train_flops_per_replica_step", "eval_flops_per_replica_step", "weight_bytes_per_device",
-                  "optimizer_bytes_per_device", "gradient_bytes", "gradient_bytes_per_device",
+_LINEAR_FIELDS = ("params", "replica_params", "train_flops_per_replica_step", "eval_flops_per_replica_step",
+                  "weight_bytes_per_device", "optimizer_bytes_per_device", "gradient_bytes", "gradient_bytes_per_device",
                   "activation_bytes_per_device", "peak_bytes_per_device", "eval_peak_bytes_per_device",
                   "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
 
