@@ -378,7 +378,8 @@ def test_the_stand_ins_all_to_all_hands_each_device_its_experts_block():
     with runtime.scope():
         v = runtime.variable("t/experts", (512, 4), ("experts", None), lambda s, d: tf.zeros(s, d))
     assert v.shape == [2, 4] and runtime.variables()[-1].shape == (512, 4)
-    _, plain, _ = dryrun.standin_checked(config_lib.load_config(os.path.join(REPO, "configs/llama31_8b/smoke-mesh.yaml")))
+    llama = config_lib.load_config(os.path.join(REPO, "configs/llama31_8b/smoke-mesh.yaml"))
+    _, plain, _ = dryrun.standin_checked(llama)
     assert not plain.hold_own_experts() and plain.local_experts == 1
 
 

@@ -224,11 +224,12 @@ def expert_traffic_notes(cfg, runtime) -> list[str]:
     micro = max(1, schedule.gradient_accumulation_steps)
     passes = 3 if m.remat else 2  # forward, backward, and the forward again where layers are recomputed
     gb = lambda n: f"{n / 1e9:.3f} GB"  # noqa: E731
+    per_step = 2 * layers * micro * passes / 1e12  # TB per byte sent each way per layer and micro-batch
     return [f"all-to-all over the {ep} devices splitting the experts (not compiled here: on one device it is a "
             f"transpose of its own slots): per MoE layer and micro-batch of {rows} row(s) a device sends "
             f"{gb(useful)} (its {rows * seq} tokens x {k} experts x {m.hidden_size} values, the dropless average) "
             f"and receives as much back, {gb(2 * useful)} in all, forward; the static slot buffer it sends is "
             f"{gb(buffer)} each way ({m.num_experts} experts x {capacity} slots, capacity factor "
             f"{m.capacity_factor or 'dropless'}); {layers} MoE layers x {micro} micro-batches x {passes} passes "
-            f"(forward, backward{', recompute' if m.remat else ''}) = {2 * useful * layers * micro * passes / 1e12:.2f} TB "
-            f"per device per step by the average ({2 * buffer * layers * micro * passes / 1e12:.2f} TB of slots)"]
+            f"(forward, backward{', recompute' if m.remat else ''}) = {useful * per_step:.2f} TB per device per "
+            f"step by the average ({buffer * per_step:.2f} TB of slots)"]

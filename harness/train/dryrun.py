@@ -501,9 +501,9 @@ def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
 HOST_MEMORY_SHARE = 0.5
 # The report's numbers that grow linearly with a layer count or a vocabulary size.
 _LINEAR_FIELDS = ("params", "replica_params", "train_flops_per_replica_step", "eval_flops_per_replica_step",
-                  "weight_bytes_per_device", "optimizer_bytes_per_device", "gradient_bytes", "gradient_bytes_per_device",
-                  "activation_bytes_per_device", "peak_bytes_per_device", "eval_peak_bytes_per_device",
-                  "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
+                  "weight_bytes_per_device", "optimizer_bytes_per_device", "gradient_bytes",
+                  "gradient_bytes_per_device", "activation_bytes_per_device", "peak_bytes_per_device",
+                  "eval_peak_bytes_per_device", "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
 
 
 def host_memory_bytes() -> int:
