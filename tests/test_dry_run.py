@@ -294,6 +294,7 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
             peak_bytes_per_device=16 * n, compile_seconds={"train": 1.0, "eval": 1.0})
 
     monkeypatch.setattr(dryrun, "compile_report", fake_compile)
+    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
     path = os.path.join(REPO, "configs", "gpt_oss_20b", "reference.yaml")
     cfg = config_lib.load_config(path)
     wl = registry.get("gpt_oss_20b")
@@ -400,6 +401,7 @@ def test_a_step_of_many_micro_batches_is_extrapolated_from_one_and_two(monkeypat
             peak_bytes_per_device=(10 + 3 * k) * layers, compile_seconds={"train": 1.0, "eval": 1.0})
 
     monkeypatch.setattr(dryrun, "compile_report", fake_compile)
+    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
     path = os.path.join(REPO, DEEPSEEK)
     cfg = config_lib.load_config(path, ["schedule.eval_batch_size=1024"])
     report = dryrun.micro_batched_stand_in(path, [], True, cfg, {"model.num_layers": (1, 2)})
@@ -442,3 +444,17 @@ def test_a_stood_in_compile_frees_its_model_before_the_next():
         report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
         report.traced = {}
     assert runtimes_alive() == before + 1  # the first still held (its registration predates the block)
+
+
+def test_a_stood_in_compile_runs_apart_and_brings_its_report_or_error_back():
+    """The full-size dry run compiles each small model in a process of its own (memory handed back when it
+    ends): the report arrives whole, and a config the child refuses is the same one-line HarnessError."""
+    from benchmarks.deepseekv3_671b import cost
+
+    path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+    full = config_lib.load_config(path)
+    report = dryrun._compile_apart(path, ["model.mtp_layers=0"], False, full)
+    assert report.params == cost.forward_macs_and_params(config_lib.load_config(path, ["model.mtp_layers=0"]))[1]
+    assert report.train_flops_per_replica_step > 0 and report.traced == {}
+    with pytest.raises(HarnessError, match="model.groups_per_token=3 exceeds model.expert_groups=2"):
+        dryrun._compile_apart(path, ["model.groups_per_token=3"], False, full)

@@ -541,6 +541,57 @@ def _model_freed_after() -> Any:
         gc.collect()
 
 
+def _compile_here(config_path: str, overrides: list[str], optimize: bool, full: config_lib.Config) -> CompileReport:
+    with _model_freed_after():
+        report = compile_report(config_path, overrides, optimize, stand_in=False, full=full)
+        report.traced = {}  # a traced step holds its model's variables
+    return report
+
+
+# Each small compile of a model too big for this host runs in a Python process of its own: what XLA and the
+# allocators keep after a compile (several GB at full width) would otherwise add up over the compiles, and a
+# process hands everything back when it ends. Tests that stand a fake in for `compile_report` set it False.
+COMPILE_APART = True
+
+
+def _compile_apart(config_path: str, overrides: list[str], optimize: bool, full: config_lib.Config) -> CompileReport:
+    """`_compile_here` in a new Python process (arguments and report pickled through files); its HarnessError
+    comes back as one; its console output is dropped unless it fails otherwise."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dryrun-") as tmp:
+        args, out = os.path.join(tmp, "args.pkl"), os.path.join(tmp, "report.pkl")
+        with open(args, "wb") as f:
+            pickle.dump((config_path, overrides, optimize, full), f)
+        code = "import sys; from harness.train import dryrun; dryrun._compile_child(sys.argv[1], sys.argv[2])"
+        proc = subprocess.run([sys.executable, "-c", code, args, out], capture_output=True, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")))
+        if not os.path.exists(out):
+            raise RuntimeError(f"the stood-in compile of {config_path} with {overrides} failed (exit "
+                               f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(out, "rb") as f:
+            ok, value = pickle.load(f)
+    if not ok:
+        raise HarnessError(value)
+    return value
+
+
+def _compile_child(args: str, out: str) -> None:
+    import pickle
+
+    with open(args, "rb") as f:
+        config_path, overrides, optimize, full = pickle.load(f)
+    try:
+        result = (True, _compile_here(config_path, overrides, optimize, full))
+    except HarnessError as e:
+        result = (False, str(e))
+    with open(out, "wb") as f:
+        pickle.dump(result, f)
+
+
 def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,
                     sizes: dict[str, tuple[int, int]],
                     pairs: tuple[tuple[str, str], ...] = ()) -> CompileReport:
@@ -554,10 +605,7 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
     from harness.train.reference import lookup
 
     def compiled(extra: list[str]) -> CompileReport:
-        with _model_freed_after():
-            report = compile_report(config_path, overrides + extra, optimize, stand_in=False, full=cfg)
-            report.traced = {}  # a traced step holds its model's variables
-        return report
+        return (_compile_apart if COMPILE_APART else _compile_here)(config_path, overrides + extra, optimize, cfg)
 
     base = [f"{k}={a}" for k, (a, _) in sizes.items()]
     r0 = compiled(base)
