@@ -5,13 +5,18 @@ Per token and layer: MLA's projections h*q_lora + q_lora*H*(nope + rope) + h*(kv
 kv_lora*H*(nope + v) + H*v*h, and causal attention's scores and context H*(nope + rope + v) per key a query
 sees (half the row on average); the dense layers' SwiGLU 3*h*ff; the MoE layers' router h*E, the k routed
 experts 3*h*eh each and the shared expert 3*h*(shared x eh). Per token: the LM head h*V. Multi-token
-prediction adds its projection 2*h*h, one MLA + MoE layer and the head again. Only the k routed
-experts count (the useful work; the harness's all-expert MoE computes E / k times as much). Training =
-3 x forward; eval: the forward pass. The expert bias is no parameter (not trained). At the tiny
-configuration of the spec (section 5.3) the count is 284,416 parameters and 78,704 more for MTP, as the
-spec's; at the full size 671,026,404,352 and 11,610,067,968.
+prediction adds its projection 2*h*h, one MLA + MoE layer and the head again. Only the k routed experts count:
+the useful work, what MFU counts. What XLA is handed for the routed experts is their slots (`routed_slots` per
+token): dropless (model.capacity_factor 0, the reference's, either dispatch) every expert computes every
+token, E / k times the useful routed work (4x at the smoke, 32x at the reference's 256 top-8); a capacity
+factor cf makes it about cf x; the dry run's compiled count shows it. Training = 3 x forward; eval: the
+forward pass. The expert bias is no parameter (not trained). At the tiny configuration of the spec (section
+5.3) the count is 284,416 parameters and 78,704 more for MTP, as the spec's; at the full size 671,026,404,352
+and 11,610,067,968.
 """
 from __future__ import annotations
+
+import math
 
 from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
                                 decoder_activation_bytes, decoder_model_cost, eval_positions)
@@ -50,19 +55,37 @@ def forward_macs_and_params(cfg) -> tuple[float, int]:
     return float(per_token * s), int(params)
 
 
+def routed_slots(cfg) -> float:
+    """Routed-expert rows computed per token: every expert under the dense dispatch, else the all-to-all
+    buffer's experts x capacity per row over its tokens (dropless: every expert; cf: about cf x k). The
+    capacity is benchmarks/lm/moe_dispatch.py's expert_capacity, spelled out here: plan imports no TensorFlow."""
+    m, s = cfg.model, cfg.data.seq_length
+    if m.moe_dispatch == "dense" or m.capacity_factor <= 0:
+        return float(m.num_experts)
+    capacity = max(1, min(s, math.ceil(m.capacity_factor * s * m.experts_per_token / m.num_experts)))
+    return m.num_experts * capacity / s
+
+
 def model_cost(cfg) -> ModelCost:
     macs, params = forward_macs_and_params(cfg)
     return decoder_model_cost(
         cfg, "deepseekv3_671b", macs, params,
         "counted (benchmarks/deepseekv3_671b/cost.py: MLA, causal attention, dense SwiGLU, k routed + shared "
-        "experts, LM head)", notes="expert-parallel all-to-all traffic not modelled")
+        "experts, LM head)",
+        notes=f"expert-parallel all-to-all traffic not modelled; the routed experts compile "
+              f"{routed_slots(cfg) / cfg.model.experts_per_token:.3g}x their useful work ({cfg.model.moe_dispatch} "
+              f"dispatch, capacity_factor {cfg.model.capacity_factor:g})")
 
 
 def train_activation_bytes(cfg, rows: int) -> int:
     """Host bytes of the train step beyond the variables (benchmarks/lm/cost.py): every query's scores span the
-    row; the MoE layers keep every expert's hidden units per token (the all-expert MoE), the latents besides."""
+    row; the MoE layers keep the hidden units of every routed slot (`routed_slots`) and the shared expert's
+    per token, the latents and the all-to-all buffers (a slot's hidden size, each way) besides."""
     m = cfg.model
-    units = max(m.ffn_hidden, (m.num_experts + m.shared_experts) * m.expert_hidden)
+    slots = routed_slots(cfg)
+    units = max(m.ffn_hidden, (slots + m.shared_experts) * m.expert_hidden)
     latents = m.q_lora_rank + m.kv_lora_rank + m.num_heads * (2 * m.qk_nope_head_dim + m.qk_rope_head_dim
                                                               + 2 * m.v_head_dim)
-    return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, units, extra_units=latents)
+    buffers = 2 * slots * m.hidden_size if m.moe_dispatch == "alltoall" else 0
+    return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, units,
+                                    extra_units=latents + buffers)
