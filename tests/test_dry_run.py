@@ -43,7 +43,8 @@ def test_every_hardware_config_compiles_at_reduced_width(config):
     if config in EXPECTED_DEVICES:
         assert (r.replicas, r.model_axis, r.per_replica_batch) == EXPECTED_DEVICES[config]
     assert r.per_replica_batch * r.replicas == r.global_batch
-    assert r.params > 0 and r.gradient_bytes == 4 * r.params  # float32 gradients
+    # float32 gradients of what the replica holds: every parameter, or its own experts only (deepseekv3_671b)
+    assert 0 < r.replica_params <= r.params and r.gradient_bytes == 4 * r.replica_params
     # Sharded variables take 1/model_axis of their bytes at most (1/devices where a layout also splits a
     # weight over the data axis, as experts are, or runtime.fsdp does); weights hold at least the parameters.
     cfg = config_lib.load_config(os.path.join(REPO, config), REDUCED[workload_of(config)])
@@ -293,6 +294,7 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
             peak_bytes_per_device=16 * n, compile_seconds={"train": 1.0, "eval": 1.0})
 
     monkeypatch.setattr(dryrun, "compile_report", fake_compile)
+    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
     path = os.path.join(REPO, "configs", "gpt_oss_20b", "reference.yaml")
     cfg = config_lib.load_config(path)
     wl = registry.get("gpt_oss_20b")
@@ -333,3 +335,126 @@ def test_a_model_compiled_smaller_is_checked_at_its_own_sizes(monkeypatch):
     monkeypatch.setattr(dryrun, "HOST_MEMORY_SHARE", 0.0)  # every model counts as too big for the host
     with pytest.raises(HarnessError, match="vocab_size"):
         dryrun.compile_report("configs/llama31_8b/smoke-mesh.yaml", ["model.vocab_size=1001"], optimize=False)
+
+
+DEEPSEEK = "configs/deepseekv3_671b/gpu-256x-h200.yaml"
+
+
+def test_deepseek_device_holds_its_own_experts_and_a_256th_of_the_rest():
+    """The 256-device DeepSeek-V3 mesh at reduced width: the stand-in device holds its own expert of each MoE
+    layer (the all-to-all dispatch never gathers them) and everything else whole; per device, FSDP and the
+    expert split leave 1/256 of every variable. Counted here from the config, apart from the dry run."""
+    from benchmarks.deepseekv3_671b import cost
+
+    r = reduced_report(DEEPSEEK)
+    cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK), REDUCED["deepseekv3_671b"])
+    m, n = cfg.model, 256
+    total = cost.forward_macs_and_params(cfg)[1]
+    moe_layers = m.num_layers - m.first_dense_layers + m.mtp_layers
+    experts = moe_layers * m.num_experts * 3 * m.hidden_size * m.expert_hidden
+    assert (r.replicas, r.per_replica_batch, m.num_experts) == (n, 2, n)
+    assert r.params == total
+    assert r.replica_params == total - experts + experts // n
+    bias = moe_layers * m.num_experts  # each MoE layer's float32 expert bias, not trained
+    assert r.weight_bytes_per_device == 4 * (total + bias) // n
+    assert r.gradient_bytes_per_device == 4 * total // n
+    assert r.optimizer_bytes_per_device == 2 * 4 * total // n + 8  # AdamW's two slots, the int64 step whole
+    assert r.fsdp_replicated_bytes == 8
+    assert any(s.startswith("expert parallelism 256: the device holds its own 1/256") for s in r.stand_in)
+
+
+def test_the_stand_ins_all_to_all_hands_each_device_its_experts_block():
+    """One device's side of the all-to-all: experts [2d, 2d + 2) of its 2 rows arrive as rows [2d, 2d + 2)
+    of device d's slots, and the way back restores the batch-split buffer; variables split over `experts`
+    hold the device's share and keep the model's shape as declared."""
+    cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK), REDUCED["deepseekv3_671b"])
+    _, runtime, _ = dryrun.standin_checked(cfg)
+    assert runtime.hold_own_experts() and runtime.local_experts == 256
+    x = tf.reshape(tf.range(2 * 512 * 3 * 4), [2, 512, 3, 4])
+    y = runtime.place(x, (None, "experts", None, None))
+    assert y.shape == [512, 2, 3, 4]
+    for d in (0, 5, 255):
+        assert tf.reduce_all(y[2 * d:2 * d + 2] == x[:, 2 * d:2 * d + 2])
+    assert tf.reduce_all(runtime.place(y, ("batch", None, None, None)) == x)
+    with runtime.scope():
+        v = runtime.variable("t/experts", (512, 4), ("experts", None), lambda s, d: tf.zeros(s, d))
+    assert v.shape == [2, 4] and runtime.variables()[-1].shape == (512, 4)
+    llama = config_lib.load_config(os.path.join(REPO, "configs/llama31_8b/smoke-mesh.yaml"))
+    _, plain, _ = dryrun.standin_checked(llama)
+    assert not plain.hold_own_experts() and plain.local_experts == 1
+
+
+def test_a_step_of_many_micro_batches_is_extrapolated_from_one_and_two(monkeypatch):
+    """GA 64 is unrolled 64 times in the train step, too long to compile at full width: the step is compiled
+    with 1 micro-batch (FLOPs only) and 2, and its FLOPs are the optimizer's plus 64 micro-batches' exactly;
+    its memory is the 2-micro-batch step's."""
+    def fake_compile(path, overrides, optimize=True, stand_in=True, full=None):
+        c = {k: int(v) for k, v in (o.split("=") for o in overrides)}
+        k, layers = c["schedule.gradient_accumulation_steps"], c["model.num_layers"]
+        assert c["schedule.global_batch_size"] == 256 * k and c["schedule.eval_batch_size"] == 1024
+        assert optimize == (k == 2)  # the 1-micro-batch step for its FLOPs alone
+        return dryrun.CompileReport(
+            workload="deepseekv3_671b", config=path, replicas=256, model_axis=1, per_replica_batch=k,
+            global_batch=256 * k, eval_per_replica_batch=4, params=layers, train_flops_per_replica_step=1000.0 * layers
+            + k * 77.0 * layers, eval_flops_per_replica_step=5.0 * layers, flops_source="fake",
+            weight_bytes_per_device=4 * layers, optimizer_bytes_per_device=8 * layers, gradient_bytes=4 * layers,
+            peak_bytes_per_device=(10 + 3 * k) * layers, compile_seconds={"train": 1.0, "eval": 1.0})
+
+    monkeypatch.setattr(dryrun, "compile_report", fake_compile)
+    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
+    path = os.path.join(REPO, DEEPSEEK)
+    cfg = config_lib.load_config(path, ["schedule.eval_batch_size=1024"])
+    report = dryrun.micro_batched_stand_in(path, [], True, cfg, {"model.num_layers": (1, 2)})
+    assert report.train_flops_per_replica_step == 1000.0 * 61 + 64 * 77.0 * 61
+    assert report.peak_bytes_per_device == 16 * 61 and report.eval_flops_per_replica_step == 5.0 * 61
+    assert (report.per_replica_batch, report.global_batch) == (64, 16384)
+    assert report.stand_in[0].startswith("train step: 64 accumulated micro-batches of 1 row(s) per replica")
+
+
+def test_the_all_to_all_bytes_are_printed_from_the_full_config():
+    """What one device cannot show, from the config: a micro-batch's 4096 tokens x 8 experts x 7168 bfloat16
+    values each way per MoE layer (the spec's 0.94 GB there and back), over 59 MoE layers, 64 micro-batches
+    and 3 passes (remat recomputes the forward)."""
+    cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK))
+    checked, _, _ = dryrun.standin_checked(cfg)
+    [note] = checked.workload.dry_run_notes()
+    one_way = 4096 * 8 * 7168 * 2
+    slots = 256 * 256 * 7168 * 2  # capacity factor 2: 256 slots per expert
+    assert f"sends {one_way / 1e9:.3f} GB" in note and f"{2 * one_way / 1e9:.3f} GB in all" in note
+    assert f"{slots / 1e9:.3f} GB each way (256 experts x 256 slots" in note
+    assert f"= {2 * one_way * 59 * 64 * 3 / 1e12:.2f} TB per device per step" in note
+
+
+def test_a_stood_in_compile_frees_its_model_before_the_next():
+    """A recomputed layer (tf.recompute_grad) traced in a graph registers its gradient process-wide and keeps
+    the layers, and so every variable, alive: the stand-in's compiles, one after another at full width, would
+    hold every model built so far. `_model_freed_after` drops the registration once the compile is done."""
+    import gc
+
+    def runtimes_alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, dryrun.StandInRuntime) for o in gc.get_objects())
+
+    path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+    before = runtimes_alive()
+    report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+    report.traced = {}
+    assert runtimes_alive() == before + 1  # kept by the gradient registry, not by the report
+    with dryrun._model_freed_after():
+        report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+        report.traced = {}
+    assert runtimes_alive() == before + 1  # the first still held (its registration predates the block)
+
+
+def test_a_stood_in_compile_runs_apart_and_brings_its_report_or_error_back():
+    """The full-size dry run compiles each small model in a process of its own (memory handed back when it
+    ends): the report arrives whole, and a config the child refuses is the same one-line HarnessError."""
+    from benchmarks.deepseekv3_671b import cost
+
+    path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+    full = config_lib.load_config(path)
+    report = dryrun._compile_apart(path, ["model.mtp_layers=0"], False, full)
+    assert report.params == cost.forward_macs_and_params(config_lib.load_config(path, ["model.mtp_layers=0"]))[1]
+    assert report.train_flops_per_replica_step > 0 and report.traced == {}
+    with pytest.raises(HarnessError, match="model.groups_per_token=3 exceeds model.expert_groups=2"):
+        dryrun._compile_apart(path, ["model.groups_per_token=3"], False, full)

@@ -386,3 +386,24 @@ def test_model_cost_from_a_dry_run_compile_report():
     assert (c.train_samples, c.eval_fixed_seconds) == (1000, 0.5) and c.source.startswith("xla cost analysis")
     with pytest.raises(HarnessError, match="compile report"):
         costs.from_compile_report_dict({"workload": "bert"}, base)
+
+
+def test_deepseek_plan_reads_its_rcps_counts_its_flops_and_names_a_batch_with_no_rcp(capsys):
+    """deepseekv3_671b's plan: samples to converge from the checker's RCP table (batches 15360, 16384, 18432),
+    the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, spec section 5.1); above 18432 the
+    table has no RCP and the plan says a result there needs new ones."""
+    from benchmarks.deepseekv3_671b import cost
+    from harness.config import load_config
+
+    path = os.path.join(REPO, "configs", "deepseekv3_671b", "gpu-256x-h200.yaml")
+    macs, _ = cost.forward_macs_and_params(load_config(path))
+    assert 6 * macs / 1e12 == pytest.approx(1068, rel=0.001)
+    for batch, source in ((16384, "at batch 16384"), (17408, "interpolated between 16384 and 18432")):
+        assert planner.main(path, [], "dgx-h100", 256, batch, [], None, False, False, None, False, None) == 0
+        out = capsys.readouterr().out
+        assert f"{6 * macs / 1e9:,.1f} GFLOP per training row of 4096 tokens" in out
+        assert f"[RCP table deepseekv3_671b 6.0.0 (mlperf-logging), {source}]" in out and "RCPs" not in out
+    assert planner.main(path, [], "dgx-h100", 256, 20480, [], None, False, False, None, False, None) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "RCP" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        "** no RCP above batch 18432: a result at batch 20480 needs new RCPs (the RCP checker reports them missing) **")

@@ -38,7 +38,7 @@ from harness.train.workload import EvalSchedule, LossTerm, sample_schedule
 from benchmarks.deepseekv3_671b import config, hf_names
 from benchmarks.deepseekv3_671b.model import DeepseekV3
 from benchmarks.deepseekv3_671b.moe import DeepseekMoE
-from benchmarks.lm.moe_dispatch import DROPPED_METRIC
+from benchmarks.lm.moe_dispatch import DROPPED_METRIC, expert_capacity
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # DeepSeek-V3 as the reference builds it from the checkpoint's config.json (spec sections 1.1-1.4).
@@ -79,7 +79,12 @@ class DeepseekV3Workload(DecoderLMWorkload):
     # What the checker binds in both divisions (spec section 0): no CPU-size run passes, so a failing log is
     # re-checked with these values and the harness says whether only they failed.
     SIZE_BOUND = {"global_batch_size": 15360, "max_sequence_length": 4096, "eval_samples": 1024}
-    DRY_RUN_LINEAR = {"model.num_layers": (4, 5), "model.vocab_size": (512, 1024)}
+    # The dry run of the full model compiles 1-2 layers, 0-1 of them dense, with or without MTP, at small
+    # vocabularies (what this host holds) and extrapolates: each count adds its layers' share; MTP's head and
+    # loss also grow with the vocabulary (the pair).
+    DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.first_dense_layers": (0, 1), "model.mtp_layers": (0, 1),
+                      "model.vocab_size": (512, 1024)}
+    DRY_RUN_PAIRS = (("model.mtp_layers", "model.vocab_size"),)
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, "model.num_experts": "experts", "model.expert_hidden": "ff",
                   "model.ffn_hidden": "ff"}
     HF_FORMAT = Format(hf_names.layout, hf_names.config_problems,
@@ -279,6 +284,12 @@ class DeepseekV3Workload(DecoderLMWorkload):
             return {}
         return {DROPPED_METRIC: state["dropped"] / max(state["assigned"], 1.0)}
 
+    def experts_stay_put(self) -> bool:
+        return self.cfg.model.moe_dispatch == "alltoall"
+
+    def dry_run_notes(self) -> list[str]:
+        return expert_traffic_notes(self.cfg, self.runtime)
+
     def extra_hparams(self) -> dict[str, Any]:
         """Expert parallelism as computed: the alltoall dispatch sends tokens to the devices of their experts
         (the layout's split); the dense one computes every expert on every device (1: the split is storage).
@@ -295,3 +306,31 @@ class DeepseekV3Workload(DecoderLMWorkload):
         if o.applied_decay() != o.weight_decay:
             keys["harness_applied_weight_decay"] = o.applied_decay()
         return keys
+
+
+def expert_traffic_notes(cfg, runtime) -> list[str]:
+    """What the dry run's one device cannot show of the all-to-all dispatch: the bytes each device sends to
+    the experts' devices and receives back, from the config (spec section 5.2's estimate)."""
+    m, schedule = cfg.model, cfg.schedule
+    ep = runtime.shards("experts")
+    if m.moe_dispatch != "alltoall" or ep <= 1:
+        return []
+    seq, k = cfg.data.seq_length, m.experts_per_token
+    size = {"float32": 4}.get(cfg.runtime.precision, 2)
+    rows = schedule.global_batch_size // runtime.num_replicas // max(1, schedule.gradient_accumulation_steps)
+    useful = rows * seq * k * m.hidden_size * size                          # each way, dropless average
+    capacity = expert_capacity(seq, m.num_experts, k, m.capacity_factor)
+    buffer = rows * m.num_experts * capacity * m.hidden_size * size         # each way, the static slots
+    layers = max(0, m.num_layers - m.first_dense_layers) + m.mtp_layers
+    micro = max(1, schedule.gradient_accumulation_steps)
+    passes = 3 if m.remat else 2  # forward, backward, and the forward again where layers are recomputed
+    gb = lambda n: f"{n / 1e9:.3f} GB"  # noqa: E731
+    per_step = 2 * layers * micro * passes / 1e12  # TB per byte sent each way per layer and micro-batch
+    return [f"all-to-all over the {ep} devices splitting the experts (not compiled here: on one device it is a "
+            f"transpose of its own slots): per MoE layer and micro-batch of {rows} row(s) a device sends "
+            f"{gb(useful)} (its {rows * seq} tokens x {k} experts x {m.hidden_size} values, the dropless average) "
+            f"and receives as much back, {gb(2 * useful)} in all, forward; the static slot buffer it sends is "
+            f"{gb(buffer)} each way ({m.num_experts} experts x {capacity} slots, capacity factor "
+            f"{m.capacity_factor or 'dropless'}); {layers} MoE layers x {micro} micro-batches x {passes} passes "
+            f"(forward, backward{', recompute' if m.remat else ''}) = {useful * per_step:.2f} TB per device per "
+            f"step by the average ({buffer * per_step:.2f} TB of slots)"]

@@ -91,7 +91,7 @@ class Optimizer:
                                           dtype=tf.int64)
         for name in self.slot_names:
             self.slots[name] = [
-                self.runtime.variable(f"{self.name}/{name}/{p.path}", p.variable.shape, p.dims, constant(0.0),
+                self.runtime.variable(f"{self.name}/{name}/{p.path}", p.shape, p.dims, constant(0.0),
                                       trainable=False)
                 for p in self.params]
 

@@ -72,8 +72,13 @@ def has_rcps(benchmark: str, ruleset: str) -> bool:
 def to_converge(workload: str, ruleset: str, global_batch: float, unit: str, table: dict | None) -> Convergence:
     """Epochs or samples to converge at `global_batch` (in the workload's own batch unit)."""
     if has_rcps(workload, ruleset):
-        value, inside, how = interpolate(rcp_points(workload, ruleset), global_batch)
+        points = rcp_points(workload, ruleset)
+        value, inside, how = interpolate(points, global_batch)
         source = f"RCP table {workload} {ruleset} (mlperf-logging), {how}"
+        largest = max(b for b, _ in points)
+        if global_batch > largest:  # the RCP checker has nothing to compare such a result with
+            return Convergence(value, unit, source, False, f"no RCP above batch {largest:g}: a result at batch "
+                               f"{global_batch:g} needs new RCPs (the RCP checker reports them missing)")
     elif table:
         value, inside, how = interpolate([tuple(p) for p in table["points"]], global_batch)
         source = f"documented table ({table['source']}), {how}"

@@ -52,6 +52,7 @@ class VariableInfo:
     dims: tuple[str | None, ...]
     trainable: bool
     frozen: bool = False  # created under `Runtime.frozen`: a fine-tune's base, held in its frozen dtype
+    shape: tuple[int, ...] = ()  # as declared, the whole model's (a dry run's stand-in may hold a device's share)
 
 
 # Spatial partitioning: logical devices per replica -> TPU computation shape [x, y, z, core] (the values
@@ -199,7 +200,8 @@ class Runtime(abc.ABC):
             raise ValueError(f"variable {path}: shape {shape} and dims {dims} differ in rank")
         var = self._make_variable(path, tuple(int(s) for s in shape), tuple(dims), initializer,
                                   trainable, dtype, sync)
-        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable, frozen_dtype is not None)
+        self._variables[path] = VariableInfo(path, var, tuple(dims), trainable, frozen_dtype is not None,
+                                             tuple(int(s) for s in shape))
         return var
 
     @abc.abstractmethod

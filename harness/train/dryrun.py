@@ -15,7 +15,9 @@ assignment (XLA:CPU's memory plan). No data set, checkpoint or MLPerf log is tou
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -53,7 +55,7 @@ class CompileReport:
     flops_source: str        # "xla cost analysis" or "counted (...)"
     weight_bytes_per_device: int
     optimizer_bytes_per_device: int
-    gradient_bytes: int      # bytes all-reduced per step per replica (trainable params x grad dtype)
+    gradient_bytes: int      # bytes a replica's step produces before reduction (its trainable params x grad dtype)
     peak_bytes_per_device: int | None  # XLA:CPU's plan (one device per replica), else the sum of the parts
     compile_seconds: dict[str, float]    # {"train": ..., "eval": ...}
     runtime_kind: str = ""
@@ -70,6 +72,9 @@ class CompileReport:
     fsdp_replicated_bytes: int = 0
     # The workload's useful FLOPs (benchmarks/<name>/cost.py) for the same per-replica batch: 0 = no cost model.
     useful_train_flops_per_replica_step: float = 0.0
+    # Trainable parameters one replica's program holds: `params` but where the devices hold their own experts
+    # only (an all-to-all dispatch, Workload.experts_stay_put); its gradients are `gradient_bytes`.
+    replica_params: int = 0
     # The traced steps ({"train", "eval"} -> ConcreteFunction), for inspection; not part of to_dict().
     traced: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -87,7 +92,9 @@ class CompileReport:
             f"runtime: {self.runtime_kind}, {self.replicas} replica(s) x {self.model_axis} device(s) per replica, "
             f"precision {self.precision}",
             *(f"stood in: {s}" for s in self.stand_in),
-            f"parameters: {self.params:,} trainable",
+            f"parameters: {self.params:,} trainable"
+            + (f"; {self.replica_params:,} in one replica's program (its own experts)"
+               if self.replica_params and self.replica_params != self.params else ""),
             f"batch: {self.per_replica_batch} per replica ({self.global_batch} global); eval "
             f"{self.eval_per_replica_batch} per replica",
             f"compile: train {self.compile_seconds['train']:.1f} s, eval {self.compile_seconds['eval']:.1f} s "
@@ -101,7 +108,7 @@ class CompileReport:
               if self.useful_train_flops_per_replica_step else []),
             f"weights per device: {gib(self.weight_bytes_per_device)}",
             f"optimizer state per device: {gib(self.optimizer_bytes_per_device)}",
-            f"gradients all-reduced per replica per step: {gib(self.gradient_bytes)}",
+            f"gradients of one replica's step, before the cross-replica reduction: {gib(self.gradient_bytes)}",
             f"gradients per device: {gib(self.gradient_bytes_per_device)}",
             *([f"FSDP over data={self.fsdp_data_axis}: saves {gib(self.fsdp_saved_bytes_per_device)} per device "
                f"(weights, optimizer state and gradients) against no FSDP; "
@@ -198,6 +205,62 @@ class StandInRuntime(StrategyRuntime):
             self.rules = dict(cfg.runtime.layout) or {"batch": "data"}
             self.rules.setdefault("batch", "data")
         self.fsdp = cfg.runtime.kind == "mesh" and cfg.runtime.fsdp
+        self.local_experts = 1    # > 1: the devices whose experts split; this one holds 1/local_experts of them
+        self._exchanged: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    def hold_own_experts(self) -> bool:
+        """For a model whose tokens travel to their experts (`Workload.experts_stay_put`): when the layout puts
+        `experts` on the batch axis, from now on variables with an `experts` dimension hold this device's
+        share only and `place` moves tensors between batch-split and experts-split as one device's all-to-all
+        does (`place`). False (nothing changed) where the experts are not split over the batch axis."""
+        batch = self.rules.get("batch") if self.kind == "mesh" else None
+        n = self.sizes.get(batch, 1) if batch else 1
+        if self.rules.get("experts") != batch or n <= 1:
+            return False
+        self.local_experts = n
+        return True
+
+    def _make_variable(self, path, shape, dims, initializer, trainable, dtype, sync) -> tf.Variable:
+        if self.local_experts > 1 and "experts" in dims:
+            i = dims.index("experts")
+            if shape[i] % self.local_experts:
+                raise HarnessError(f"{path}: {shape[i]} experts do not split over {self.local_experts} devices")
+            shape = shape[:i] + (shape[i] // self.local_experts,) + shape[i + 1:]
+        return super()._make_variable(path, shape, dims, initializer, trainable, dtype, sync)
+
+    def place(self, t: tf.Tensor, dims) -> tf.Tensor:
+        """Where this device holds its own experts only: one device's side of the all-to-all. To experts-split
+        (`experts` in dims): the experts axis is cut into one block per device and the blocks stacked on the
+        first other axis (the batch), as the blocks the other devices send would arrive ([b, E, ...] ->
+        [n b, E / n, ...]; here they are this device's own, so the values differ, the shapes and the work
+        do not); back to batch-split (`batch` in dims) on a tensor of such a shape: the reverse."""
+        n = self.local_experts
+        if n <= 1:
+            return t
+        shape = t.shape.as_list()
+        if "experts" in dims and "batch" not in dims:
+            i = list(dims).index("experts")
+            j = 1 if i == 0 else 0
+            blocks = tf.reshape(t, shape[:i] + [n, shape[i] // n] + shape[i + 1:])   # the device axis at i
+            order = list(range(len(shape) + 1))
+            order.insert(j, order.pop(i))                                            # ... moved before axis j
+            out = tf.transpose(blocks, order)
+            new = list(shape)
+            new[i], new[j] = shape[i] // n, n * shape[j]
+            out = tf.reshape(out, new)
+            self._exchanged[tuple(new)] = (i, j)
+            return out
+        if "batch" in dims and tuple(shape) in self._exchanged:
+            i, j = self._exchanged[tuple(shape)]
+            split = shape[:j] + [n, shape[j] // n] + shape[j + 1:]                  # the device axis at j
+            blocks = tf.reshape(t, split)
+            order = list(range(len(shape) + 1))
+            order.insert(i, order.pop(j))                                            # ... moved before the experts
+            out = tf.transpose(blocks, order)
+            new = list(shape)
+            new[i], new[j] = shape[i] * n, shape[j] // n
+            return tf.reshape(out, new)
+        return t
 
     @property
     def num_replicas(self) -> int:
@@ -437,10 +500,10 @@ def useful_train_flops(cfg: config_lib.Config, per_replica_batch: int) -> float:
 # is compiled at the smaller sizes its workload names (Workload.DRY_RUN_LINEAR) and extrapolated.
 HOST_MEMORY_SHARE = 0.5
 # The report's numbers that grow linearly with a layer count or a vocabulary size.
-_LINEAR_FIELDS = ("params", "train_flops_per_replica_step", "eval_flops_per_replica_step", "weight_bytes_per_device",
-                  "optimizer_bytes_per_device", "gradient_bytes", "gradient_bytes_per_device",
-                  "activation_bytes_per_device", "peak_bytes_per_device", "eval_peak_bytes_per_device",
-                  "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
+_LINEAR_FIELDS = ("params", "replica_params", "train_flops_per_replica_step", "eval_flops_per_replica_step",
+                  "weight_bytes_per_device", "optimizer_bytes_per_device", "gradient_bytes",
+                  "gradient_bytes_per_device", "activation_bytes_per_device", "peak_bytes_per_device",
+                  "eval_peak_bytes_per_device", "fsdp_saved_bytes_per_device", "fsdp_replicated_bytes")
 
 
 def host_memory_bytes() -> int:
@@ -458,6 +521,77 @@ def _too_big_for_host(cfg: config_lib.Config) -> bool:
     return cost.params * 12 + cost.frozen_bytes > HOST_MEMORY_SHARE * host_memory_bytes()
 
 
+@contextlib.contextmanager
+def _model_freed_after() -> Any:
+    """Frees what a compile built (weights, optimizer state) when it is done, before the next is built. A
+    `tf.custom_gradient` traced in a graph (decoder remat's `tf.recompute_grad`, the MoE dispatch's gathers)
+    registers its gradient function in TensorFlow's process-wide gradient registry under a fresh name and never
+    removes it; the function's closure holds the layers, so every compiled model would stay in memory. The
+    names this compile registered are dropped once its gradients are traced."""
+    from tensorflow.python.framework import ops as tf_ops
+
+    registry = tf_ops.gradient_registry._registry  # noqa: SLF001 - no public way to unregister
+    before = set(registry)
+    try:
+        yield
+    finally:
+        for name in set(registry) - before:
+            if name.startswith("CustomGradient-"):
+                del registry[name]
+        gc.collect()
+
+
+def _compile_here(config_path: str, overrides: list[str], optimize: bool, full: config_lib.Config) -> CompileReport:
+    with _model_freed_after():
+        report = compile_report(config_path, overrides, optimize, stand_in=False, full=full)
+        report.traced = {}  # a traced step holds its model's variables
+    return report
+
+
+# Each small compile of a model too big for this host runs in a Python process of its own: what XLA and the
+# allocators keep after a compile (several GB at full width) would otherwise add up over the compiles, and a
+# process hands everything back when it ends. Tests that stand a fake in for `compile_report` set it False.
+COMPILE_APART = True
+
+
+def _compile_apart(config_path: str, overrides: list[str], optimize: bool, full: config_lib.Config) -> CompileReport:
+    """`_compile_here` in a new Python process (arguments and report pickled through files); its HarnessError
+    comes back as one; its console output is dropped unless it fails otherwise."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dryrun-") as tmp:
+        args, out = os.path.join(tmp, "args.pkl"), os.path.join(tmp, "report.pkl")
+        with open(args, "wb") as f:
+            pickle.dump((config_path, overrides, optimize, full), f)
+        code = "import sys; from harness.train import dryrun; dryrun._compile_child(sys.argv[1], sys.argv[2])"
+        proc = subprocess.run([sys.executable, "-c", code, args, out], capture_output=True, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")))
+        if not os.path.exists(out):
+            raise RuntimeError(f"the stood-in compile of {config_path} with {overrides} failed (exit "
+                               f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(out, "rb") as f:
+            ok, value = pickle.load(f)
+    if not ok:
+        raise HarnessError(value)
+    return value
+
+
+def _compile_child(args: str, out: str) -> None:
+    import pickle
+
+    with open(args, "rb") as f:
+        config_path, overrides, optimize, full = pickle.load(f)
+    try:
+        result = (True, _compile_here(config_path, overrides, optimize, full))
+    except HarnessError as e:
+        result = (False, str(e))
+    with open(out, "wb") as f:
+        pickle.dump(result, f)
+
+
 def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,
                     sizes: dict[str, tuple[int, int]],
                     pairs: tuple[tuple[str, str], ...] = ()) -> CompileReport:
@@ -470,23 +604,21 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
     estimates assume XLA's plan grows so too."""
     from harness.train.reference import lookup
 
+    def compiled(extra: list[str]) -> CompileReport:
+        return (_compile_apart if COMPILE_APART else _compile_here)(config_path, overrides + extra, optimize, cfg)
+
     base = [f"{k}={a}" for k, (a, _) in sizes.items()]
-    r0 = compile_report(config_path, overrides + base, optimize, stand_in=False, full=cfg)
-    traced = r0.traced
+    r0 = compiled(base)
     slopes: dict[str, list[tuple[float, Any]]] = {}
     seconds = dict(r0.compile_seconds)
     for key, (a, b) in sizes.items():
-        r0.traced = {}
-        rk = compile_report(config_path, overrides + [x for x in base if not x.startswith(key + "=")] + [f"{key}={b}"],
-                            optimize, stand_in=False, full=cfg)
-        rk.traced = {}
+        rk = compiled([x for x in base if not x.startswith(key + "=")] + [f"{key}={b}"])
         seconds = {w: seconds[w] + rk.compile_seconds[w] for w in seconds}
         slopes[key] = [((lookup(cfg, key) - a) / (b - a), rk)]
     cross = []
     for ki, kj in pairs:
-        rij = compile_report(config_path, overrides + [x for x in base if not x.startswith((ki + "=", kj + "="))]
-                             + [f"{ki}={sizes[ki][1]}", f"{kj}={sizes[kj][1]}"], optimize, stand_in=False, full=cfg)
-        rij.traced = {}
+        rij = compiled([x for x in base if not x.startswith((ki + "=", kj + "="))]
+                       + [f"{ki}={sizes[ki][1]}", f"{kj}={sizes[kj][1]}"])
         seconds = {w: seconds[w] + rij.compile_seconds[w] for w in seconds}
         cross.append((slopes[ki][0][0] * slopes[kj][0][0], slopes[ki][0][1], slopes[kj][0][1], rij))
     values = {}
@@ -509,7 +641,36 @@ def linear_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg:
     return dataclasses.replace(
         r0, **values, config=config_path, compile_seconds={w: round(v, 2) for w, v in seconds.items()},
         useful_train_flops_per_replica_step=useful_train_flops(cfg, r0.per_replica_batch),
-        stand_in=[note] + r0.stand_in, traced=traced)
+        stand_in=[note] + r0.stand_in)
+
+
+def micro_batched_stand_in(config_path: str, overrides: list[str], optimize: bool, cfg: config_lib.Config,
+                           sizes: dict[str, tuple[int, int]],
+                           pairs: tuple[tuple[str, str], ...] = ()) -> CompileReport:
+    """`linear_stand_in` for a step of many accumulated micro-batches, which the loop unrolls (one copy of the
+    forward and backward pass per micro-batch: too long to compile at 64): compiled with 1 micro-batch (trace
+    only: its FLOPs) and with 2, each of the real per-replica rows. A step's FLOPs are the optimizer's plus
+    its micro-batches' (1 + (k - 1) x the difference); its memory is the 2-micro-batch step's (one
+    micro-batch's activations live at a time beside the accumulated gradients, whatever k)."""
+    schedule = cfg.schedule
+    k = schedule.gradient_accumulation_steps
+    rows = schedule.global_batch_size // k
+    pinned = overrides + [f"schedule.eval_batch_size={schedule.eval_batch_size or schedule.global_batch_size}"]
+    one = linear_stand_in(config_path, pinned + [f"schedule.global_batch_size={rows}",
+                                                 "schedule.gradient_accumulation_steps=1"], False, cfg, sizes, pairs)
+    two = linear_stand_in(config_path, pinned + [f"schedule.global_batch_size={2 * rows}",
+                                                 "schedule.gradient_accumulation_steps=2"], optimize, cfg, sizes, pairs)
+    per_replica = schedule.global_batch_size // two.replicas
+    flops = one.train_flops_per_replica_step + (k - 1) * (two.train_flops_per_replica_step
+                                                          - one.train_flops_per_replica_step)
+    note = (f"train step: {k} accumulated micro-batches of {per_replica // k} row(s) per replica, compiled with 1 "
+            f"(FLOPs only) and 2: FLOPs = the 1-micro-batch step's + {k - 1} x the second micro-batch's; memory "
+            f"the 2-micro-batch step's")
+    return dataclasses.replace(
+        two, per_replica_batch=per_replica, global_batch=schedule.global_batch_size, train_flops_per_replica_step=flops,
+        useful_train_flops_per_replica_step=useful_train_flops(cfg, per_replica),
+        compile_seconds={w: round(one.compile_seconds[w] + two.compile_seconds[w], 2) for w in two.compile_seconds},
+        stand_in=[note] + [n for n in two.stand_in if not n.startswith("train step: ")])
 
 
 def compile_report(config_path: str, overrides: list[str], optimize: bool = True,
@@ -527,12 +688,18 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     # a size that does not split over the layout is refused here as `run` would refuse it.
     checked, runtime, plan = standin_checked(cfg)
     if stand_in and sizes and _too_big_for_host(cfg):
-        return linear_stand_in(config_path, overrides, optimize, cfg, sizes,
-                               getattr(workload_class, "DRY_RUN_PAIRS", ()))
+        pairs = getattr(workload_class, "DRY_RUN_PAIRS", ())
+        if cfg.schedule.gradient_accumulation_steps > 2:
+            report = micro_batched_stand_in(config_path, overrides, optimize, cfg, sizes, pairs)
+        else:
+            report = linear_stand_in(config_path, overrides, optimize, cfg, sizes, pairs)
+        report.stand_in += checked.workload.dry_run_notes()
+        return report
     workload = checked.workload
     if full is not None:
         workload.stand_in_for(full)
     train_spec, eval_spec, data_notes = checked.dry_run_inputs
+    own_experts = workload.experts_stay_put() and runtime.hold_own_experts()
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
@@ -550,11 +717,11 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]
     opt_vars = [v for v in runtime.variables() if v.path.startswith(f"{workload.optimizer.name}/")]
 
-    def per_device(infos: list, fsdp: bool | None = None) -> int:
-        return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size
-                       / runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), fsdp) for v in infos))
+    def per_device(infos: list, fsdp: bool | None = None) -> int:  # the model's variables as laid out
+        return int(sum(math.prod(v.shape) * v.variable.dtype.size / runtime.layout_shards(v.dims, v.shape, fsdp)
+                       for v in infos))
 
-    def whole(infos: list) -> int:
+    def whole(infos: list) -> int:  # what this replica's program holds (its own experts only, where it holds so)
         return int(sum(v.variable.shape.num_elements() * v.variable.dtype.size for v in infos))
 
     trainable = runtime.variables(trainable=True)
@@ -567,6 +734,12 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         "one CPU device compiled one replica's program at its per-replica batch; cross-replica sums "
         "(gradients, loss counts, batch-norm groups) are identities there, so no collective is compiled",
         "the warm-up's copy of the initial state is kept in host memory, not on the devices"]
+    if own_experts:
+        n = runtime.local_experts
+        notes.append(f"expert parallelism {n}: the device holds its own 1/{n} of each layer's experts (weights, "
+                     f"gradients, optimizer state) and runs them on the slots every device sends it; the "
+                     f"all-to-all there and back is a local transpose of its own slots (same shapes and work, "
+                     f"its own tokens standing in for the other devices'), so no traffic is compiled")
     if plan.model_axis > 1:
         notes.append(f"each replica spans {plan.model_axis} devices: FLOPs are the whole replica's (work the "
                      f"devices repeat is counted once); bytes of weights, optimizer state and gradients per "
@@ -578,8 +751,8 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         fsdp = dict(fsdp_data_axis=data,
                     fsdp_saved_bytes_per_device=per_device(everything, False) - per_device(everything),
                     fsdp_replicated_bytes=int(sum(
-                        v.variable.shape.num_elements() * v.variable.dtype.size for v in model_vars + opt_vars
-                        if runtime.layout_shards(v.dims, tuple(v.variable.shape.as_list()), True)
+                        math.prod(v.shape) * v.variable.dtype.size for v in model_vars + opt_vars
+                        if runtime.layout_shards(v.dims, v.shape, True)
                         == runtime.layout_shards(v.dims, None, False)
                         and runtime.rules["batch"] not in runtime.mesh_dims_used(v.dims))))
         kept = ("kept for the backward pass, or gathered again in a recomputed layer (model.remat)"
@@ -588,13 +761,14 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
                      f"the mesh runtime lays them out; each weight is also gathered whole where it is used "
                      f"(an all-gather per weight per step, {kept}), which this compile of whole variables does "
                      f"not show apart")
-    notes += data_notes + ([eval_note] if eval_note else [])
+    notes += data_notes + ([eval_note] if eval_note else []) + (workload.dry_run_notes() if full is None else [])
     if workload.cfg.schedule.gradient_accumulation_steps > 1:
         notes.append(f"train step: {workload.cfg.schedule.gradient_accumulation_steps} accumulated micro-batches")
     return CompileReport(
         workload=cfg.workload, config=config_path, replicas=plan.replicas, model_axis=plan.model_axis,
         per_replica_batch=per_replica, global_batch=gbs, eval_per_replica_batch=eval_per_replica,
-        params=int(sum(v.variable.shape.num_elements() for v in trainable)),
+        params=int(sum(math.prod(v.shape) for v in trainable)),
+        replica_params=int(sum(v.variable.shape.num_elements() for v in trainable)),
         train_flops_per_replica_step=train.flops, eval_flops_per_replica_step=evaluation.flops,
         useful_train_flops_per_replica_step=useful_train_flops(cfg, per_replica),
         flops_source="counted (from the HLO module TensorFlow gives XLA: dot/convolution 2 per multiply-add, "

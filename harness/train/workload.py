@@ -325,6 +325,17 @@ class Workload(abc.ABC):
         (as `train_dataset` and `eval_parse` give them) plus a line for each fact stood in for the data."""
         raise HarnessError(f"the {self.NAME} workload does not describe its inputs for a dry run")
 
+    def experts_stay_put(self) -> bool:
+        """True where the model sends tokens to the devices that hold their experts (an all-to-all over the
+        axis splitting `experts`) and never gathers the experts' weights: a dry run's stand-in device then
+        holds its own experts only, as the real device does."""
+        return False
+
+    def dry_run_notes(self) -> list[str]:
+        """Facts a dry run's one stand-in device cannot show, computed from the config (e.g. the bytes an
+        all-to-all moves between devices); printed with the report's `stood in` lines."""
+        return []
+
     def stand_in_for(self, full: Any) -> None:
         """Called by a dry run that compiles this workload at smaller sizes (DRY_RUN_LINEAR) to extrapolate to
         the `full` config: a workload whose computation is shaped by a size beyond proportion (e.g. blocks
