@@ -36,7 +36,7 @@ REDUCED = {
                         "model.q_lora_rank=256", "model.kv_lora_rank=256", "model.qk_nope_head_dim=8",
                         "model.qk_rope_head_dim=8", "model.v_head_dim=8", "model.ffn_hidden=64",
                         "model.expert_hidden=8", "schedule.global_batch_size=512",
-                        "schedule.gradient_accumulation_steps=2", "schedule.eval_batch_size=512"],
+                        "schedule.gradient_accumulation_steps=2"],
     # The same for the LoRA fine-tune: its frozen bf16 base and float32 adapters at width 64.
     "llama2_70b_lora": ["submission.division=open", "data.seq_length=256", "model.vocab_size=512",
                         "model.hidden_size=64", "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2",

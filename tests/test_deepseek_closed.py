@@ -194,6 +194,8 @@ def test_check_rcp_judges_three_reference_logs(tmp_path, steps, verdict):
     (["model.mtp_layers=0"], "the reference fixes model.mtp_layers=1"),
     (["model.init_checkpoint="], "set model.init_checkpoint to its Hugging Face directory"),
     (["data.source=synthetic"], "set data.source=indexed"),
+    (["optimizer.applied_weight_decay=0.5"], "set optimizer.applied_weight_decay=0.033 (it applies 0.5)"),
+    (["optimizer.applied_weight_decay=-1"], "set optimizer.applied_weight_decay=0.033 (it applies 0.1)"),
 ])
 def test_closed_departures_are_refused_in_one_line(overrides, message):
     from harness.errors import HarnessError
@@ -250,3 +252,20 @@ def test_evals_that_dropped_expert_assignments_are_named_a_deviation():
     (line,) = workload.deviations(clean + [{"metrics": {"dropped assignments": 0.0004}}])
     assert "model.capacity_factor=2.0 dropped expert assignments in 1 of 4 evals (at most 0.040%)" in line
     assert "closed result is not its computation" in line
+
+
+def test_float16_is_refused_in_one_line():
+    """float16's loss-scale branch would hide the expert-bias update from the train step."""
+    from harness.errors import HarnessError
+    from tests.helpers.closed_log import checked_workload
+
+    with pytest.raises(HarnessError) as e:
+        checked_workload(REFERENCE, ["runtime.precision=float16"])
+    assert "not float16" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_reference_evaluates_its_1024_rows_in_one_batch_of_4_per_device():
+    from tests.helpers.closed_log import checked_workload
+
+    cfg, _ = checked_workload(REFERENCE)
+    assert cfg.schedule.eval_batch_size == cfg.data.eval_samples == 1024

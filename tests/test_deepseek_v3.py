@@ -506,3 +506,22 @@ def test_size_bound_diagnosis_names_other_failures(tmp_path):
     result = size_bound.diagnose(str(src), ["6.0.0"], {"global_batch_size": 15360})
     assert result["rest_pass"] == {"6.0.0": False}
     assert "fails other rules too under ruleset(s) 6.0.0" in size_bound.describe(result)
+
+
+def test_size_bound_diagnosis_rewrites_only_the_bounds_a_log_misses(tmp_path):
+    """A full-size log (global batch 16384 >= 15360) that fails for another reason gets no size diagnosis;
+    one at batch 8 has its batch alone rewritten, to the bound."""
+    from harness.train import size_bound
+
+    def log(gbs: int) -> str:
+        path = tmp_path / f"log{gbs}.txt"
+        path.write_text(f':::MLLOG {{"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", '
+                        f'"key": "global_batch_size", "value": {gbs}, "metadata": {{}}}}\n'
+                        ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", '
+                        '"key": "eval_samples", "value": 1024, "metadata": {}}\n')
+        return str(path)
+
+    bounds = {"global_batch_size": 15360, "eval_samples": 1024}
+    assert size_bound.diagnose(log(16384), ["6.0.0"], bounds) is None
+    result = size_bound.diagnose(log(8), ["6.0.0"], bounds)
+    assert result["keys"] == {"global_batch_size": 15360}

@@ -61,6 +61,8 @@ CLOSED_FIXED = (("optimizer.warmup_steps", 4), ("optimizer.max_steps", 12000), (
                 ("optimizer.beta_2", 0.95), ("optimizer.epsilon", 1e-8), ("optimizer.weight_decay", 0.1),
                 ("optimizer.clip_norm", 1.0), ("model.seq_aux_loss_coef", 0.01), ("model.mtp_layers", 1),
                 ("model.mtp_loss_weight", 0.1), ("model.bias_update_rate", 1e-3))
+# The decay the reference's scheduler applies on every step, whatever the optimizer (and the log) says.
+CLOSED_APPLIED_DECAY = 0.033
 
 
 def closed_learning_rate(global_batch: int) -> float:
@@ -162,12 +164,21 @@ class DeepseekV3Workload(DecoderLMWorkload):
             if not math.isclose(lookup(c, key), value, rel_tol=1e-9, abs_tol=0.0):
                 raise HarnessError(f"closed {self.NAME}: the reference fixes {key}={value:g} (got "
                                    f"{lookup(c, key):g}){fix}")
+        if not math.isclose(c.optimizer.applied_decay(), CLOSED_APPLIED_DECAY, rel_tol=1e-9, abs_tol=0.0):
+            raise HarnessError(f"closed {self.NAME}: the reference's scheduler applies a weight decay of "
+                               f"{CLOSED_APPLIED_DECAY:g} on every step: set optimizer.applied_weight_decay="
+                               f"{CLOSED_APPLIED_DECAY:g} (it applies {c.optimizer.applied_decay():g}){fix}")
         if not c.model.init_checkpoint:
             raise HarnessError(f"closed {self.NAME} continues pre-training from the MLCommons DeepSeek-V3 "
                                f"checkpoint: set model.init_checkpoint to its Hugging Face directory{fix}")
 
     def validate_model(self) -> None:
         m = self.cfg.model
+        if self.cfg.runtime.precision == "float16":
+            # float16's loss scaling runs the gradient step in a branch the expert-bias update cannot see
+            raise HarnessError(f"{self.NAME} runs in bfloat16 (the reference's) or float32, not float16: its "
+                               f"expert-bias update is made in the train step, outside float16's loss-scale "
+                               f"branch")
         if m.num_kv_heads != m.num_heads:
             raise HarnessError(f"model.num_kv_heads={m.num_kv_heads} must equal model.num_heads={m.num_heads} "
                                f"(MLA: every head has its own keys and values)")

@@ -570,8 +570,10 @@ def _compile_apart(config_path: str, overrides: list[str], optimize: bool, full:
         proc = subprocess.run([sys.executable, "-c", code, args, out], capture_output=True, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")))
         if not os.path.exists(out):
-            raise RuntimeError(f"the stood-in compile of {config_path} with {overrides} failed (exit "
-                               f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            killed = " (killed: out of host memory?)" if proc.returncode in (-9, 137) else ""
+            raise HarnessError(f"the stood-in compile of {os.path.basename(config_path)} with {overrides} failed "
+                               f"(exit {proc.returncode}{killed}): {last[0].strip()[:300]}")
         with open(out, "rb") as f:
             ok, value = pickle.load(f)
     if not ok:

@@ -200,7 +200,9 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
     verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=checked.schedule.cadence)
     summary = build_summary(cfg, workload, runtime, result, run_dir, log_path, verdicts, findings)
     if workload.SIZE_BOUND and not all(v.passed for v in verdicts.values()):
-        summary["size_bound"] = size_bound.diagnose(log_path, list(verdicts), workload.SIZE_BOUND)
+        diagnosis = size_bound.diagnose(log_path, list(verdicts), workload.SIZE_BOUND)
+        if diagnosis is not None:
+            summary["size_bound"] = diagnosis
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
@@ -208,6 +210,8 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
         print(size_bound.describe(summary["size_bound"]))
     for line in summary.get("deviations", []):
         print(f"deviation from the reference: {line}")
+    if summary.get("deviations") and cfg.submission.division == "closed":
+        print("not compliant: a closed-division run must compute what the reference computes")
     if not summary["compliant"]:
         return EXIT_NONCOMPLIANT
     return EXIT_SUCCESS if result.status == "success" else EXIT_ABORTED
@@ -254,6 +258,8 @@ def build_summary(cfg: config_lib.Config, workload: Any, runtime: Any, result: R
     deviations = workload.deviations(result.evals)
     if deviations:
         summary["deviations"] = deviations
+        # a closed result must be the reference's computation, whatever the checker (which cannot see it) says
+        summary["compliant"] = summary["compliant"] and cfg.submission.division != "closed"
     if result.loss_scale is not None:
         summary["loss_scale"] = {"final": result.loss_scale["scale"],
                                  "skipped_steps": result.loss_scale["skipped_steps"]}
