@@ -266,11 +266,13 @@ def test_bad_configs_are_refused_in_one_line(overrides, message):
 
 # ------------------------------------------------------------------------------------ expert bias
 
-def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_model):
+@pytest.mark.parametrize("in_branch", [False, True])
+def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_model, in_branch):
     """Two training micro-batches, an eval batch between them, then process_gradients, traced as one step:
     each MoE layer's bias moves by 1e-3 * sign(mean - count) over both micro-batches' routing (counted from
     the model's own routing before the step, numpy sign), the eval adds nothing, and a second trace of the
-    step moves it once more (nothing stale from the first)."""
+    step moves it once more (nothing stale from the first). `in_branch`: process_gradients in a conditional
+    branch of the step, as float16's loss scaling applies gradients."""
     import tensorflow as tf
     from safetensors.numpy import load_file
 
@@ -298,7 +300,11 @@ def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_m
             grads = g if grads is None else [a + b for a, b in zip(grads, g)]
             if i == 0:
                 wl.eval_step({"tokens": other}, tf.ones([rows.shape[0]]))
-        wl.process_gradients(grads)
+        if in_branch:
+            tf.cond(tf.constant(True), lambda: tf.add_n([tf.reduce_sum(g) for g in wl.process_gradients(grads)]),
+                    lambda: tf.constant(0.0))
+        else:
+            wl.process_gradients(grads)
 
     try:
         step()

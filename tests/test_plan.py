@@ -406,4 +406,5 @@ def test_deepseek_plan_reads_its_rcps_counts_its_flops_and_names_a_batch_with_no
     assert planner.main(path, [], "dgx-h100", 256, 20480, [], None, False, False, None, False, None) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "RCP" in line]
     assert len(lines) == 1 and lines[0].endswith(
-        "** no RCP above batch 18432: a result at batch 20480 needs new RCPs (the RCP checker reports them missing) **")
+        "** outside the table's range: no RCP above batch 18432, a result at batch 20480 needs new RCPs (the RCP "
+        "checker reports them missing) **")

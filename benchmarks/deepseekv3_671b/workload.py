@@ -65,6 +65,16 @@ CLOSED_FIXED = (("optimizer.warmup_steps", 4), ("optimizer.max_steps", 12000), (
 CLOSED_APPLIED_DECAY = 0.033
 
 
+def within(graph: Any, outer: Any) -> bool:
+    """Whether `graph` is `outer` or nested in it: float16's loss scaling applies the gradients in a
+    conditional branch (a graph of its own) of the step that traced the forwards."""
+    while graph is not None:
+        if graph is outer:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
 def closed_learning_rate(global_batch: int) -> float:
     """The rules' peak learning rate at `global_batch`: 2.4e-5 x sqrt(gbs / 16384)."""
     return LR_AT_16384 * math.sqrt(global_batch / 16384)
@@ -174,11 +184,6 @@ class DeepseekV3Workload(DecoderLMWorkload):
 
     def validate_model(self) -> None:
         m = self.cfg.model
-        if self.cfg.runtime.precision == "float16":
-            # float16's loss scaling runs the gradient step in a branch the expert-bias update cannot see
-            raise HarnessError(f"{self.NAME} runs in bfloat16 (the reference's) or float32, not float16: its "
-                               f"expert-bias update is made in the train step, outside float16's loss-scale "
-                               f"branch")
         if m.num_kv_heads != m.num_heads:
             raise HarnessError(f"model.num_kv_heads={m.num_kv_heads} must equal model.num_heads={m.num_heads} "
                                f"(MLA: every head has its own keys and values)")
@@ -230,7 +235,7 @@ class DeepseekV3Workload(DecoderLMWorkload):
         """The clip, and the expert-bias update from the counts of this step's training forwards."""
         grads = super().process_gradients(grads)
         graph = tf.compat.v1.get_default_graph()
-        counts = [c for g, c in self._pending() if g is graph]
+        counts = [c for g, c in self._pending() if within(graph, g)]
         self._pending().clear()
         rate = self.cfg.model.bias_update_rate
         if counts and rate:

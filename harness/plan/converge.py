@@ -77,8 +77,9 @@ def to_converge(workload: str, ruleset: str, global_batch: float, unit: str, tab
         source = f"RCP table {workload} {ruleset} (mlperf-logging), {how}"
         largest = max(b for b, _ in points)
         if global_batch > largest:  # the RCP checker has nothing to compare such a result with
-            return Convergence(value, unit, source, False, f"no RCP above batch {largest:g}: a result at batch "
-                               f"{global_batch:g} needs new RCPs (the RCP checker reports them missing)")
+            return Convergence(value, unit, source, False, f"outside the table's range: no RCP above batch "
+                               f"{largest:g}, a result at batch {global_batch:g} needs new RCPs (the RCP "
+                               f"checker reports them missing)")
     elif table:
         value, inside, how = interpolate([tuple(p) for p in table["points"]], global_batch)
         source = f"documented table ({table['source']}), {how}"
