@@ -2,6 +2,12 @@
 
 Every figure in a system file carries its public source in a comment beside it; the loader only checks
 that the figures are present, positive and of the right kind, so a bad file is one `error:` line.
+
+Two tiers of network, stated once: the scale-up domain (`scaleup_chips` chips: an NVLink/Infinity Fabric
+node, a GB200/GB300 NVL72 rack of 72 GPUs, a TPU slice up to its pod) joined at `intra_bandwidth` (GPUs) or
+its ICI links (TPUs), and the scale-out network between domains at `inter_bandwidth` per chip. A host
+(`chips_per_host`) is what one operating system sees: a chip count above one host is a whole number of hosts.
+Peaks per precision: `peak_flops` is dense bf16, `peak_flops_fp8` dense fp8 where the chip has it.
 """
 from __future__ import annotations
 
@@ -35,10 +41,30 @@ class System:
     inter_bandwidth: float = 0.0  # hierarchical: bytes/s per GPU and direction between hosts
     intra_latency: float = 0.0
     inter_latency: float = 0.0
+    peak_flops_fp8: float = 0.0   # dense fp8 FLOP/s per chip (0: no fp8 unit stated)
+    scaleup_chips: int = 0        # chips of one scale-up domain (0: chips_per_host; TPUs: the whole torus)
     step_overhead_seconds: float = 0.0  # fixed per training step (kernel launches, kernels too small to fill
                                         # a chip, the host loop, the step's synchronization), whatever the batch
     device_match: str = ""    # regular expression of the device names this system's chip reports (a run's MFU)
     path: str = ""
+
+    @property
+    def domain(self) -> int:
+        """Chips of one scale-up domain (NVLink/Infinity Fabric/ICI; a torus without `scaleup_chips`: any)."""
+        if self.scaleup_chips:
+            return self.scaleup_chips
+        return self.chips_per_host if self.topology == "hierarchical" else 1 << 30
+
+    def peak(self, precision: str = "bf16") -> float:
+        """Dense peak FLOP/s per chip at `precision` ("bf16" or "fp8"); HarnessError when the file states no
+        fp8 peak."""
+        if precision == "bf16":
+            return self.peak_flops
+        if precision == "fp8":
+            if not self.peak_flops_fp8:
+                raise HarnessError(f"{self.name} states no fp8 peak (peak_flops_fp8); plan it at --precision bf16")
+            return self.peak_flops_fp8
+        raise HarnessError(f"precision {precision!r}: give bf16 or fp8")
 
 
 _REQUIRED = ("name", "kind", "peak_flops", "hbm_bytes", "hbm_bandwidth", "chips_per_host", "topology",
