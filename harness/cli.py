@@ -116,6 +116,8 @@ flags.DEFINE_float("real_token_fraction", None, "plan: mean share of real (non-p
 flags.DEFINE_bool("sweep", False, "plan: project over chip counts and write a PNG (into --out, default .)")
 flags.DEFINE_bool("json", False, "plan: print the projection as JSON")
 flags.DEFINE_string("model_cost", None, "plan: JSON model cost (a ModelCost or a dry-run CompileReport)")
+flags.DEFINE_enum("precision", "bf16", ["bf16", "fp8"], "plan: whose dense peak the compute and the MFU use "
+                  "(the harness itself computes in bfloat16/float16/float32 today, no fp8)")
 flags.DEFINE_bool("compile", False, "plan: take the model cost from the dry-run compile (minutes at full size)")
 flags.DEFINE_bool("hashes", False, "data verify: also check the md5 / sha256 the references publish of files over "
                   "64 MB (reads each once; cached beside the data, keyed by each file's size, times and inode)")
@@ -267,7 +269,7 @@ def cmd_plan(args: list[str]) -> int:
 
     return planner.main(args[0], FLAGS.set, FLAGS.system, FLAGS.chips, FLAGS.global_batch, FLAGS.calibrate,
                         FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out,
-                        FLAGS.real_token_fraction)
+                        FLAGS.real_token_fraction, FLAGS.precision)
 
 
 def cmd_data_service(args: list[str]) -> int:

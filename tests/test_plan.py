@@ -336,7 +336,7 @@ def test_a_plan_for_every_reference_config(config, capsys):
     assert any(line.strip().startswith("model FLOP/s") and "MFU" in line for line in out)
     assert any(line.strip().startswith("eval ") and "device" in line and "host scoring" in line for line in out)
     if "mp4" in config:
-        assert any("8 data-parallel replica(s) x model axis 4" in line for line in out)
+        assert any("8 data-parallel, model axis 4" in line for line in out)
 
 
 def test_calibrated_sweep_json_and_png(tmp_path, capsys):

@@ -9,13 +9,17 @@ import os
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.plan import collectives, converge, cost as costs
+from harness.plan import collectives, converge, cost as costs, layout as layouts
 from harness.plan.calibrate import Measurement, measure
 from harness.plan.project import (Calibration, FasterThanPeak, Projection, calibrate as calibrate_step,
                                   check_chips, project)
 from harness.plan.system import System, load_system
 
 MODEL_AXES = (2, 4, 8, 16)
+PRECISIONS = ("bf16", "fp8")
+# Said once, in every plan's header: what the harness itself computes in today
+PRECISION_NOTE = ("--precision fp8 for the fp8 one; the harness itself computes in bfloat16, float16 or float32 "
+                  "(runtime.precision), no fp8 yet: an fp8 plan projects a run it cannot make")
 SMALL_PER_CHIP_BATCH = 16  # below this the step model is known to be optimistic (see format_projection)
 # A calibration of a padded model above this share of peak is suspect: the highest of the families
 # scripts/validate_plan.py calibrates is 0.81 (v1.0 Google TPU v4 BERT)
@@ -36,17 +40,33 @@ class Plan:
     calibration: Calibration | None = None
     real_token_fraction: float | None = None
     cautions: list[str] = dataclasses.field(default_factory=list)
+    precision: str = "bf16"
+    useful_flops_per_sample: float | None = None  # the analytic count when the cost is a dry run's compiled one
 
     def converge_at(self, global_batch: int) -> converge.Convergence:
         conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
                                     getattr(self.module, "CONVERGENCE", None))
         return converge.at_evals(conv, self.module.eval_positions(self.cfg, conv.value, global_batch))
 
+    def layout_at(self, chips: int, model_axis: int | None = None) -> layouts.Layout:
+        return layouts.from_config(self.cfg, chips, self.mesh_model_axis if model_axis is None else model_axis)
+
+    def memory_at(self, chips: int, global_batch: int, model_axis: int | None = None) -> layouts.Memory:
+        """The layout's memory per chip; layouts.DoesNotFit (one line) when it exceeds the chip's."""
+        check_chips(self.system, chips, self.mesh_model_axis if model_axis is None else model_axis)
+        return layouts.check_fits(self.cfg, self.module, self.cost, self.system, self.layout_at(chips, model_axis),
+                                  global_batch)
+
     def at(self, chips: int, global_batch: int, model_axis: int | None = None) -> Projection:
-        m = self.mesh_model_axis if model_axis is None else model_axis
+        """The projection at `chips`, after its layout's memory check (never a layout that does not fit)."""
+        self.memory_at(chips, global_batch, model_axis)
+        lay = self.layout_at(chips, model_axis)
         conv = self.converge_at(global_batch)
         init = self.measurement.init_seconds if self.measurement is not None else None
-        return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, m, self.calibration, init)
+        return project(self.cost, self.system, conv, chips, global_batch, self.efficiency, lay.model_axis,
+                       self.calibration, init, lay, layouts.alltoall_bytes(self.cfg, self.module, lay, global_batch),
+                       layouts.expert_params(self.cfg) if lay.expert_axis > 1 else 0.0,
+                       self.useful_flops_per_sample, self.precision)
 
 
 def plural(unit: str) -> str:
@@ -57,12 +77,14 @@ def plural(unit: str) -> str:
 
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
           calibrate_chips: int | None, model_cost: str | None, compile_model: bool,
-          real_token_fraction: float | None = None) -> Plan:
+          real_token_fraction: float | None = None, precision: str = "bf16") -> Plan:
     from harness.config import load_config
 
     if not system_name:
         raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
     system = load_system(system_name)
+    # every step, calibration and MFU below divides by peak_flops: the chosen precision's
+    system = dataclasses.replace(system, peak_flops=system.peak(precision))
     cfg = load_config(config_path, overrides)
     module = costs.workload_cost_module(cfg.workload)
     if model_cost:
@@ -78,8 +100,11 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
         cost = costs.from_compile_report(config_path, overrides, cfg)
     else:
         cost = costs.analytic(cfg)
+    useful = None
     if real_token_fraction is not None:
         cost = real_tokens(cfg, module, cost, real_token_fraction, bool(model_cost or compile_model))
+    if model_cost or compile_model:  # MFU counts the useful work: the analytic count, not XLA's
+        useful = costs.with_real_tokens(cfg, module, real_token_fraction).train_flops_per_sample
     mesh_axis = cfg.runtime.mesh.get("model", 1) if cfg.runtime.kind == "mesh" else 1
     measurement, calibration, cautions = None, None, []
     if calibrate:
@@ -101,7 +126,7 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
         efficiency = system.default_efficiency
         note = "the system's documented default, NOT calibrated (pass --calibrate LOGS for a measured one)"
     return Plan(config_path, cfg, system, cost, module, efficiency, note, measurement, mesh_axis, calibration,
-                real_token_fraction, cautions)
+                real_token_fraction, cautions, precision, useful)
 
 
 def real_tokens(cfg: Any, module: Any, cost: costs.ModelCost, fraction: float, measured: bool) -> costs.ModelCost:
@@ -194,6 +219,7 @@ def _ms(x: float) -> str:
 
 def format_projection(plan: Plan, p: Projection) -> list[str]:
     s, sysm, c = p.step, plan.system, p.converge
+    useful = plan.useful_flops_per_sample or plan.cost.train_flops_per_sample
     unit = "samples" if c.unit == "samples" else "epochs"
     def fmt(v: float) -> str:
         return f"{v:,.0f}" if unit == "samples" else f"{v:.2f}"
@@ -201,9 +227,16 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
     value = f"{fmt(c.value)}, stopping at the eval at {fmt(c.stop)}" if c.stop is not None else fmt(c.value)
     hosts = math.ceil(p.chips / sysm.chips_per_host)
     hidden = s.allreduce - s.allreduce_exposed
+    lay, mem = plan.layout_at(p.chips, p.model_axis), plan.memory_at(p.chips, p.global_batch, p.model_axis)
+    experts = layouts.expert_params(plan.cfg) if lay.expert_axis > 1 else 0
+    dense = 1 - experts / plan.cost.params if plan.cost.params else 1.0
+    gathered = ((plan.cost.fsdp_gather_bytes or plan.cost.gradient_bytes) * dense * lay.fsdp
+                + (plan.cost.gradient_bytes * (1 - dense) if lay.expert_axis > 1 and not lay.alltoall else 0.0)
+                ) / p.model_axis
+    reduced = plan.cost.gradient_bytes * dense / p.model_axis
     lines = [
-        f"{p.chips} chips ({hosts} host(s) x {min(p.chips, sysm.chips_per_host)}): {p.replicas} data-parallel "
-        f"replica(s) x model axis {p.model_axis}",
+        f"{p.chips} chips ({hosts} host(s) x {min(p.chips, sysm.chips_per_host)}): {lay.describe()}",
+        f"  memory per chip           {mem.describe()}",
         f"  per-chip batch            {p.global_batch / p.chips:g} (per replica {p.per_replica_batch:g}; global "
         f"batch {p.global_batch})",
         f"  steps per epoch           {p.steps_per_epoch:,.1f} ({plan.cost.train_samples:,} "
@@ -212,14 +245,24 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
         f"  steps to converge         {p.steps:,}",
         f"  step time                 {_ms(s.total)} ms = compute {_ms(s.compute)} + gradient all-reduce "
         f"{_ms(s.allreduce_exposed)} + model-parallel collectives {_ms(s.model_parallel)} + other {_ms(s.other)} "
-        f"+ fixed {_ms(s.fixed)}" + (f" + FSDP weight all-gathers {_ms(s.fsdp_gather)}" if plan.cost.fsdp_gather_bytes
-                                     else ""),
-        *([f"    {'all-gather (FSDP)':<24}{_ms(s.fsdp_gather_total)} ms: the weights "
-           f"({plan.cost.fsdp_gather_bytes / p.model_axis / 1e6:.1f} MB per chip) gathered "
-           f"{plan.cost.fsdp_gathers_per_step}x a step (forward, backward), "
-           f"{_ms(s.fsdp_gather_total - s.fsdp_gather)} ms hidden under compute"] if s.fsdp_gather_total else []),
-        f"    {'reduce-scatter (FSDP)' if s.fsdp_gather or plan.cost.fsdp_gather_bytes else 'all-reduce':<24}"
-        f"{_ms(s.allreduce)} ms of {plan.cost.gradient_bytes / p.model_axis / 1e6:.1f} MB "
+        f"+ fixed {_ms(s.fixed)}" + (f" + weight all-gathers {_ms(s.fsdp_gather)}" if s.fsdp_gather_total else "")
+        + (f" + all-to-all {_ms(s.alltoall)}" if lay.expert_axis > 1 and lay.alltoall else "")
+        + (f" + recompute {_ms(s.recompute)}" if s.recompute else ""),
+        *([f"    {'all-gather (weights)':<24}{_ms(s.fsdp_gather_total)} ms: the weights "
+           f"({gathered / 1e6:.1f} MB per chip{', experts aside' if lay.expert_axis > 1 and lay.alltoall else ''}) "
+           "gathered "
+           f"{plan.cost.fsdp_gathers_per_step}x a micro-batch (forward, backward) x {lay.micro_batches}, "
+           f"{_ms(s.fsdp_gather_total - s.fsdp_gather)} ms hidden under compute"
+           + ("; the experts' weights gathered over their axis where used" if not lay.alltoall and lay.expert_axis > 1
+              else "")] if s.fsdp_gather_total else []),
+        *([f"    {'all-to-all (experts)':<24}{_ms(s.alltoall)} ms: {s.alltoall_bytes / 1e6:,.1f} MB per chip a step "
+           f"over the {lay.expert_axis}-chip expert axis (dispatch and combine, forward and backward"
+           f"{', and the recomputed forward' if lay.remat else ''}), exposed"] if lay.expert_axis > 1 and lay.alltoall
+          else []),
+        *([f"    {'recompute (remat)':<24}{_ms(s.recompute)} ms: the forward pass again in the backward pass "
+           "(not in the model FLOPs)"] if s.recompute else []),
+        f"    {'reduce-scatter (FSDP)' if lay.fsdp else 'all-reduce':<24}"
+        f"{_ms(s.allreduce)} ms of {reduced / 1e6:.1f} MB "
         f"per chip on {collectives.describe(sysm, p.replicas)}; {_ms(hidden)} ms hidden under the backward pass "
         f"(overlap {sysm.allreduce_overlap:g} of it)",
         f"    other                   optimizer update: {plan.cost.params / p.model_axis / 1e6:.1f} M params x "
@@ -236,11 +279,18 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
                                           else "not known (no calibration logs)"),
         f"  time to train             {p.total_seconds / 60:.2f} min = train {p.train_seconds / 60:.2f} + eval "
         f"{p.eval_total_seconds / 60:.2f} (eval {100 * p.eval_total_seconds / p.total_seconds:.1f}% of it)",
-        f"  model FLOP/s              {p.model_flops_per_s / 1e12:,.1f} TFLOP/s over the training steps "
-        f"({plan.cost.train_flops_per_sample / 1e9:,.1f} GFLOP per {plan.cost.sample_unit} x "
-        f"{p.global_batch / s.total:,.1f} samples/s); MFU {100 * p.mfu:.1f}% of {p.chips} x "
-        f"{sysm.peak_flops / 1e12:g} TFLOP/s",
+        f"  model FLOP/s              {p.model_flops_per_s / 1e12:,.1f} TFLOP/s over the training steps, useful "
+        f"FLOPs only ({useful / 1e9:,.1f} GFLOP per {plan.cost.sample_unit} x {p.global_batch / s.total:,.1f} "
+        f"samples/s); MFU {100 * p.mfu:.1f}% of {p.chips} x {sysm.peak_flops / 1e12:g} TFLOP/s ({p.precision} peak)",
+        *([f"  compiled FLOP/s           {p.compiled_flops_per_s / 1e12:,.1f} TFLOP/s: the step as the cost counts it "
+           f"({plan.cost.source}; {plan.cost.train_flops_per_sample / useful:.3g}x the useful FLOPs), not MFU"]
+          if p.compiled_flops_per_s else []),
     ]
+    upper = mem.activations_upper
+    if upper is not None and mem.total - (mem.activations or 0.0) + upper > layouts.HEADROOM * mem.capacity:
+        lines.append(f"  caution: the workload's count of the whole train step's activations ({upper / 1e9:.1f} GB per "
+                     "chip: the harness's attention keeps its scores) does not fit beside the rest; only what the "
+                     "backward pass cannot do without does, as the dry run checks")
     if p.global_batch / p.chips < SMALL_PER_CHIP_BATCH and not sysm.step_overhead_seconds:
         lines.append(f"  caution: {p.global_batch / p.chips:g} samples per chip and {sysm.name} states no "
                      "step_overhead_seconds: fixed per-step costs are left out, so this is optimistic")
@@ -250,7 +300,9 @@ def format_projection(plan: Plan, p: Projection) -> list[str]:
 def header(plan: Plan) -> list[str]:
     c = plan.cost
     return [f"plan: {plan.cfg.workload} ({plan.config_path}) on {plan.system.name} "
-            f"({plan.system.peak_flops / 1e12:g} TFLOP/s peak per chip, {plan.system.topology})",
+            f"({plan.system.peak_flops / 1e12:g} TFLOP/s dense {plan.precision} peak per chip, {plan.system.topology}, "
+            f"{plan.system.domain if plan.system.domain < 1 << 30 else 'any number of'} chips a scale-up domain)",
+            f"  precision: the {plan.precision} peak ({PRECISION_NOTE})",
             f"  model cost: {c.train_flops_per_sample / 1e9:,.1f} GFLOP per training {c.sample_unit}, "
             f"{c.params / 1e6:.2f} M params, {c.gradient_bytes / 1e6:.1f} MB of gradients; {c.source}",
             f"  efficiency: {plan.efficiency:.3f} of peak: {plan.efficiency_note}",
@@ -278,17 +330,19 @@ def default_batch(plan: Plan, chips: int) -> tuple[int, str]:
 
 
 def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, int]]:
-    """(chips, global batch) over powers of two: the per-chip batch of the given point held until the
-    convergence table's largest batch, then that batch held (more chips only split it further)."""
+    """(chips, global batch) over powers of two: the per-chip batch of the given point held inside the
+    convergence table's batches (the RCP table's, the rule the single projection follows): below its smallest
+    batch that batch, above its largest that batch held (more chips only split it further)."""
     per_chip = global_batch / chips
-    largest = max(b for b, _ in _table_points(plan)) if _table_points(plan) else global_batch
-    cap = max(global_batch, largest)
+    table = [b for b, _ in _table_points(plan)]
+    cap = max(table) if table else global_batch
+    floor = min(table) if table else 1
     out, n = [], 1
     top = max(4096, chips)
     while n <= top:
         per_host = plan.system.chips_per_host
         if plan.system.topology != "hierarchical" or n <= per_host or n % per_host == 0:
-            b = int(min(cap, max(1, round(per_chip * n))))
+            b = int(min(cap, max(floor, round(per_chip * n))))
             out.append((n, b))
         n *= 2
     if chips not in [p[0] for p in out]:
@@ -316,14 +370,18 @@ def knee(projections: list[Projection]) -> Projection | None:
 
 def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[list[str], dict]:
     points = sweep_points(plan, chips, global_batch)
-    dp = []
+    dp, unfit = [], {}
     for n, b in points:
         try:
             dp.append(plan.at(n, b, 1))
+        except layouts.DoesNotFit as e:
+            unfit[n] = (b, f"{e.memory.total / 1e9:.1f} GB per chip of {e.memory.capacity / 1e9:.1f} GB")
         except HarnessError:  # fewer samples than replicas: data parallelism alone cannot use these chips
             pass
     if not dp:
-        raise HarnessError("--sweep: no chip count of the sweep fits the global batch data-parallel")
+        raise HarnessError("--sweep: no chip count of the sweep fits the global batch data-parallel"
+                           + (f" and the chip's memory ({next(iter(unfit.values()))[1]} at the smallest)"
+                              if unfit else ""))
     axis = plan.mesh_model_axis
     if axis == 1 and plan.cost.mp_bytes_per_sample <= 0:
         pass  # the workload's model-parallel traffic is not modelled (spatial halos): suggest nothing
@@ -332,7 +390,10 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
         for m in MODEL_AXES:
             n, b = points[-1]
             if n % m == 0 and b >= n // m:
-                t = plan.at(n, b, m).total_seconds
+                try:
+                    t = plan.at(n, b, m).total_seconds
+                except layouts.DoesNotFit:
+                    continue
                 if best is None or t < best[0]:
                     best = (t, m)
         axis = best[1] if best else 1
@@ -361,6 +422,8 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
                      f"{p.step.total * 1e3:>8.2f} {p.step.compute * 1e3:>7.2f} {p.step.allreduce_exposed * 1e3:>7.2f} "
                      f"{p.step.other * 1e3:>6.2f} {p.total_seconds / 60:>8.2f} {eff:>8.2f} {alt:>16}{mark}")
     dp_chips = {p.chips for p in dp}
+    for n, (b, why) in sorted(unfit.items()):
+        lines.insert(2 + sum(1 for p in dp if p.chips < n), f"  {n:>6} {b:>7}  does not fit: {why}")
     for p in mp:
         if p.chips not in dp_chips:
             lines.append(f"  {p.chips:>6} {p.global_batch:>7}  fewer samples than chips: only the model-parallel "
@@ -436,7 +499,8 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
 
 def main(config_path: str, overrides: list[str], system_name: str, chips: int | None, global_batch: int | None,
          calibrate: list[str], calibrate_chips: int | None, sweep: bool, as_json: bool, model_cost: str | None,
-         compile_model: bool, out_dir: str | None, real_token_fraction: float | None = None) -> int:
+         compile_model: bool, out_dir: str | None, real_token_fraction: float | None = None,
+         precision: str = "bf16") -> int:
     if chips is None:
         raise HarnessError("plan needs --chips N")
     if global_batch is not None and global_batch < 1:
@@ -444,9 +508,13 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
                            f"config's)")
     if not system_name:
         raise HarnessError("plan needs --system NAME (one of the files in harness/plan/systems/, or a YAML path)")
-    check_chips(load_system(system_name), chips)  # before the config (and TensorFlow) loads
+    if precision not in PRECISIONS:
+        raise HarnessError(f"--precision {precision}: give one of {', '.join(PRECISIONS)}")
+    system = load_system(system_name)
+    check_chips(system, chips)  # before the config (and TensorFlow) loads
+    system.peak(precision)
     plan = build(config_path, overrides, system_name, calibrate, calibrate_chips, model_cost, compile_model,
-                 real_token_fraction)
+                 real_token_fraction, precision)
     check_chips(plan.system, chips, plan.mesh_model_axis)
     batch = plan.cfg.schedule.global_batch_size if global_batch is None else global_batch
     batch_note = []
@@ -457,6 +525,8 @@ def main(config_path: str, overrides: list[str], system_name: str, chips: int | 
     p = plan.at(chips, batch)
     lines = header(plan) + batch_note + format_projection(plan, p)
     out: dict[str, Any] = {"config": config_path, "system": plan.system.name, "model_cost": plan.cost.to_dict(),
+                           "precision": plan.precision, "layout": dataclasses.asdict(plan.layout_at(chips)),
+                           "memory_per_chip": dataclasses.asdict(plan.memory_at(chips, batch)),
                            "efficiency": plan.efficiency, "efficiency_source": plan.efficiency_note,
                            "real_token_fraction": plan.real_token_fraction, "cautions": plan.cautions,
                            "calibration": dataclasses.asdict(plan.calibration) if plan.calibration else None,

@@ -16,6 +16,16 @@ Per step of one chip (a replica spans `model_axis` chips):
                      first), each times allreduce_overlap; each chip updates its shard of the optimizer state
   fixed            = the system's step_overhead_seconds (launches, kernels too small to fill a chip, the host
                      loop): what keeps a step from shrinking to nothing at 1-8 samples per chip
+With a layout (harness/plan/layout.py; the planner passes the config's, calibrations and scripts/validate_plan.py
+project without one):
+  micro-batches    = FSDP gathers the weights in every micro-batch (gathers per step x micro-batches)
+  experts split    = the expert weights leave the FSDP gathers and the data-parallel reduction (their gradients
+                     reduce over the replicas that share an expert, none when every chip owns its own); the
+                     all-to-all's bytes (layout.alltoall_bytes) over the expert axis, all of it exposed (the
+                     tokens wait for their experts); without the all-to-all dispatch the expert weights are
+                     gathered over the expert axis where used and their gradients reduce-scattered, as FSDP
+  remat            = the recomputed forward pass: the forward FLOPs a sample (eval_flops_per_sample) more,
+                     at the same efficiency; not in the model FLOPs (MFU counts useful work only)
 One eval is three parts, each scaled the way it runs (EvalTime):
   device           = the forward pass over the eval set split over the chips: eval FLOPs / (chips x peak x
                      efficiency), or the calibration's measured device part x calibration chips / chips
@@ -43,6 +53,7 @@ from harness.errors import HarnessError
 from harness.plan import collectives
 from harness.plan.converge import Convergence
 from harness.plan.cost import ModelCost
+from harness.plan.layout import Layout
 from harness.plan.system import System
 
 BACKWARD_SHARE = 2.0 / 3.0  # backward = 2 x forward of the 3 x forward a training step costs
@@ -58,10 +69,14 @@ class StepTime:
     fixed: float = 0.0        # the system's fixed per-step cost
     fsdp_gather: float = 0.0  # FSDP's weight all-gathers left exposed
     fsdp_gather_total: float = 0.0  # all of them (forward and backward), hidden or not
+    alltoall: float = 0.0     # the experts' all-to-alls (exposed)
+    recompute: float = 0.0    # remat's recomputed forward pass
+    alltoall_bytes: float = 0.0  # what one chip sends in them a step
 
     @property
     def total(self) -> float:
-        return self.compute + self.allreduce_exposed + self.model_parallel + self.other + self.fixed + self.fsdp_gather
+        return (self.compute + self.allreduce_exposed + self.model_parallel + self.other + self.fixed
+                + self.fsdp_gather + self.alltoall + self.recompute)
 
 
 @dataclasses.dataclass
@@ -123,6 +138,8 @@ class Projection:
     efficiency: float
     model_flops_per_s: float = 0.0  # useful train FLOPs x samples/s over the training steps (all chips)
     mfu: float = 0.0                # model_flops_per_s / (chips x peak)
+    compiled_flops_per_s: float = 0.0  # the projected cost's own FLOPs x samples/s when it is not the useful count
+    precision: str = "bf16"         # whose peak the compute and the MFU use
 
     @property
     def eval_seconds(self) -> float:
@@ -160,7 +177,13 @@ def check_chips(system: System, chips: int, model_axis: int = 1) -> None:
 
 
 def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, efficiency: float,
-              model_axis: int = 1) -> StepTime:
+              model_axis: int = 1, layout: Layout | None = None, alltoall_bytes: float = 0.0,
+              expert_params: float = 0.0) -> StepTime:
+    """One step's parts. `layout` (with the all-to-all's bytes per chip and the expert parameters it splits):
+    the rules for micro-batches, experts and remat in the module docstring; None: one micro-batch, no experts
+    split, no remat (what calibrations assume)."""
+    if layout is not None:
+        return _laid_out_step(cost, system, global_batch, efficiency, layout, alltoall_bytes, expert_params)
     replicas = chips // model_axis
     per_replica = global_batch / replicas
     compute = cost.train_flops_per_sample * per_replica / model_axis / (system.peak_flops * efficiency)
@@ -183,6 +206,50 @@ def step_time(cost: ModelCost, system: System, chips: int, global_batch: float, 
     other = cost.params / shards * cost.optimizer_bytes_per_param / system.hbm_bandwidth
     return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds,
                     gather_total - gather_hidden, gather_total)
+
+
+def _laid_out_step(cost: ModelCost, system: System, global_batch: float, efficiency: float, layout: Layout,
+                   alltoall_bytes: float, expert_params: float) -> StepTime:
+    m, replicas = layout.model_axis, layout.replicas
+    per_replica = global_batch / replicas
+    speed = system.peak_flops * efficiency
+    compute = cost.train_flops_per_sample * per_replica / m / speed
+    recompute = cost.eval_flops_per_sample * per_replica / m / speed if layout.remat else 0.0
+    share = expert_params / cost.params if cost.params and layout.expert_axis > 1 else 0.0
+    fsdp = layout.fsdp and replicas > 1
+    backward = system.allreduce_overlap * BACKWARD_SHARE * (compute + recompute)
+    forward = system.allreduce_overlap * (1 - BACKWARD_SHARE) * compute
+    dense_grad, expert_grad = cost.gradient_bytes * (1 - share) / m, cost.gradient_bytes * share / m
+    sharers = max(1, replicas // layout.expert_axis)  # replicas holding the same experts
+    expert_reduce = collectives.allreduce_seconds(system, expert_grad / layout.expert_axis, sharers,
+                                                  m * layout.expert_axis) if expert_grad else 0.0
+    gathers = max(1, cost.fsdp_gathers_per_step) * layout.micro_batches
+    expert_gather = 0.0
+    if share and not layout.alltoall:  # the expert weights gathered where used, their gradients reduce-scattered
+        expert_gather = collectives.allgather_seconds(system, expert_grad, layout.expert_axis, m)
+        expert_reduce += collectives.reduce_scatter_seconds(system, expert_grad, layout.expert_axis, m)
+    gather = gather_total = gather_hidden = 0.0
+    if fsdp or expert_gather:
+        dense_reduce = (collectives.reduce_scatter_seconds(system, dense_grad, replicas, m) if fsdp else
+                        collectives.allreduce_seconds(system, dense_grad, replicas, m))
+        allreduce = dense_reduce + expert_reduce
+        gathered = (cost.fsdp_gather_bytes or cost.gradient_bytes) * (1 - share) / m
+        gather = (collectives.allgather_seconds(system, gathered, replicas, m) if fsdp else 0.0) + expert_gather
+        gather_total = gathers * gather
+        hidden = min(allreduce, backward)
+        gather_hidden = (min(gather * layout.micro_batches, forward)
+                         + min((gathers - layout.micro_batches) * gather, max(0.0, backward - hidden)))
+    else:
+        allreduce = collectives.allreduce_seconds(system, dense_grad, replicas, m) + expert_reduce
+        hidden = min(allreduce, backward)
+    mp = collectives.model_group_allreduce_seconds(system, cost.mp_bytes_per_sample * per_replica, m)
+    dense_shards = m * (replicas if fsdp else 1)
+    experts = expert_params if share else 0.0
+    updated = (cost.params - experts) / dense_shards + experts / (m * layout.expert_axis * (sharers if fsdp else 1))
+    other = updated * cost.optimizer_bytes_per_param / system.hbm_bandwidth
+    a2a = collectives.alltoall_seconds(system, alltoall_bytes, layout.expert_axis, m) if alltoall_bytes else 0.0
+    return StepTime(compute, allreduce, allreduce - hidden, mp, other, system.step_overhead_seconds,
+                    gather_total - gather_hidden, gather_total, a2a, recompute, alltoall_bytes)
 
 
 class FasterThanPeak(HarnessError):
@@ -281,18 +348,26 @@ def calibrate(cost: ModelCost, system: System, chips: int, global_batch: int, st
 
 def project(cost: ModelCost, system: System, converge: Convergence, chips: int, global_batch: int,
             efficiency: float, model_axis: int = 1, calibration: Calibration | None = None,
-            init_seconds: float | None = None) -> Projection:
+            init_seconds: float | None = None, layout: Layout | None = None, alltoall_bytes: float = 0.0,
+            expert_params: float = 0.0, useful_flops_per_sample: float | None = None,
+            precision: str = "bf16") -> Projection:
+    """Time to train at `chips` (the module docstring). `system.peak_flops` is the peak of `precision`; MFU
+    counts `useful_flops_per_sample` (default: the cost's own count), a cost from a dry run's compiled FLOPs
+    giving its own figure beside it."""
     check_chips(system, chips, model_axis)
     replicas = chips // model_axis
     if global_batch < replicas:
         raise HarnessError(f"global batch {global_batch} is smaller than the {replicas} data-parallel replicas "
                            f"of {chips} chips (model axis {model_axis}); raise --global_batch or the model axis")
-    step = step_time(cost, system, chips, global_batch, efficiency, model_axis)
+    step = step_time(cost, system, chips, global_batch, efficiency, model_axis, layout, alltoall_bytes, expert_params)
     steps_per_epoch = cost.train_samples / global_batch
     stop = converge.value if converge.stop is None else converge.stop
     samples = stop * cost.train_samples if converge.unit == "epochs" else stop
     ev = eval_time(cost, system, chips, global_batch, efficiency, calibration)
-    model_flops = cost.train_flops_per_sample * global_batch / step.total
+    useful = cost.train_flops_per_sample if useful_flops_per_sample is None else useful_flops_per_sample
+    model_flops = useful * global_batch / step.total
+    compiled = (cost.train_flops_per_sample * global_batch / step.total
+                if abs(cost.train_flops_per_sample - useful) > 1e-9 * useful else 0.0)
     return Projection(chips, model_axis, replicas, global_batch, global_batch / replicas, steps_per_epoch, converge,
                       int(math.ceil(samples / global_batch - 1e-9)), step, converge.evals, ev, init_seconds,
-                      efficiency, model_flops, model_flops / (chips * system.peak_flops))
+                      efficiency, model_flops, model_flops / (chips * system.peak_flops), compiled, precision)
