@@ -24,6 +24,20 @@ line and the hyperparameters each result_*.txt of mlcommons/training_results_v0.
   step's compute x the padding factor derived, like the fixed costs, from held-out rows: NVIDIA's DGX-2H
   BERT at 1 node (unpadded) and 32 nodes (padded), the same code and data on another system.
 
+The current round's LLM rows, apart (their own summary; the tables above keep theirs): the MLPerf Training
+v5.0 llama2_70b_lora results (scripts/data/mlperf-llm-v5.0.csv, built by scripts/build_v5_llm_table.py from
+github.com/mlcommons/training_results_v5.0; v5.0 has no llama31_8b), families of one submitter's system at
+two or more scales (V5_FAMILIES). Each is calibrated on its smallest scale (its step and its eval) and its
+larger ones projected at their logged global batch, samples to converge from the 5.0.0 RCP table. Each
+point's replica spans tensor x context parallelism as its public config file names it (V5_LAYOUTS, from
+`<submitter>/benchmarks/llama2_70b_lora/implementations/.../config_<system>_<nodes>x<gpus>x<minibs>x
+tp<T>pp1cp<C>.sh`; where none is published, the smallest axis that leaves a whole number of rows per
+replica, as context parallelism): the plan's model axis of T x C chips, with the workload's activation
+all-reduces where T > 1 and none for context parallelism alone (ring attention passes K and V around the
+ring under the attention's own compute). The base is frozen and no submitter shards it over data
+parallelism (runtime.fsdp off), so only the adapters' gradients are reduced. They train in FP8 (`FP8=True` in
+the NeMo and AMD configs), so the systems' fp8 peaks are the ones divided by (plan --precision fp8).
+
     python scripts/validate_plan.py [--data DIR] [--csv OUT] [--derive_overheads]
 """
 from __future__ import annotations
@@ -101,13 +115,163 @@ REAL_TOKENS = ("v1.0", "NVIDIA", "bert", "dgx-a100", [(8, 448, "dgxa100_ngc21.05
                                                       (64, 3072, "dgxa100_n8_ngc21.05_pytorch")])
 
 
-def derive_overhead(cost, system, a: tuple[int, int, float], b: tuple[int, int, float]) -> tuple[float, float]:
+V5_TABLE = os.path.join(REPO, "scripts", "data", "mlperf-llm-v5.0.csv")
+V5_RULESET = "5.0.0"
+# (submitter, system file, [system names of the table, one family]): one submitter's systems of one chip and
+# software at two or more scales
+V5_FAMILIES = [
+    ("NVIDIA", "gb200-nvl72", ["tyche_ngpu8_ngc25.04_nemo", "tyche_ngpu72_ngc25.04_nemo",
+                               "tyche_ngpu144_ngc25.04_nemo", "tyche_ngpu512_ngc25.04_nemo"]),
+    ("Oracle", "gb200-nvl72", ["1xBM.GPU.GB200.4", "2xBM.GPU.GB200.4", "18xBM.GPU.GB200.4"]),
+    ("Oracle", "b200", ["1xBM.GPU.B200.8", "8xBM.GPU.B200.8"]),
+    ("Oracle", "h200", ["1xBM.GPU.H200.8", "64xBM.GPU.H200.8"]),
+    ("HPE", "h200", ["HPE-Cray-XD670-H200-SXM5-141GB_n1_24.09", "HPE-Cray-XD670-H200-SXM5-141GB_n2_24.09",
+                     "HPE-Cray-XD670-H200-SXM5-141GB_n4_24.09"]),
+    ("MangoBoost", "mi300x", ["MI300X-LLMBoost-GPUBoost-1node", "MI300X-LLMBoost-GPUBoost-2node",
+                              "MI300X-LLMBoost-GPUBoost-4node"]),
+]
+
+
+# The current round's fixed per-step costs (the systems' step_overhead_seconds) come, as HELD_OUT's, from pairs
+# of one system at two scales that are not scored: (submitter, system file, [system names] x 2). The MI300X
+# has no such pair (MangoBoost's is its only family): its cost is not sourced.
+V5_HELD_OUT = [("Dell", "gb200-nvl72", ["4xXE9712x4GB200", "16xXE9712x4GB200"]),
+               ("Supermicro", "b200", ["AS-4126GS-NBR-LCC_N1", "AS-4126GS-NBR-LCC_N2"]),
+               ("Dell", "h200", ["1xXE9680Lx8H200-SXM-141GB", "2xXE9680Lx8H200-SXM-141GB"])]
+# (tensor, context) parallelism of each system's runs, from its public config file's name (module docstring)
+V5_LAYOUTS = {"tyche_ngpu8_ngc25.04_nemo": (1, 1), "tyche_ngpu72_ngc25.04_nemo": (1, 8),
+              "tyche_ngpu144_ngc25.04_nemo": (1, 8), "tyche_ngpu512_ngc25.04_nemo": (1, 8),
+              "1xBM.GPU.GB200.4": (1, 2), "2xBM.GPU.GB200.4": (1, 1), "18xBM.GPU.GB200.4": (1, 8),
+              "1xBM.GPU.B200.8": (1, 1), "8xBM.GPU.B200.8": (1, 8),
+              "1xBM.GPU.H200.8": (4, 1), "64xBM.GPU.H200.8": (4, 2),
+              "HPE-Cray-XD670-H200-SXM5-141GB_n1_24.09": (2, 1), "HPE-Cray-XD670-H200-SXM5-141GB_n2_24.09": (4, 2),
+              "HPE-Cray-XD670-H200-SXM5-141GB_n4_24.09": (2, 1), "1xXE9680Lx8H200-SXM-141GB": (1, 2),
+              "MI300X-LLMBoost-GPUBoost-1node": (1, 1), "MI300X-LLMBoost-GPUBoost-2node": (1, 2),
+              "MI300X-LLMBoost-GPUBoost-4node": (1, 4)}
+
+
+def v5_layout(system: str, chips: int, batch: int) -> tuple[int, int]:
+    """(tensor, context) parallelism of a v5.0 point: its config's, else context parallelism alone."""
+    return V5_LAYOUTS.get(system) or (1, model_axis_for(chips, batch))
+
+
+def model_axis_for(chips: int, batch: int) -> int:
+    """The smallest model axis that leaves a whole number of rows per data-parallel replica."""
+    return next(m for m in range(1, chips + 1) if chips % m == 0 and batch % (chips // m) == 0)
+
+
+def v5_rows(path: str = V5_TABLE) -> dict:
+    with open(path) as f:
+        return {(r["submitter"], r["system"]): r for r in csv.DictReader(f)}
+
+
+def v5_config():
+    return load_config(os.path.join(REPO, "configs", "llama2_70b_lora", "reference.yaml"),
+                       [f"ruleset={V5_RULESET}", "runtime.fsdp=false"])
+
+
+def v5_point(cost, row: dict) -> tuple[int, int, float, int, object]:
+    """(chips, global batch, step seconds, model axis, cost) of a v5.0 row laid out as its config names."""
+    tp, cp = v5_layout(row["system"], int(row["chips"]), int(row["global_batch"]))
+    return (int(row["chips"]), int(row["global_batch"]), float(row["step_seconds"]), tp * cp,
+            dataclasses.replace(cost, mp_bytes_per_sample=cost.mp_bytes_per_sample if tp > 1 else 0.0))
+
+
+def v5_system(name: str):
+    """The system file at its fp8 peak (the v5.0 LLM runs train in FP8)."""
+    system = load_system(name)
+    return dataclasses.replace(system, peak_flops=system.peak("fp8"))
+
+
+def v5_overheads() -> list[str]:
+    """The fixed per-step costs V5_HELD_OUT gives (the lines to print)."""
+    rows, cost = v5_rows(), costs.analytic(v5_config())
+    out = []
+    for submitter, system_name, (a, b) in V5_HELD_OUT:
+        pa, pb = v5_point(cost, rows[(submitter, a)]), v5_point(cost, rows[(submitter, b)])
+        fixed, eff = derive_overhead(pa[4], v5_system(system_name), pa[:3], pb[:3], pa[3], pb[3], pb[4])
+        out.append(f"  {system_name:<12} {fixed * 1e3:7.2f} ms (efficiency {eff:.2f}) from v5.0 {submitter} "
+                   f"llama2_70b_lora: {pa[0]} chips x {pa[1] / pa[0]:g}/chip {pa[2] * 1e3:.1f} ms (model axis "
+                   f"{pa[3]}), {pb[0]} x {pb[1] / pb[0]:g}/chip {pb[2] * 1e3:.1f} ms (model axis {pb[3]})")
+    return out
+
+
+def validate_v5(path: str = V5_TABLE) -> tuple[list[dict], list[str]]:
+    """The v5.0 LLM families (module docstring), as `validate` returns its points."""
+    rows = v5_rows(path)
+    cfg = v5_config()
+    module = costs.workload_cost_module(cfg.workload)
+    cost = costs.analytic(cfg)
+    results, skipped = [], []
+    for submitter, system_name, names in V5_FAMILIES:
+        pts = [rows.get((submitter, n)) for n in names]
+        if any(r is None for r in pts):
+            skipped.append(f"v5.0 {submitter} {system_name}: rows missing from {path}")
+            continue
+        system = v5_system(system_name)
+        pts = sorted(pts, key=lambda r: int(r["chips"]))
+        base = pts[0]
+        n0, b0, _, m0, cost0 = v5_point(cost, base)
+        cal = calibrate(cost0, system, n0, b0, float(base["step_seconds"]), float(base["eval_seconds"]), "sync",
+                        float(base["evals_per_run"]), float(base["mean_samples"]) / b0, m0)
+        name = f"v5.0 {submitter} {system_name} llama2_70b_lora"
+        for p in pts[1:]:
+            n, b = int(p["chips"]), int(p["global_batch"])
+            m, p_cost = v5_point(cost, p)[3:]
+            conv = converge.to_converge(cfg.workload, V5_RULESET, b, module.CONVERGE_UNIT, None)
+            conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, b))
+            proj = project(p_cost, system, conv, n, b, cal.efficiency, m, cal)
+            actual = float(p["olympic_minutes"])
+            step_s = float(p["step_seconds"])
+            results.append(dict(family=name, system=system_name, calib_chips=n0, efficiency=cal.efficiency,
+                                scale_ratio=n / n0, eval_share=proj.eval_total_seconds / proj.total_seconds,
+                                chips=n, batch=b, per_chip=b / n, model_axis=m, predicted_min=proj.total_seconds / 60,
+                                actual_min=actual, ratio=proj.total_seconds / 60 / actual,
+                                predicted_converge=conv.stop, actual_converge=float(p["mean_samples"]),
+                                converge_in_range=conv.in_range, predicted_step_ms=proj.step.total * 1e3,
+                                actual_step_ms=step_s * 1e3, step_ratio=proj.step.total / step_s,
+                                converge_ratio=(conv.stop or conv.value) / float(p["mean_samples"]),
+                                by_schedule=False, padding_factor=1.0))
+    return results, skipped
+
+
+def print_v5(results: list[dict], skipped: list[str]) -> bool:
+    """The v5.0 LLM rows and their own summary; whether they meet their goal (median <= 10%, none > 1.5x)."""
+    print("the current round: MLPerf Training v5.0 llama2_70b_lora, each family calibrated on its smallest scale:")
+    print(f"  {'family':<42} {'cal@':>5} {'eff':>5} {'chips':>6} {'batch':>5} {'axis':>4} {'pred min':>9} "
+          f"{'actual':>8} {'pred/act':>8} {'conv pred':>9} {'conv act':>9} {'step pred':>9} {'step act':>8}")
+    for r in results:
+        print(f"  {r['family']:<42} {r['calib_chips']:>5} {r['efficiency']:>5.2f} {r['chips']:>6} {r['batch']:>5} "
+              f"{r['model_axis']:>4} {r['predicted_min']:>9.3f} {r['actual_min']:>8.3f} {r['ratio']:>8.2f} "
+              f"{r['predicted_converge']:>9,.0f} {r['actual_converge']:>9,.0f} {r['predicted_step_ms']:>9.1f} "
+              f"{r['actual_step_ms']:>8.1f}")
+    for s_ in skipped:
+        print(f"  skipped: {s_}")
+    if not results:
+        return False
+    errors = [abs(r["ratio"] - 1) for r in results]
+    worst = max(results, key=lambda r: max(r["ratio"], 1 / r["ratio"]))
+    factor = max(worst["ratio"], 1 / worst["ratio"])
+    steps = [abs(r["step_ratio"] - 1) for r in results]
+    convs = [abs(r["converge_ratio"] - 1) for r in results]
+    print(f"  v5.0 points: {len(results)} in {len({r['family'] for r in results})} families; median |error| "
+          f"{100 * statistics.median(errors):.1f}%; worst {worst['family']} at {worst['chips']} chips: "
+          f"predicted/actual {worst['ratio']:.2f} ({factor:.2f}x off); step alone median "
+          f"{100 * statistics.median(steps):.1f}%, samples to converge alone {100 * statistics.median(convs):.1f}%")
+    met = statistics.median(errors) <= 0.10 and factor <= 1.5
+    print(f"  v5.0 goal (median |error| within 10%, none off by more than 1.5x): {'MET' if met else 'NOT MET'}")
+    return met
+
+
+def derive_overhead(cost, system, a: tuple[int, int, float], b: tuple[int, int, float], axis_a: int = 1,
+                    axis_b: int = 1, cost_b=None) -> tuple[float, float]:
     """(fixed seconds per step, efficiency) with which the step model gives both (chips, batch, step
-    seconds) points: bisection on the fixed cost, the efficiency solved from the first point each time."""
+    seconds) points (each at its model axis; `cost_b` the second's when it differs): bisection on the fixed
+    cost, the efficiency solved from the first point each time."""
     def miss(fixed: float) -> tuple[float, float]:
         sysm = dataclasses.replace(system, step_overhead_seconds=fixed)
-        eff = solve_efficiency(cost, sysm, a[0], a[1], a[2])
-        return step_time(cost, sysm, b[0], b[1], eff).total - b[2], eff
+        eff = solve_efficiency(cost, sysm, a[0], a[1], a[2], axis_a)
+        return step_time(cost_b or cost, sysm, b[0], b[1], eff, axis_b).total - b[2], eff
 
     lo, hi = 0.0, min(a[2], b[2]) * 0.999
     if miss(lo)[0] >= 0:
@@ -380,6 +544,7 @@ def main() -> int:
         if args.derive_overheads:
             print("fixed per-step cost from public results outside the validated families:")
             print("\n".join(held_out_overheads(args.data)))
+            print("\n".join(v5_overheads()))
             print("padding factor (a padded run's compute over an unpadded one's, same code) from held-out rows:")
             print(f"  {held_out_padding(args.data)[1]}")
             return 0
@@ -456,6 +621,8 @@ def main() -> int:
     print("\n".join(real_token_check(args.data)))
     met = statistics.median(errors) <= 0.15 and factor <= 1.5
     print(f"goal (median |error| within 15%, none off by more than 1.5x): {'MET' if met else 'NOT MET'}")
+    v5, v5_skipped = validate_v5()
+    print_v5(v5, v5_skipped)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(results[0]))

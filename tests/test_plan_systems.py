@@ -62,3 +62,33 @@ def test_all_to_all_is_bounded_by_the_slower_tier():
 def test_a_run_s_mfu_line_finds_the_current_chips(device, system):
     peak, source = device_peak(0.0, "GPU", device)
     assert source.startswith(f"harness/plan/systems/{system}.yaml") and peak == load_system(system).peak_flops
+
+
+def _validate_plan():
+    import importlib.util
+    import os
+    import sys
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("validate_plan", os.path.join(REPO, "scripts", "validate_plan.py"))
+    vp = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = vp
+    spec.loader.exec_module(vp)
+    return vp
+
+
+def test_the_v5_llm_rows_are_projected_within_the_goal():
+    vp = _validate_plan()
+    rows = vp.v5_rows()
+    tyche = rows[("NVIDIA", "tyche_ngpu72_ngc25.04_nemo")]  # the public olympic mean of 10 runs
+    assert int(tyche["chips"]) == 72 and int(tyche["global_batch"]) == 9 and float(tyche["olympic_minutes"]) == \
+        pytest.approx(1.66, abs=0.01)
+    assert vp.v5_layout("tyche_ngpu72_ngc25.04_nemo", 72, 9) == (1, 8) and vp.v5_layout("x", 36, 9) == (1, 4)
+    results, skipped = vp.validate_v5()
+    assert not skipped and len(results) >= 10
+    ratios = sorted(abs(r["ratio"] - 1) for r in results)
+    assert ratios[len(ratios) // 2] <= 0.10 and all(1 / 1.5 <= r["ratio"] <= 1.5 for r in results)
+    # no scored family is one a fixed per-step cost came from
+    held = {(s, n) for s, _, names in vp.V5_HELD_OUT for n in names}
+    assert not held & {(s, n) for s, _, names in vp.V5_FAMILIES for n in names}
