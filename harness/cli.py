@@ -141,7 +141,7 @@ USAGE = """usage: mlperf-harness COMMAND ...
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
   package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
   report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
-  plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json]
+  plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json] [--precision fp8]
                                                         project time to train at scale
   data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
   export RUN_DIR --out DIR [--max_shard_size 5GB] [--dtype float32|bfloat16]

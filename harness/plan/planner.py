@@ -375,7 +375,8 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
         try:
             dp.append(plan.at(n, b, 1))
         except layouts.DoesNotFit as e:
-            unfit[n] = (b, f"{e.memory.total / 1e9:.1f} GB per chip of {e.memory.capacity / 1e9:.1f} GB")
+            unfit[n] = (b, f"{e.memory.total / 1e9:.1f} GB per chip, above the "
+                           f"{layouts.HEADROOM * e.memory.capacity / 1e9:.1f} GB usable")
         except HarnessError:  # fewer samples than replicas: data parallelism alone cannot use these chips
             pass
     if not dp:
@@ -423,7 +424,8 @@ def run_sweep(plan: Plan, chips: int, global_batch: int, out_dir: str) -> tuple[
                      f"{p.step.other * 1e3:>6.2f} {p.total_seconds / 60:>8.2f} {eff:>8.2f} {alt:>16}{mark}")
     dp_chips = {p.chips for p in dp}
     for n, (b, why) in sorted(unfit.items()):
-        lines.insert(2 + sum(1 for p in dp if p.chips < n), f"  {n:>6} {b:>7}  does not fit: {why}")
+        at = 2 + sum(1 for p in dp if p.chips < n) + sum(1 for m in unfit if m < n)
+        lines.insert(at, f"  {n:>6} {b:>7}  does not fit: {why}")
     for p in mp:
         if p.chips not in dp_chips:
             lines.append(f"  {p.chips:>6} {p.global_batch:>7}  fewer samples than chips: only the model-parallel "
