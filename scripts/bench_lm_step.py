@@ -20,6 +20,14 @@ heads, head dim 64, feed-forward 768, vocab 32,000, seq 512, batch 4.
 
     python scripts/bench_lm_step.py --kerashub-python PATH/TO/kerashub/bin/python \\
         [--shapes smoke wide] [--xla off on] [--rounds 5] [--seconds 3]
+    python scripts/bench_lm_step.py --attention [--shapes smoke wide] [--rounds 7]
+
+`--attention` (no KerasHub needed) times the attention alone, forward and backward of a sum of squares under
+XLA, in three formulations of the same numbers, rounds alternating, per CPU second of this process: the
+shipped XLA one (`benchmarks/lm/attention.py`, keys and values broadcast over the query groups), grouped
+einsums that never copy the keys and values (queries [b, c, kv, g, d] against keys [b, keys, kv, d]), and the
+shipped TensorFlow-kernel one (batched matmuls over [b, kv]) compiled by XLA too. It prints each one's time
+over the shipped XLA one's (> 1: slower than it) and the largest difference of their gradients.
 
 The KerasHub virtualenv and measured numbers: docs/performance.md.
 """
@@ -135,6 +143,68 @@ def worker(side: str, shape: str, xla: bool) -> None:
               file=out, flush=True)
 
 
+# ------------------------------------------------------------------------------------------ attention
+
+def grouped_attention(q, k, v, bias):
+    """Softmax attention as `attention._attend` computes it, by einsums over the query groups: q [b, c, kv, g,
+    d], k/v [b, keys, kv, d], `bias` [c, keys]; no copy of the keys and values per group."""
+    import tensorflow as tf
+
+    b, c, kv, g, d = q.shape
+    keys = k.shape[1]
+    scores = tf.reshape(tf.einsum("bqhgd,bkhd->bhgqk", q, k), [b, kv * g, c, keys])
+    probs = tf.nn.softmax(tf.cast(scores, tf.float32) * d ** -0.5 + bias, axis=-1)
+    return tf.einsum("bhgqk,bkhd->bqhgd", tf.reshape(tf.cast(probs, v.dtype), [b, kv, g, c, keys]), v)
+
+
+def attention_ab(shape: str, rounds: int) -> None:
+    sys.path.insert(0, REPO)
+    import tensorflow as tf
+
+    from benchmarks.lm import attention
+
+    s = SHAPES[shape]
+    b, seq, kv, d = s["batch"], s["seq"], s["kv_heads"], s["head_dim"]
+    g = s["heads"] // kv
+    q = tf.random.stateless_normal([b, seq, kv, g, d], [1, 2])
+    k, v = (tf.random.stateless_normal([b, seq, kv, d], [i, 3]) for i in (1, 2))
+    bias = attention.causal_bias(0, seq, seq)
+    forms = {"shipped XLA (k/v broadcast)": lambda q, k, v: attention._attend(q, k, v, bias, True),
+             "grouped einsums": lambda q, k, v: grouped_attention(q, k, v, bias),
+             "TensorFlow-kernel form": lambda q, k, v: attention._attend(q, k, v, bias, False)}
+
+    def compiled(fn):
+        @tf.function(jit_compile=True)
+        def step(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = fn(q, k, v)
+                loss = tf.reduce_sum(out * out)
+            return tape.gradient(loss, [q, k, v])
+        return step
+
+    steps = {name: compiled(fn) for name, fn in forms.items()}
+    grads = {name: step(q, k, v) for name, step in steps.items()}
+    first = next(iter(forms))
+    n = max(2, round(2.0 / max(1e-3, _cpu(steps[first], q, k, v, 2) / 2)))
+    times: dict = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(_cpu(step, q, k, v, n))
+    for name in steps:
+        ratio = statistics.median(t / f for t, f in zip(times[name], times[first]))
+        diff = max(float(tf.reduce_max(tf.abs(a - c))) for a, c in zip(grads[name], grads[first]))
+        print(f"{shape:6} {name:<28} CPU time / shipped XLA's {ratio:6.3f}  (gradients differ by {diff:.2g})")
+
+
+def _cpu(step, q, k, v, n: int) -> float:
+    t = time.process_time()
+    for _ in range(n):
+        out = step(q, k, v)
+    out[0].numpy()
+    return time.process_time() - t
+
+
 # ------------------------------------------------------------------------------------------- driver
 
 class Worker:
@@ -194,12 +264,18 @@ def main() -> None:
     p.add_argument("--xla", nargs="+", choices=["off", "on"], default=["off", "on"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=3.0, help="about this long per timed round")
+    p.add_argument("--attention", action="store_true", help="time the attention's formulations alone under XLA")
     p.add_argument("--worker", choices=["harness", "kerashub"], help=argparse.SUPPRESS)
     p.add_argument("--shape", choices=sorted(SHAPES), help=argparse.SUPPRESS)
     p.add_argument("--jit", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         worker(a.worker, a.shape, bool(a.jit))
+        return
+    if a.attention:
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        for shape in a.shapes:
+            attention_ab(shape, a.rounds)
         return
     if not a.kerashub_python or not os.path.exists(a.kerashub_python):
         raise SystemExit(f"error: no KerasHub python at {a.kerashub_python!r}: create its virtualenv as "
