@@ -196,7 +196,7 @@ def cmd_data(args: list[str]) -> int:
 
 def _data_verify(config_path: str) -> int:
     """One `error:` line per difference (exit 2), else what was checked."""
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
 
     manifest, report = data_verify.verify_config(config_path, FLAGS.set, FLAGS.hashes, FLAGS.manifest)
     for line in report.warnings:
@@ -271,7 +271,7 @@ def cmd_plan(args: list[str]) -> int:
 
 
 def cmd_data_service(args: list[str]) -> int:
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     if args == ["dispatcher"]:
         if not FLAGS.port:
@@ -287,7 +287,7 @@ def cmd_data_service(args: list[str]) -> int:
 
 
 def cmd_export(args: list[str]) -> int:
-    from harness.train import export
+    from harness.export import weights as export
 
     return export.main(args, FLAGS.out, FLAGS.max_shard_size, FLAGS.dtype)
 

@@ -6,7 +6,7 @@ import functools
 import glob
 import os
 
-from harness.train import dryrun
+from harness.dryrun import compile as dryrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

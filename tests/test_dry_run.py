@@ -19,7 +19,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.runtime import make_runtime
 from harness.runtime.base import InputContext
-from harness.train import dryrun
+from harness.dryrun import compile as dryrun
 
 # (replicas, devices per replica, per-replica batch) the real run would have.
 EXPECTED_DEVICES = {

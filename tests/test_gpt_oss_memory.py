@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
 from harness import config as config_lib
-from harness.train import dryrun
+from harness.dryrun import compile as dryrun
 from harness.train.loop import CompiledSteps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

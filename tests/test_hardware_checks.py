@@ -121,7 +121,7 @@ def test_platform_mismatch_is_one_line_from_the_cli(tmp_path):
 
 
 def test_dry_run_reads_platforms_from_the_shared_parser():
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
 
     assert dryrun.tpu_devices is platforms.tpu_devices
     assert platforms.platform_devices("tpu-v3-256") == (256, "TPU")

@@ -153,7 +153,7 @@ def test_a_recomputed_layer_keeps_its_input_not_its_weights():
     weights (1.5 MiB in the float32 XLA:CPU computes a bfloat16 dot in; 2.4 MiB were kept per layer when the
     forward pass and the recompute shared the frozen weights' reads), and the eval step about its weights'
     shard. About a minute: four XLA compiles."""
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
 
     small = ["submission.division=open", "data.seq_length=64", "model.hidden_size=256", "model.num_heads=4",
              "model.num_kv_heads=2", "model.head_dim=64", "model.ffn_hidden=256", "model.vocab_size=256"]
@@ -205,7 +205,7 @@ def test_dry_run_refuses_one_h200_and_passes_fsdp_over_8_h100():
     from harness import config as C
     from harness.errors import HarnessError
     from harness.platforms import device_memory
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
 
     assert device_memory("1xh200-141gb-gpu") == (141 * 10**9, "H200 141 GB")
     cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml"))

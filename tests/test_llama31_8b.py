@@ -203,7 +203,7 @@ def _closed(tmp_path, *extra, monkeypatch=None):
     """A closed run's one refusal line. `monkeypatch`: skip the reference-data check (`data verify`), so a
     test's small files with other names reach the checks after it."""
     if monkeypatch is not None:
-        from harness.train import data_verify
+        from harness.data import verify as data_verify
         monkeypatch.setattr(data_verify, "check_closed_data", lambda workload: "data verify: skipped (test)")
     args = ["run", os.path.join(CONFIGS, "reference.yaml"), "--output_dir", str(tmp_path / "runs"),
             "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set", "data.eval_prefix=c4"]
@@ -273,7 +273,7 @@ def test_eod_inputs_are_scored_as_each_reference_scores_them(name, masked):
 def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_over_8(capsys):
     from benchmarks.llama31_8b import cost
     from harness.platforms import device_memory
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
     from dry_run_shared import reduced_report
 
     params = cost.model_cost(config_lib.load_config(os.path.join(CONFIGS, "gpu-8x-h100.yaml"), [])).params
@@ -295,7 +295,7 @@ def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_ove
 
 
 def test_dry_run_shows_rematerialization_keeping_less_for_the_backward_pass():
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
     from dry_run_shared import REDUCED
 
     config = os.path.join(CONFIGS, "gpu-8x-h100.yaml")

@@ -12,7 +12,7 @@ from benchmarks.gpt_oss_20b import moe
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from harness.config import RuntimeConfig
 from harness.runtime import make_runtime
-from harness.train import dryrun
+from harness.dryrun import compile as dryrun
 
 
 # gpt-oss's expert options (benchmarks/lm/ffn.py Glu, biases): a limit the activations reach

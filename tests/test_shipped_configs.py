@@ -155,7 +155,7 @@ def test_hardware_config_passes_the_dry_run_checks_as_shipped(config):
     refusal is one line whose reason the config's header states."""
     from harness import config as config_lib
     from harness.errors import HarnessError
-    from harness.train import dryrun
+    from harness.dryrun import compile as dryrun
 
     try:
         # The run's pre-log checks in the dry run's order (harness/train/preflight.py), on the stand-in replica.

@@ -3,7 +3,7 @@
 algorithms of the topology, the RCP tables' epochs to converge and an efficiency calibrated on MLPerf logs.
 
 May import the harness root (config, errors) and review/ (RCP tables, log parsing); train/ only lazily, to
-build a model cost from the dry-run compile (`harness.train.dryrun`). `mfu.py` (a finished run's model FLOP/s
+build a model cost from the dry-run compile (`harness.dryrun`). `mfu.py` (a finished run's model FLOP/s
 and MFU from the same cost modules and system files) is the one module the run path imports, and imports
 nothing from train/.
 """

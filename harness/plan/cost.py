@@ -4,7 +4,7 @@ A ModelCost comes from one of three places, named in `source`:
 - the workload's own analytic count (`benchmarks/<name>/cost.py`, `model_cost(cfg)`), the default: layer by
   layer multiply-adds from the config, 2 FLOPs each, training = 3 x forward (forward + the two backward
   matmuls), cross-checked against TensorFlow's graph count on a small model in tests/test_plan.py;
-- the dry-run compile (`harness.train.dryrun.compile_report`, XLA's cost analysis), via `from_compile_report`;
+- the dry-run compile (`harness.dryrun.compile.compile_report`, XLA's cost analysis), via `from_compile_report`;
 - a JSON file of either (`--model_cost FILE`).
 
 Every one of them costs a sample at its full length. A workload whose samples vary in length (BERT) may
@@ -146,9 +146,9 @@ def from_compile_report_dict(report: dict[str, Any], base: ModelCost | None) -> 
 def from_compile_report(config_path: str, overrides: list[str], cfg: Any) -> ModelCost:
     """Compiles the config with the dry run (minutes at full size on a CPU) and reads its cost."""
     try:
-        from harness.train import dryrun
+        from harness.dryrun import compile as dryrun
     except ImportError:
-        raise HarnessError("--compile needs harness.train.dryrun (the dry-run compile), not in this tree") from None
+        raise HarnessError("--compile needs harness.dryrun (the dry-run compile), not in this tree") from None
     report = dryrun.compile_report(config_path, overrides)
     return from_compile_report_dict(report.to_dict(), analytic(cfg))
 

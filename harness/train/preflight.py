@@ -4,7 +4,7 @@ A config that cannot make a valid run fails here with one `error:` line, before 
 file or a compile exists. The dry run goes through the same sequence on its stand-in runtime and skips
 only the steps that need what it does not have: the data files, and (for the platform check) the real
 devices; each skip says why where it happens. A closed run on real data checks its files against the
-workload's data manifest (`harness/train/data_verify.py`) before they are read. Last, a run on the host's CPU
+workload's data manifest (`harness/data/verify.py`) before they are read. Last, a run on the host's CPU
 is held to the host's memory (`harness/train/host_memory.py`), which the dry run skips too.
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ from harness import config as config_lib
 from harness import mlperf, platforms
 from harness.errors import HarnessError
 from harness.runtime.base import Runtime
-from harness.train import data_service, data_verify, host_memory, reference, remote_input, weights_init
+from harness.data import service as data_service
+from harness.data import verify as data_verify
+from harness.train import host_memory, reference, remote_input, weights_init
 from harness.train.input_pipeline import pipeline_config
 from harness.train.workload import EvalSchedule, Workload
 

@@ -14,7 +14,9 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, export, interrupt, reference, size_bound, weights_init
+from harness.data import service as data_service
+from harness.export import weights as export
+from harness.train import interrupt, reference, size_bound, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir, op_error_line
 from harness.train.input_pipeline import InputWait, pipeline_config
@@ -100,7 +102,7 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
     stand-in replica instead: no runtime, data, run directory or log.
     """
     if dry_run:
-        from harness.train import dryrun
+        from harness.dryrun import compile as dryrun
 
         return dryrun.main(config_path, overrides, json_path)
     cfg = config_lib.load_config(config_path, overrides)

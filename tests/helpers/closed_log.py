@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from harness import config as config_lib, mlperf
-from harness.train import dryrun, run
+from harness.dryrun import compile as dryrun
+from harness.train import run
 from harness.train.workload import SAMPLE, EvalPoint
 
 

@@ -566,7 +566,7 @@ def _compile_apart(config_path: str, overrides: list[str], optimize: bool, full:
         args, out = os.path.join(tmp, "args.pkl"), os.path.join(tmp, "report.pkl")
         with open(args, "wb") as f:
             pickle.dump((config_path, overrides, optimize, full), f)
-        code = "import sys; from harness.train import dryrun; dryrun._compile_child(sys.argv[1], sys.argv[2])"
+        code = "import sys; from harness.dryrun import compile as c; c._compile_child(sys.argv[1], sys.argv[2])"
         proc = subprocess.run([sys.executable, "-c", code, args, out], capture_output=True, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")))
         if not os.path.exists(out):
