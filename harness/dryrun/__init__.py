@@ -4,5 +4,5 @@ devices the config names.
 
 May import the harness root, train/ (the run's own pre-log checks, compiled steps and workload contract,
 so the dry run compiles what the run compiles) and from plan/ only mfu.py (useful FLOPs in plan's units).
-`run --dry_run` (harness/train/run.py) and `plan --compile` (harness/plan/cost.py) reach it lazily.
+Only the command line imports it (`run --dry_run`), and hands its compile to `plan --compile`.
 """

@@ -15,7 +15,6 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from benchmarks import registry
 from harness import config as config_lib
 from harness import mlperf, platforms
 from harness.errors import HarnessError
@@ -48,7 +47,7 @@ def check_checker_rulesets(cfg: config_lib.Config) -> None:
     """Every ruleset the run's log is checked against is one the installed checker has, and its rules for
     the run's division list the benchmark: known after the run otherwise, with the log already a result
     and no summary."""
-    benchmark = registry.get(cfg.workload).MLPERF_KEY
+    benchmark = cfg.workload_class.MLPERF_KEY
     for ruleset in run_rulesets(cfg):
         mlperf.require_ruleset(ruleset)
         mlperf.require_benchmark(ruleset, cfg.submission.division, benchmark)
@@ -84,7 +83,7 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
     if not dry_run:  # the stand-in is one CPU, not the devices submission.platform declares
         platforms.check_platform_matches(runtime, cfg.submission.platform, cfg.submission.division,
                                          cfg.runtime.allow_platform_mismatch)
-    workload: Any = registry.get(cfg.workload)(cfg, runtime)
+    workload: Any = cfg.workload_class(cfg, runtime)
     if not dry_run:
         check_checker_rulesets(cfg)
     check_batches(cfg, runtime)

@@ -92,19 +92,14 @@ def check_log(path: str, rulesets: list[str],
     return verdicts, findings
 
 
-def execute(config_path: str, overrides: list[str], output_dir: str | None = None, dry_run: bool = False,
-            json_path: str | None = None) -> int:
+def execute(config_path: str, overrides: list[str], output_dir: str | None = None) -> int:
     """`mlperf-harness run`: one run top to bottom; the exit code (EXIT_*), or HarnessError for a config,
     device or input that cannot make a valid run (before the log exists wherever it can be known then).
 
     Config and runtime, then every pre-log check (`preflight`), then the run directory and the MLPerf log,
-    the timed loop, and on the chief the compliance gate and summary (`finish`). `dry_run` compiles on a
-    stand-in replica instead: no runtime, data, run directory or log.
+    the timed loop, and on the chief the compliance gate and summary (`finish`). (`run --dry_run` is
+    harness/dryrun/command.py's `main`, dispatched by the command line: no runtime, data, run directory or log.)
     """
-    if dry_run:
-        from harness.dryrun import compile as dryrun
-
-        return dryrun.main(config_path, overrides, json_path)
     cfg = config_lib.load_config(config_path, overrides)
     if output_dir:
         cfg.output_dir = output_dir
