@@ -152,14 +152,14 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cmd_list(args: list[str]) -> int:
-    from benchmarks import registry
+    from harness import config as config_lib
 
     configs_root = os.path.join(REPO_ROOT, "configs")
-    for name in registry.names():
+    for name in config_lib.workload_names():
         folder = os.path.join(configs_root, name)
         files = sorted(f for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
         try:
-            cls = registry.get(name)
+            cls = config_lib.find_workload(name)
             rulesets = ", ".join(cls.RULESETS)
             state = f"MLPerf key '{cls.MLPERF_KEY}', rulesets {rulesets}"
         except HarnessError as e:
@@ -173,11 +173,15 @@ def cmd_list(args: list[str]) -> int:
 def cmd_run(args: list[str]) -> int:
     if len(args) != 1:
         raise HarnessError("run takes exactly one CONFIG file (overrides go in --set key=value)")
-    from harness.train import run
-
     if FLAGS.report_json and not FLAGS.dry_run:
         raise HarnessError("--report_json writes the --dry_run report; add --dry_run")
-    return run.execute(args[0], FLAGS.set, FLAGS.output_dir, dry_run=FLAGS.dry_run, json_path=FLAGS.report_json)
+    if FLAGS.dry_run:
+        from harness.dryrun import command
+
+        return command.main(args[0], FLAGS.set, FLAGS.report_json)
+    from harness.train import run
+
+    return run.execute(args[0], FLAGS.set, FLAGS.output_dir)
 
 
 def cmd_data(args: list[str]) -> int:
@@ -198,7 +202,7 @@ def cmd_data(args: list[str]) -> int:
 
 def _data_verify(config_path: str) -> int:
     """One `error:` line per difference (exit 2), else what was checked."""
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
 
     manifest, report = data_verify.verify_config(config_path, FLAGS.set, FLAGS.hashes, FLAGS.manifest)
     for line in report.warnings:
@@ -268,12 +272,21 @@ def cmd_plan(args: list[str]) -> int:
     from harness.plan import planner
 
     return planner.main(args[0], FLAGS.set, FLAGS.system, FLAGS.chips, FLAGS.global_batch, FLAGS.calibrate,
-                        FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost, FLAGS.compile, FLAGS.out,
-                        FLAGS.real_token_fraction, FLAGS.precision)
+                        FLAGS.calibrate_chips, FLAGS.sweep, FLAGS.json, FLAGS.model_cost,
+                        _dry_run_compile if FLAGS.compile else None, FLAGS.out, FLAGS.real_token_fraction,
+                        FLAGS.precision)
+
+
+def _dry_run_compile(config_path: str, overrides: list[str]) -> Any:
+    """`plan --compile`'s model cost: the dry run's compile, handed to plan (plan/ does not import the dry run),
+    imported only when plan calls it (after its own checks, before which TensorFlow does not load)."""
+    from harness.dryrun.command import compile_report
+
+    return compile_report(config_path, overrides)
 
 
 def cmd_data_service(args: list[str]) -> int:
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     if args == ["dispatcher"]:
         if not FLAGS.port:
@@ -289,7 +302,7 @@ def cmd_data_service(args: list[str]) -> int:
 
 
 def cmd_export(args: list[str]) -> int:
-    from harness.train import export
+    from harness.export import weights as export
 
     return export.main(args, FLAGS.out, FLAGS.max_shard_size, FLAGS.dtype)
 

@@ -4,6 +4,10 @@ A typo must never silently fall back to a default, so every key is checked again
 fills: an unknown key names its dotted path and the closest valid keys, a wrong type names the path and
 the expected type, and a value out of range names the bound. Workloads add their own `data`, `model` and
 `optimizer` sections as dataclasses.
+
+This module is harness/'s one way to the workloads (benchmarks/registry.py): `load_config` resolves the
+config's workload name once, and the Config carries its class (`Config.workload_class`) and cost module
+(`Config.cost_module`) to every command that needs them.
 """
 from __future__ import annotations
 
@@ -138,8 +142,10 @@ class Config:
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    # Not a field (so never dumped or read back): the YAML file the run was loaded from (MLPerf config_filename).
+    # Not fields (so never dumped or read back): the YAML file the run was loaded from (MLPerf config_filename),
+    # and the Workload class `workload` names, resolved once by load_config.
     config_file = ""
+    workload_class = None
     # The workload's own sections (data, model, optimizer, ...), keyed by their top-level YAML name.
     sections: dict[str, Any] = field(default_factory=dict, doc="internal")
 
@@ -153,6 +159,12 @@ class Config:
     @property
     def data(self) -> Any:
         return self.sections.get("data")
+
+    @property
+    def cost_module(self) -> Any:
+        """The workload's cost module (benchmarks/<name>/cost.py: FLOPs, sample counts and memory figures for
+        `plan`, the dry run and the run's MFU line); None where it has none."""
+        return find_cost_module(self.workload)
 
     @property
     def model(self) -> Any:
@@ -334,19 +346,48 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def load_config(path: str, overrides: list[str] | None = None) -> Config:
-    """Loads, inherits, overrides and validates a run config, including the workload's own sections."""
+# ------------------------------------------------------------------------- the way to the workloads
+
+def _registry() -> Any:
     from benchmarks import registry  # late: the registry imports workloads, which import this module
 
+    return registry
+
+
+def workload_names() -> list[str]:
+    return _registry().names()
+
+
+def find_workload(name: str) -> type:
+    """The Workload class registered as `name` (HarnessError: unknown, or registered but not installed)."""
+    return _registry().get(name)
+
+
+def find_cost_module(name: str) -> Any:
+    """benchmarks/<name>/cost.py of a known workload; None where it has none."""
+    return _registry().cost_module(name)
+
+
+def workload_folder(name: str) -> str:
+    """benchmarks/<name>/ of a known workload: where its files beside the code live (its data manifest)."""
+    registry = _registry()
+    registry.get_known(name)
+    return os.path.join(os.path.dirname(os.path.abspath(registry.__file__)), name)
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    """Loads, inherits, overrides and validates a run config, including the workload's own sections; the
+    Config carries the workload class its name resolves to."""
     data = apply_overrides(read_yaml_with_bases(path), list(overrides or []))
     name = data.get("workload")
     if not isinstance(name, str):
-        raise HarnessError(f"config {path}: 'workload' must name one of {', '.join(registry.names())}")
-    workload_cls = registry.get(name)
+        raise HarnessError(f"config {path}: 'workload' must name one of {', '.join(workload_names())}")
+    workload_cls = find_workload(name)
     sections = workload_cls.SECTIONS
     plain = {k: v for k, v in data.items() if k not in sections}
     cfg = from_dict(Config, plain)
     cfg.config_file = path
+    cfg.workload_class = workload_cls
     cfg.sections = {key: from_dict(cls, data.get(key) or {}, key) for key, cls in sections.items()}
     for i, ruleset in enumerate([cfg.ruleset] + list(cfg.check_rulesets)):
         where = "ruleset" if i == 0 else f"check_rulesets[{i - 1}]"

@@ -6,7 +6,8 @@ import functools
 import glob
 import os
 
-from harness.train import dryrun
+from harness.dryrun import command
+from harness.dryrun.report import CompileReport
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,5 +53,5 @@ def workload_of(config: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def reduced_report(config: str, optimize: bool = False) -> dryrun.CompileReport:
-    return dryrun.compile_report(os.path.join(REPO, config), REDUCED[workload_of(config)], optimize=optimize)
+def reduced_report(config: str, optimize: bool = False) -> CompileReport:
+    return command.compile_report(os.path.join(REPO, config), REDUCED[workload_of(config)], optimize=optimize)

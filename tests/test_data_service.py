@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from conftest import REPO, cli_in_process, free_ports, harness_cmd, stderr_error_lines
 from harness.runtime.base import InputContext
-from harness.train.data_service import distribute_epochs
+from harness.data.service import distribute_epochs
 from harness.train.input_pipeline import ServiceConfig, pipeline_config, train_options
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
@@ -324,7 +324,7 @@ def test_service_refusals_come_before_the_log(workload, dispatcher, message):
     from harness import config as config_lib
     from harness.errors import HarnessError
     from harness.runtime import make_runtime
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     workload, _, source = workload.partition("-")
     cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"),
@@ -387,7 +387,7 @@ def test_worker_port_taken_is_one_line():
 
 def test_dispatcher_wait_comes_from_the_environment(monkeypatch):
     from harness.errors import HarnessError
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     monkeypatch.delenv(data_service.DISPATCHER_WAIT_ENV, raising=False)
     assert data_service.dispatcher_wait_s() == data_service.DISPATCHER_WAIT_S == 60.0
@@ -401,7 +401,7 @@ def test_dispatcher_wait_comes_from_the_environment(monkeypatch):
 
 def test_worker_waits_for_a_dispatcher_that_starts_later_and_refuses_a_stranger():
     from harness.errors import HarnessError
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     port = free_port()
     started: list = []
@@ -427,7 +427,7 @@ def test_worker_waits_for_a_dispatcher_that_starts_later_and_refuses_a_stranger(
 
 def test_run_refuses_a_dispatcher_address_that_is_not_grpc():
     from harness.errors import HarnessError
-    from harness.train import data_service
+    from harness.data import service as data_service
 
     with socket.socket() as stranger:
         stranger.bind(("127.0.0.1", free_port()))

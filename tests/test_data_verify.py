@@ -1,4 +1,4 @@
-"""`mlperf-harness data verify` (harness/train/data_verify.py): data files in the references' layouts (ResNet,
+"""`mlperf-harness data verify` (harness/data/verify.py): data files in the references' layouts (ResNet,
 SSD with the Object Detection API's names, the Transformer, BERT, LoRA, C4), written by the repo's own
 writers, pass against a small manifest in the shipped format; a truncated, a renamed and an altered file each
 give one line naming the file and what differs (a large altered file with --hashes, a small one always, a
@@ -19,7 +19,8 @@ import yaml
 
 from harness import config as config_lib
 from harness.errors import HarnessError
-from harness.train import data_verify, datafiles
+from harness.data import verify as data_verify
+from harness.train import datafiles
 from harness.train.reference import lookup
 from harness.train.run import execute
 

@@ -219,7 +219,7 @@ def test_the_cli_refuses_a_small_closed_batch_in_one_error_line():
 
 def test_closed_data_is_llama31_8bs_c4_files_and_others_are_refused(tmp_path):
     from harness.errors import HarnessError
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
     from tests.helpers.closed_log import checked_workload
 
     shared, own = data_verify.load_manifest("llama31_8b"), data_verify.load_manifest("deepseekv3_671b")
@@ -234,7 +234,7 @@ def test_closed_data_is_llama31_8bs_c4_files_and_others_are_refused(tmp_path):
 
 def test_a_manifest_naming_another_names_its_own_workload(tmp_path):
     from harness.errors import HarnessError
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
 
     path = tmp_path / "m.yaml"
     path.write_text("workload: llama31_8b\nsame_files_as: llama31_8b\n")

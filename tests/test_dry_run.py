@@ -19,7 +19,8 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.runtime import make_runtime
 from harness.runtime.base import InputContext
-from harness.train import dryrun
+from harness.dryrun import apart, command, extrapolate, memory, standin, xla
+from harness.dryrun.report import CompileReport
 
 # (replicas, devices per replica, per-replica batch) the real run would have.
 EXPECTED_DEVICES = {
@@ -71,7 +72,7 @@ def test_flops_are_counted_as_xla_counts_them_on_a_hand_checked_step():
         return tf.matmul(batch["x"], w), tf.nn.conv2d(batch["image"], k, 1, "VALID")
 
     specs = {"x": tf.TensorSpec([64, 256]), "image": tf.TensorSpec([8, 32, 32, 16])}
-    compiled = dryrun.compile_step(step, specs, "toy", "train", optimize=True)
+    compiled = xla.compile_step(step, specs, "toy", "train", optimize=True)
     matmul = 2 * 64 * 256 * 512
     conv = 2 * (8 * 30 * 30 * 32) * (3 * 3 * 16)
     assert compiled.flops == matmul + conv
@@ -85,11 +86,11 @@ def test_a_step_that_does_not_compile_is_one_line_naming_the_op():
         return tf.strings.length(tf.strings.as_string(batch["x"]))  # strings: no XLA kernel
 
     with pytest.raises(HarnessError) as e:
-        dryrun.compile_step(step, {"x": tf.TensorSpec([4])}, "toy", "eval")
+        xla.compile_step(step, {"x": tf.TensorSpec([4])}, "toy", "eval")
     message = str(e.value)
     assert message.startswith("toy eval step does not compile under XLA: AsString"), message
     assert "\n" not in message and "test_dry_run.py" in message
-    assert dryrun.xla_compile_error(ValueError("shapes differ"), "toy", "train") is None
+    assert xla.xla_compile_error(ValueError("shapes differ"), "toy", "train") is None
 
 
 @pytest.mark.parametrize("workload", sorted(REDUCED))
@@ -112,11 +113,11 @@ def test_dry_run_inputs_match_what_the_data_gives(workload):
 
 def test_device_plans_come_from_the_config_or_are_refused():
     cfg = config_lib.load_config(os.path.join(REPO, "configs/resnet/tpu-v3-32.yaml"), [])
-    assert dryrun.device_plan(cfg).replicas == 32
+    assert standin.device_plan(cfg).replicas == 32
     cfg.submission.platform, cfg.runtime.tpu = "my-pod", "my-tpu"
     with pytest.raises(HarnessError, match="cannot tell how many TPU cores"):
-        dryrun.device_plan(cfg)
-    assert dryrun.tpu_devices("tpu-v4-32") == 16 and dryrun.tpu_devices("v5litepod-16") == 16
+        standin.device_plan(cfg)
+    assert standin.tpu_devices("tpu-v4-32") == 16 and standin.tpu_devices("v5litepod-16") == 16
 
 
 def test_cli_dry_run_prints_the_report_writes_json_and_no_log(tmp_path):
@@ -180,7 +181,7 @@ def _layout_split_bytes(trainable_only: bool = False) -> tuple[int, int, int]:
     """(bytes of the model's variables a model-axis layout splits, of the others, model ways), from the
     config's own layout and the built model's variables, independently of the dry run's arithmetic."""
     cfg = config_lib.load_config(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES)
-    checked, runtime, _ = dryrun.standin_checked(cfg)
+    checked, runtime, _ = standin.standin_checked(cfg)
     workload = checked.workload
     with runtime.scope():
         workload.build()
@@ -200,7 +201,7 @@ def _layout_split_bytes(trainable_only: bool = False) -> tuple[int, int, int]:
 def test_dry_run_reports_memory_per_device_on_a_model_axis():
     """A mesh with a model axis: weights, optimizer state, gradients and an
     activation estimate per device, and a peak that is their sum; weights split as the layout says."""
-    r = dryrun.compile_report(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES, optimize=True)
+    r = command.compile_report(os.path.join(REPO, MESH_CONFIG), MESH_OVERRIDES, optimize=True)
     assert r.model_axis == 2
     assert r.peak_bytes_per_device is not None and r.activation_bytes_per_device is not None
     sharded, whole, ways = _layout_split_bytes()
@@ -222,10 +223,10 @@ def test_fsdp_divides_state_and_gradients_by_the_data_axis_where_a_dimension_all
     """runtime.fsdp=true on the same mesh: each variable's bytes per device divide by data=2 too where one
     of its dimensions not on the model axis is even (the mesh runtime's rule); the report says what it saves."""
     path = os.path.join(REPO, MESH_CONFIG)
-    plain = dryrun.compile_report(path, MESH_OVERRIDES, optimize=False)
-    r = dryrun.compile_report(path, MESH_OVERRIDES + ["runtime.fsdp=true"], optimize=False)
+    plain = command.compile_report(path, MESH_OVERRIDES, optimize=False)
+    r = command.compile_report(path, MESH_OVERRIDES + ["runtime.fsdp=true"], optimize=False)
     cfg = config_lib.load_config(path, MESH_OVERRIDES)
-    checked, runtime, _ = dryrun.standin_checked(cfg)
+    checked, runtime, _ = standin.standin_checked(cfg)
     workload = checked.workload
     with runtime.scope():
         workload.build()
@@ -261,15 +262,15 @@ def test_fsdp_divides_state_and_gradients_by_the_data_axis_where_a_dimension_all
 def test_spatial_replica_memory_splits_activations_not_weights():
     """TPU spatial partitioning (a replica over 4 cores, weights whole on each): the estimate splits the
     plan's activations over the cores and keeps every core's full state and gradients."""
-    m = dryrun.memory_per_device(peak=1000, eval_peak=500, devices=4, state=(300, 300), eval_state=(100, 100),
+    m = memory.memory_per_device(peak=1000, eval_peak=500, devices=4, state=(300, 300), eval_state=(100, 100),
                                  gradients=(100, 100))
     assert (m.activations, m.peak, m.eval_peak) == (150, 300 + 100 + 150, 100 + 100)
     assert m.source.startswith("estimate: ")
-    one = dryrun.memory_per_device(peak=1000, eval_peak=500, devices=1, state=(300, 300), eval_state=(100, 100),
+    one = memory.memory_per_device(peak=1000, eval_peak=500, devices=1, state=(300, 300), eval_state=(100, 100),
                                    gradients=(100, 100))
     assert (one.activations, one.peak, one.eval_peak) == (600, 1000, 500)  # XLA's own plan, as it is
     assert one.source.startswith("XLA:CPU buffer assignment")
-    none = dryrun.memory_per_device(None, None, 4, (300, 300), (100, 100), (100, 100))
+    none = memory.memory_per_device(None, None, 4, (300, 300), (100, 100), (100, 100))
     assert none.peak is None and none.activations is None
 
 
@@ -281,28 +282,28 @@ def test_stand_in_extrapolation_is_exact_for_a_model_whose_layers_and_experts_mu
     def params(c):
         return c["model.num_layers"] * (c["model.expert_hidden"] * 1000 + 77) + c["model.vocab_size"] * 3 + 5
 
-    def fake_compile(path, overrides, optimize=True, stand_in=True, full=None):
+    def fake_compile(path, overrides, optimize, full):
         assert full is cfg
         c = dict(o.split("=") for o in overrides)
         c = {k: int(v) for k, v in c.items()}
         n = params(c)
-        return dryrun.CompileReport(
+        return CompileReport(
             workload="gpt_oss_20b", config=path, replicas=1, model_axis=1, per_replica_batch=2, global_batch=2,
             eval_per_replica_batch=2, params=n, train_flops_per_replica_step=6.0 * n,
             eval_flops_per_replica_step=2.0 * n,
             flops_source="fake", weight_bytes_per_device=4 * n, optimizer_bytes_per_device=8 * n, gradient_bytes=4 * n,
             peak_bytes_per_device=16 * n, compile_seconds={"train": 1.0, "eval": 1.0})
 
-    monkeypatch.setattr(dryrun, "compile_report", fake_compile)
-    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
+    monkeypatch.setattr(apart, "compile_here", fake_compile)
+    monkeypatch.setattr(apart, "COMPILE_APART", False)  # the fake lives in this process
     path = os.path.join(REPO, "configs", "gpt_oss_20b", "reference.yaml")
     cfg = config_lib.load_config(path)
     wl = registry.get("gpt_oss_20b")
     full = {"model.num_layers": 24, "model.expert_hidden": 2880, "model.vocab_size": 128256}
-    report = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR, wl.DRY_RUN_PAIRS)
+    report = extrapolate.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR, wl.DRY_RUN_PAIRS)
     assert report.params == params(full) and report.train_flops_per_replica_step == 6.0 * params(full)
     assert "together" in report.stand_in[0] and report.compile_seconds["train"] == 5.0
-    additive = dryrun.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR)
+    additive = extrapolate.linear_stand_in(path, [], True, cfg, wl.DRY_RUN_LINEAR)
     assert additive.params < params(full)  # what the stand-in printed before the pair's compile
 
 
@@ -332,9 +333,9 @@ def test_a_model_compiled_smaller_is_checked_at_its_own_sizes(monkeypatch):
     """The dry run of a model too big for the host compiles it at smaller sizes, but the run's pre-log checks
     see the config as given: a vocabulary of 1001 does not split over a model axis of 2 (the stand-ins'
     512 and 1024 would), here as in `run`."""
-    monkeypatch.setattr(dryrun, "HOST_MEMORY_SHARE", 0.0)  # every model counts as too big for the host
+    monkeypatch.setattr(memory, "HOST_MEMORY_SHARE", 0.0)  # every model counts as too big for the host
     with pytest.raises(HarnessError, match="vocab_size"):
-        dryrun.compile_report("configs/llama31_8b/smoke-mesh.yaml", ["model.vocab_size=1001"], optimize=False)
+        command.compile_report("configs/llama31_8b/smoke-mesh.yaml", ["model.vocab_size=1001"], optimize=False)
 
 
 DEEPSEEK = "configs/deepseekv3_671b/gpu-256x-h200.yaml"
@@ -368,7 +369,7 @@ def test_the_stand_ins_all_to_all_hands_each_device_its_experts_block():
     of device d's slots, and the way back restores the batch-split buffer; variables split over `experts`
     hold the device's share and keep the model's shape as declared."""
     cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK), REDUCED["deepseekv3_671b"])
-    _, runtime, _ = dryrun.standin_checked(cfg)
+    _, runtime, _ = standin.standin_checked(cfg)
     assert runtime.hold_own_experts() and runtime.local_experts == 256
     x = tf.reshape(tf.range(2 * 512 * 3 * 4), [2, 512, 3, 4])
     y = runtime.place(x, (None, "experts", None, None))
@@ -380,7 +381,7 @@ def test_the_stand_ins_all_to_all_hands_each_device_its_experts_block():
         v = runtime.variable("t/experts", (512, 4), ("experts", None), lambda s, d: tf.zeros(s, d))
     assert v.shape == [2, 4] and runtime.variables()[-1].shape == (512, 4)
     llama = config_lib.load_config(os.path.join(REPO, "configs/llama31_8b/smoke-mesh.yaml"))
-    _, plain, _ = dryrun.standin_checked(llama)
+    _, plain, _ = standin.standin_checked(llama)
     assert not plain.hold_own_experts() and plain.local_experts == 1
 
 
@@ -388,23 +389,23 @@ def test_a_step_of_many_micro_batches_is_extrapolated_from_one_and_two(monkeypat
     """GA 64 is unrolled 64 times in the train step, too long to compile at full width: the step is compiled
     with 1 micro-batch (FLOPs only) and 2, and its FLOPs are the optimizer's plus 64 micro-batches' exactly;
     its memory is the 2-micro-batch step's."""
-    def fake_compile(path, overrides, optimize=True, stand_in=True, full=None):
+    def fake_compile(path, overrides, optimize, full):
         c = {k: int(v) for k, v in (o.split("=") for o in overrides)}
         k, layers = c["schedule.gradient_accumulation_steps"], c["model.num_layers"]
         assert c["schedule.global_batch_size"] == 256 * k and c["schedule.eval_batch_size"] == 1024
         assert optimize == (k == 2)  # the 1-micro-batch step for its FLOPs alone
-        return dryrun.CompileReport(
+        return CompileReport(
             workload="deepseekv3_671b", config=path, replicas=256, model_axis=1, per_replica_batch=k,
             global_batch=256 * k, eval_per_replica_batch=4, params=layers, train_flops_per_replica_step=1000.0 * layers
             + k * 77.0 * layers, eval_flops_per_replica_step=5.0 * layers, flops_source="fake",
             weight_bytes_per_device=4 * layers, optimizer_bytes_per_device=8 * layers, gradient_bytes=4 * layers,
             peak_bytes_per_device=(10 + 3 * k) * layers, compile_seconds={"train": 1.0, "eval": 1.0})
 
-    monkeypatch.setattr(dryrun, "compile_report", fake_compile)
-    monkeypatch.setattr(dryrun, "COMPILE_APART", False)  # the fake lives in this process
+    monkeypatch.setattr(apart, "compile_here", fake_compile)
+    monkeypatch.setattr(apart, "COMPILE_APART", False)  # the fake lives in this process
     path = os.path.join(REPO, DEEPSEEK)
     cfg = config_lib.load_config(path, ["schedule.eval_batch_size=1024"])
-    report = dryrun.micro_batched_stand_in(path, [], True, cfg, {"model.num_layers": (1, 2)})
+    report = extrapolate.micro_batched_stand_in(path, [], True, cfg, {"model.num_layers": (1, 2)})
     assert report.train_flops_per_replica_step == 1000.0 * 61 + 64 * 77.0 * 61
     assert report.peak_bytes_per_device == 16 * 61 and report.eval_flops_per_replica_step == 5.0 * 61
     assert (report.per_replica_batch, report.global_batch) == (64, 16384)
@@ -416,7 +417,7 @@ def test_the_all_to_all_bytes_are_printed_from_the_full_config():
     values each way per MoE layer (the spec's 0.94 GB there and back), over 59 MoE layers, 64 micro-batches
     and 3 passes (remat recomputes the forward)."""
     cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK))
-    checked, _, _ = dryrun.standin_checked(cfg)
+    checked, _, _ = standin.standin_checked(cfg)
     [note] = checked.workload.dry_run_notes()
     one_way = 4096 * 8 * 7168 * 2
     slots = 256 * 256 * 7168 * 2  # capacity factor 2: 256 slots per expert
@@ -433,15 +434,15 @@ def test_a_stood_in_compile_frees_its_model_before_the_next():
 
     def runtimes_alive() -> int:
         gc.collect()
-        return sum(isinstance(o, dryrun.StandInRuntime) for o in gc.get_objects())
+        return sum(isinstance(o, standin.StandInRuntime) for o in gc.get_objects())
 
     path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
     before = runtimes_alive()
-    report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+    report = command.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
     report.traced = {}
     assert runtimes_alive() == before + 1  # kept by the gradient registry, not by the report
-    with dryrun._model_freed_after():
-        report = dryrun.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+    with apart._model_freed_after():
+        report = command.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
         report.traced = {}
     assert runtimes_alive() == before + 1  # the first still held (its registration predates the block)
 
@@ -453,8 +454,8 @@ def test_a_stood_in_compile_runs_apart_and_brings_its_report_or_error_back():
 
     path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
     full = config_lib.load_config(path)
-    report = dryrun._compile_apart(path, ["model.mtp_layers=0"], False, full)
+    report = apart._compile_apart(path, ["model.mtp_layers=0"], False, full)
     assert report.params == cost.forward_macs_and_params(config_lib.load_config(path, ["model.mtp_layers=0"]))[1]
     assert report.train_flops_per_replica_step > 0 and report.traced == {}
     with pytest.raises(HarnessError, match="model.groups_per_token=3 exceeds model.expert_groups=2"):
-        dryrun._compile_apart(path, ["model.groups_per_token=3"], False, full)
+        apart._compile_apart(path, ["model.groups_per_token=3"], False, full)

@@ -14,7 +14,8 @@ import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
 from harness import config as config_lib
-from harness.train import dryrun
+from harness.dryrun import standin, xla
+from harness.dryrun.compile import _with_batch
 from harness.train.loop import CompiledSteps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,16 +32,16 @@ TINY = ["submission.division=open", "data.seq_length=64", "model.vocab_size=64",
 def _train_plan() -> tuple[object, config_lib.Config]:
     """XLA's optimized module and buffer assignment of the config's train step (as the dry run compiles it)."""
     cfg = config_lib.load_config(os.path.join(REPO, "configs", "gpt_oss_20b", "gpu-8x-h100.yaml"), TINY)
-    checked, runtime, plan = dryrun.standin_checked(cfg)  # the run's pre-log checks, as the dry run makes them
+    checked, runtime, plan = standin.standin_checked(cfg)  # the run's pre-log checks, as the dry run makes them
     workload, (train_spec, _, _) = checked.workload, checked.dry_run_inputs
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
-    specs = dryrun._with_batch(train_spec, cfg.schedule.global_batch_size // plan.replicas)
+    specs = _with_batch(train_spec, cfg.schedule.global_batch_size // plan.replicas)
     flat = tf.nest.flatten(specs)
     fn = tf.function(lambda *t: steps.train_step(tf.nest.pack_sequence_as(specs, list(t))), jit_compile=True)
     ir = fn.experimental_get_compiler_ir(*flat)
-    return dryrun._hlo_pb2().HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")), cfg
+    return xla._hlo_pb2().HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")), cfg
 
 
 def _expert_shaped_live_at_peak(proto) -> int:

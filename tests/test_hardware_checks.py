@@ -121,9 +121,9 @@ def test_platform_mismatch_is_one_line_from_the_cli(tmp_path):
 
 
 def test_dry_run_reads_platforms_from_the_shared_parser():
-    from harness.train import dryrun
+    from harness.dryrun import standin
 
-    assert dryrun.tpu_devices is platforms.tpu_devices
+    assert standin.tpu_devices is platforms.tpu_devices
     assert platforms.platform_devices("tpu-v3-256") == (256, "TPU")
     assert platforms.platform_devices("16xgpu") == (16, "GPU")
     assert platforms.platform_devices("cpu-smoke") is None

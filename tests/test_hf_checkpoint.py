@@ -1,4 +1,4 @@
-"""harness/nn/hf_checkpoint.py and harness/train/export.py on the transformers-made checkpoints of
+"""harness/nn/hf_checkpoint.py and harness/export/weights.py on the transformers-made checkpoints of
 tests/data/hf_golden/: import -> a run's final weights -> export gives back every tensor transformers wrote,
 bit for bit (sharded export, index json), and the export imports into a fresh model bit-exactly; a checkpoint
 that does not fit the model is refused in one line naming each problem; MXFP4 expert weights decode to the
@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.nn import hf_checkpoint
-from harness.train import export
+from harness.export import weights as export
 from tests.conftest import REPO, cli_in_process
 from tests.test_hf_golden import CASES, GOLDEN, build
 

@@ -153,12 +153,12 @@ def test_a_recomputed_layer_keeps_its_input_not_its_weights():
     weights (1.5 MiB in the float32 XLA:CPU computes a bfloat16 dot in; 2.4 MiB were kept per layer when the
     forward pass and the recompute shared the frozen weights' reads), and the eval step about its weights'
     shard. About a minute: four XLA compiles."""
-    from harness.train import dryrun
+    from harness.dryrun import command
 
     small = ["submission.division=open", "data.seq_length=64", "model.hidden_size=256", "model.num_heads=4",
              "model.num_kv_heads=2", "model.head_dim=64", "model.ffn_hidden=256", "model.vocab_size=256"]
     config = os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml")
-    r2, r3 = (dryrun.compile_report(config, small + [f"model.num_layers={n}"], stand_in=False) for n in (2, 3))
+    r2, r3 = (command.compile_report(config, small + [f"model.num_layers={n}"], stand_in=False) for n in (2, 3))
     row = 64 * 256 * 4  # the layer's input in float32
     assert 0 < r3.activation_bytes_per_device - r2.activation_bytes_per_device < 2 * row
     weights = r3.weight_bytes_per_device - r2.weight_bytes_per_device  # the added layer's shard
@@ -205,7 +205,7 @@ def test_dry_run_refuses_one_h200_and_passes_fsdp_over_8_h100():
     from harness import config as C
     from harness.errors import HarnessError
     from harness.platforms import device_memory
-    from harness.train import dryrun
+    from harness.dryrun.memory import check_device_memory
 
     assert device_memory("1xh200-141gb-gpu") == (141 * 10**9, "H200 141 GB")
     cfg = C.load_config(os.path.join(REPO, "configs/llama2_70b_lora/gpu-8x-h100.yaml"))
@@ -215,14 +215,14 @@ def test_dry_run_refuses_one_h200_and_passes_fsdp_over_8_h100():
                                     weight_bytes_per_device=17_266_774_016, optimizer_bytes_per_device=44_564_488,
                                     gradient_bytes_per_device=22_282_240,
                                     peak_bytes_per_device=None, activation_bytes_per_device=None)
-    dryrun.check_device_memory(sharded, "8xh100-80gb-gpu", kept)
+    check_device_memory(sharded, "8xh100-80gb-gpu", kept)
     whole = types.SimpleNamespace(**{**vars(sharded), "weight_bytes_per_device": 8 * 17_266_774_016,
                                      "optimizer_bytes_per_device": 8 * 44_564_488,
                                      "gradient_bytes_per_device": 8 * 22_282_240})
-    dryrun.check_device_memory(whole, "1xh200-141gb-gpu")  # the state alone fits ...
+    check_device_memory(whole, "1xh200-141gb-gpu")  # the state alone fits ...
     with pytest.raises(HarnessError, match=r"needs at least 139\.1 GiB per device: .* \(10\.0 GiB: each layer's "
                                            r"input for 1 row\(s\) per replica\), but one H200 141 GB holds 131\.3 GiB"):
-        dryrun.check_device_memory(whole, "1xh200-141gb-gpu", kept)  # ... not with what the backward pass keeps
+        check_device_memory(whole, "1xh200-141gb-gpu", kept)  # ... not with what the backward pass keeps
 
 
 def test_closed_reference_log_passes_the_closed_checker_of_every_ruleset(tmp_path):

@@ -203,7 +203,7 @@ def _closed(tmp_path, *extra, monkeypatch=None):
     """A closed run's one refusal line. `monkeypatch`: skip the reference-data check (`data verify`), so a
     test's small files with other names reach the checks after it."""
     if monkeypatch is not None:
-        from harness.train import data_verify
+        from harness.data import verify as data_verify
         monkeypatch.setattr(data_verify, "check_closed_data", lambda workload: "data verify: skipped (test)")
     args = ["run", os.path.join(CONFIGS, "reference.yaml"), "--output_dir", str(tmp_path / "runs"),
             "--set", f"data.data_dir={tmp_path}", "--set", "data.train_prefix=c4", "--set", "data.eval_prefix=c4"]
@@ -273,7 +273,7 @@ def test_eod_inputs_are_scored_as_each_reference_scores_them(name, masked):
 def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_over_8(capsys):
     from benchmarks.llama31_8b import cost
     from harness.platforms import device_memory
-    from harness.train import dryrun
+    from harness.dryrun.memory import check_device_memory
     from dry_run_shared import reduced_report
 
     params = cost.model_cost(config_lib.load_config(os.path.join(CONFIGS, "gpu-8x-h100.yaml"), [])).params
@@ -284,22 +284,22 @@ def test_dry_run_refuses_8b_with_adamw_unsharded_on_one_h100_and_passes_fsdp_ove
     whole = dataclasses.replace(report, weight_bytes_per_device=4 * params, gradient_bytes_per_device=4 * params,
                                 optimizer_bytes_per_device=8 * params, peak_bytes_per_device=None)
     with pytest.raises(HarnessError, match=r"needs 119.7 GiB per device .* one H100 80 GB holds 79.6 GiB"):
-        dryrun.check_device_memory(whole, "8xh100-80gb-gpu")
+        check_device_memory(whole, "8xh100-80gb-gpu")
     sharded = dataclasses.replace(whole, weight_bytes_per_device=params // 2, gradient_bytes_per_device=params // 2,
                                   optimizer_bytes_per_device=params)
-    dryrun.check_device_memory(sharded, "8xh100-80gb-gpu")            # 15 GiB: passes
-    dryrun.check_device_memory(whole, "cpu-smoke")                    # an unknown device is not checked
-    dryrun.check_device_memory(dataclasses.replace(sharded, peak_bytes_per_device=200 * 2**30,
+    check_device_memory(sharded, "8xh100-80gb-gpu")            # 15 GiB: passes
+    check_device_memory(whole, "cpu-smoke")                    # an unknown device is not checked
+    check_device_memory(dataclasses.replace(sharded, peak_bytes_per_device=200 * 2**30,
                                                    activation_bytes_per_device=185 * 2**30), "tpu-v5p-16")
     assert "warning: the train step's peak estimate is 200.0 GiB" in capsys.readouterr().out
 
 
 def test_dry_run_shows_rematerialization_keeping_less_for_the_backward_pass():
-    from harness.train import dryrun
+    from harness.dryrun import command
     from dry_run_shared import REDUCED
 
     config = os.path.join(CONFIGS, "gpu-8x-h100.yaml")
     small = REDUCED["llama31_8b"] + ["model.num_layers=2", "data.seq_length=128"]
-    kept = {remat: dryrun.compile_report(config, small + [f"model.remat={remat}"]).activation_bytes_per_device
+    kept = {remat: command.compile_report(config, small + [f"model.remat={remat}"]).activation_bytes_per_device
             for remat in ("true", "false")}
     assert 0 < kept["true"] < 0.7 * kept["false"], kept

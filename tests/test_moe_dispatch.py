@@ -12,7 +12,7 @@ from benchmarks.gpt_oss_20b import moe
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from harness.config import RuntimeConfig
 from harness.runtime import make_runtime
-from harness.train import dryrun
+from harness.dryrun import xla
 
 
 # gpt-oss's expert options (benchmarks/lm/ffn.py Glu, biases): a limit the activations reach
@@ -107,9 +107,9 @@ def test_sorted_dispatch_compiles_to_at_most_assignments_plus_blocks_of_expert_w
     def expert_dot_flops(dispatch):
         layer = _layer(dispatch, 0.0, block=8, experts=8, k=2)
         fn = tf.function(lambda t: layer(t)[0], jit_compile=True)
-        module = dryrun._hlo_pb2().HloModuleProto.FromString(
+        module = xla._hlo_pb2().HloModuleProto.FromString(
             fn.experimental_get_compiler_ir(x)(stage="hlo_serialized"))
-        return dryrun.count_flops(module)
+        return xla.count_flops(module)
 
     useful = 2 * 64 * 2 * 3 * 16 * 12 * 2          # rows x tokens x k x (gate, up, down) x m x h x 2
     rows = 2 * ((64 * 2 + 8 * 7) // 8) * 8          # the static block buffer
@@ -191,7 +191,7 @@ def test_expert_blocks_in_chunks_keep_one_chunks_weight_copies_under_xla():
     def planned_bytes(chunk):
         fn = tf.function(lambda *a: _expert_blocks_grads(a[0], a[1], list(a[2:]), chunk), jit_compile=True)
         ir = fn.experimental_get_compiler_ir(xs, index, *ws)
-        return dryrun.buffer_bytes(dryrun._hlo_pb2().HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")))
+        return xla.buffer_bytes(xla._hlo_pb2().HloProto.FromString(ir(stage="optimized_hlo_proto_serialized")))
 
     copies = 2 * 8 * 3 * 8 * 64 * 4                      # every block's copy of its expert's 3 matrices, float32
     whole, chunked = planned_bytes(0), planned_bytes(2)

@@ -388,6 +388,31 @@ def test_model_cost_from_a_dry_run_compile_report():
         costs.from_compile_report_dict({"workload": "bert"}, base)
 
 
+def test_plan_compile_is_the_dry_runs_compile_handed_in_by_the_cli(monkeypatch):
+    """`plan --compile` costs the model from the compile cli.py hands it (plan/ does not import the dry run):
+    the dry run's `compile_report` on the same config and overrides, read as a dry-run cost."""
+    from harness.dryrun import command
+
+    path = os.path.join(REPO, "configs", "resnet", "reference.yaml")
+    calls = []
+
+    def fake_compile(config_path, overrides):
+        calls.append((config_path, overrides))
+        return types.SimpleNamespace(to_dict=lambda: {
+            "workload": "resnet", "per_replica_batch": 4, "eval_per_replica_batch": 4, "params": 100,
+            "train_flops_per_replica_step": 8e9, "eval_flops_per_replica_step": 4e9, "gradient_bytes": 400,
+            "flops_source": "fake compile"})
+
+    monkeypatch.setattr(command, "compile_report", fake_compile)
+    proc = cli_in_process("plan", path, "--system", "tpu-v3", "--chips", "32", "--compile", "--json",
+                          "--set", "seed=3")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [(path, ["seed=3"])]
+    out = json.loads(proc.stdout)
+    assert out["model_cost"]["source"] == "fake compile (dry run)"
+    assert out["model_cost"]["train_flops_per_sample"] == 2e9
+
+
 def test_deepseek_plan_reads_its_rcps_counts_its_flops_and_names_a_batch_with_no_rcp(capsys):
     """deepseekv3_671b's plan: samples to converge from the checker's RCP table (batches 15360, 16384, 18432),
     the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, spec section 5.1); above 18432 the

@@ -155,11 +155,11 @@ def test_hardware_config_passes_the_dry_run_checks_as_shipped(config):
     refusal is one line whose reason the config's header states."""
     from harness import config as config_lib
     from harness.errors import HarnessError
-    from harness.train import dryrun
+    from harness.dryrun.standin import standin_checked
 
     try:
         # The run's pre-log checks in the dry run's order (harness/train/preflight.py), on the stand-in replica.
-        dryrun.standin_checked(config_lib.load_config(os.path.join(REPO, config), []))
+        standin_checked(config_lib.load_config(os.path.join(REPO, config), []))
     except HarnessError as e:
         message = str(e)
         assert config in REFUSED, f"{config} is refused as shipped: {message}"

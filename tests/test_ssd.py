@@ -65,7 +65,7 @@ def test_closed_rules_are_enforced_at_load(tmp_path, monkeypatch):
                  "model.backbone_checkpoint=''"]
     refused(tmp_path, reference, "closed division needs the reference's data", config=REFERENCE)
     # ... and past that check (data verify's own tests hold it), the missing backbone is named.
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
     monkeypatch.setattr(data_verify, "check_closed_data", lambda workload: "data verify: skipped (test)")
     refused(tmp_path, reference, "set model.backbone_checkpoint", config=REFERENCE)
 

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from dry_run_shared import reduced_report
 from harness import config as config_lib
-from harness.train.dryrun import device_plan, dynamic_inputs, host_only_ops
+from harness.dryrun.standin import device_plan
+from harness.dryrun.xla import dynamic_inputs, host_only_ops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -44,7 +44,7 @@ class GptOssWorkload(DecoderLMWorkload):
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run of a model too big for the host compiles 2 and 4 layers, expert hidden sizes of 8 and 16 and
     # vocabularies of 512 and 1024 at full width otherwise (all 32 experts), and extrapolates
-    # (harness.train.dryrun.linear_stand_in). Every shape is static, so the compiled work and bytes are linear
+    # (harness.dryrun.extrapolate.linear_stand_in). Every shape is static, so the compiled work and bytes are linear
     # in each: the routed rows and the sorted dispatch's padding blocks depend on the experts, which stay full.
     # Layers come in pairs (a sliding-window layer, then a full-attention one, whose scores dominate a layer's
     # transient memory): from 1 to 2 layers the plan's peak grows by a full-attention layer's transient, which

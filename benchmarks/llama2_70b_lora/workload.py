@@ -65,7 +65,7 @@ class LoraWorkload(DecoderLMWorkload):
     SECTIONS = {"data": LoraDataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run compiles 2 and 3 layers, SwiGLU widths of 1024 and 2048 and vocabularies of 512 and 1024
-    # at full hidden size and extrapolates (harness.train.dryrun.linear_stand_in): two full 70B layers' weights
+    # at full hidden size and extrapolates (harness.dryrun.extrapolate.linear_stand_in): two full 70B layers' weights
     # (1.7B parameters) are more than this host holds while they are split onto the mesh. Not 1 and 2: with
     # one layer XLA schedules its recompute otherwise, so the second layer's step looked like 514 MiB kept
     # per layer where the third adds 33 (its bfloat16 input; hidden 8192, rows of 2048, measured).

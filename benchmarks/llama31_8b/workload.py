@@ -30,7 +30,7 @@ class LlamaWorkload(DecoderLMWorkload):
     EOD_MASK_LOSS = False  # the reference trains and scores every position (eod_mask_loss=False)
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run of a model too big for the host compiles 1 and 2 layers and vocabularies of 512 and 1024
-    # at full width and extrapolates (harness.train.dryrun.linear_stand_in).
+    # at full width and extrapolates (harness.dryrun.extrapolate.linear_stand_in).
     DRY_RUN_LINEAR = {"model.num_layers": (1, 2), "model.vocab_size": (512, 1024)}
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, **LLAMA_SPLIT_DIMS}
     HF_FORMAT = Format(hf_names.llama_layout, hf_names.llama_config_problems,

@@ -2,8 +2,8 @@
 (systems/*.yaml: peak FLOP/s, HBM, interconnect, each figure sourced), from the model's cost, the collective
 algorithms of the topology, the RCP tables' epochs to converge and an efficiency calibrated on MLPerf logs.
 
-May import the harness root (config, errors) and review/ (RCP tables, log parsing); train/ only lazily, to
-build a model cost from the dry-run compile (`harness.train.dryrun`). `mfu.py` (a finished run's model FLOP/s
-and MFU from the same cost modules and system files) is the one module the run path imports, and imports
-nothing from train/.
+May import the harness root (config, errors) and review/ (RCP tables, log parsing); never train/ or the dry
+run, whose compile the command line hands to `plan --compile`. `mfu.py` (a finished run's model FLOP/s and
+MFU from the same cost modules and system files) is the one module the run path and the dry run import, and
+imports nothing from train/.
 """

@@ -4,7 +4,8 @@ A ModelCost comes from one of three places, named in `source`:
 - the workload's own analytic count (`benchmarks/<name>/cost.py`, `model_cost(cfg)`), the default: layer by
   layer multiply-adds from the config, 2 FLOPs each, training = 3 x forward (forward + the two backward
   matmuls), cross-checked against TensorFlow's graph count on a small model in tests/test_plan.py;
-- the dry-run compile (`harness.train.dryrun.compile_report`, XLA's cost analysis), via `from_compile_report`;
+- the dry-run compile (`harness.dryrun.command.compile_report`, XLA's cost analysis, handed in by the command
+  line), via `from_compile_report`;
 - a JSON file of either (`--model_cost FILE`).
 
 Every one of them costs a sample at its full length. A workload whose samples vary in length (BERT) may
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 from harness.errors import HarnessError
 
@@ -85,9 +86,9 @@ class ModelCost:
 
 def workload_cost_module(workload: str) -> Any:
     """`cost` beside the workload's registered module (benchmarks/<name>/cost.py)."""
-    from benchmarks import registry
+    from harness.config import find_cost_module
 
-    module = registry.cost_module(workload)
+    module = find_cost_module(workload)
     if module is None:
         raise HarnessError(f"workload {workload!r} has no cost model (benchmarks/{workload}/cost.py)")
     return module
@@ -143,13 +144,10 @@ def from_compile_report_dict(report: dict[str, Any], base: ModelCost | None) -> 
     return dataclasses.replace(base, **fields)
 
 
-def from_compile_report(config_path: str, overrides: list[str], cfg: Any) -> ModelCost:
-    """Compiles the config with the dry run (minutes at full size on a CPU) and reads its cost."""
-    try:
-        from harness.train import dryrun
-    except ImportError:
-        raise HarnessError("--compile needs harness.train.dryrun (the dry-run compile), not in this tree") from None
-    report = dryrun.compile_report(config_path, overrides)
+def from_compile_report(config_path: str, overrides: list[str], cfg: Any,
+                        compile_report: Callable[[str, list[str]], Any]) -> ModelCost:
+    """Compiles the config with the dry run (`compile_report`, minutes at full size on a CPU) and reads its cost."""
+    report = compile_report(config_path, overrides)
     return from_compile_report_dict(report.to_dict(), analytic(cfg))
 
 

@@ -17,9 +17,7 @@ from harness.plan import system as systems
 
 def train_flops_per_sample(cfg: Any) -> float:
     """The useful FLOPs of training on one sample (benchmarks/<name>/cost.py); 0 without a cost module."""
-    from benchmarks import registry
-
-    module = registry.cost_module(cfg.workload)
+    module = cfg.cost_module
     return 0.0 if module is None else module.model_cost(cfg).train_flops_per_sample
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 from harness.errors import HarnessError
 from harness.plan import collectives, converge, cost as costs, layout as layouts
@@ -76,8 +76,10 @@ def plural(unit: str) -> str:
 
 
 def build(config_path: str, overrides: list[str], system_name: str, calibrate: list[str],
-          calibrate_chips: int | None, model_cost: str | None, compile_model: bool,
-          real_token_fraction: float | None = None, precision: str = "bf16") -> Plan:
+          calibrate_chips: int | None, model_cost: str | None,
+          compile_model: Callable[[str, list[str]], Any] | None, real_token_fraction: float | None = None,
+          precision: str = "bf16") -> Plan:
+    """`compile_model`: the dry run's compile (`--compile`, handed in by the command line), else None."""
     from harness.config import load_config
 
     if not system_name:
@@ -97,7 +99,7 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
                                                                         "eval_flops_per_sample", "gradient_bytes",
                                                                         "source")})
     elif compile_model:
-        cost = costs.from_compile_report(config_path, overrides, cfg)
+        cost = costs.from_compile_report(config_path, overrides, cfg, compile_model)
     else:
         cost = costs.analytic(cfg)
     useful = None
@@ -501,8 +503,8 @@ def draw(plan: Plan, dp: list[Projection], mp: list[Projection], axis: int, sour
 
 def main(config_path: str, overrides: list[str], system_name: str, chips: int | None, global_batch: int | None,
          calibrate: list[str], calibrate_chips: int | None, sweep: bool, as_json: bool, model_cost: str | None,
-         compile_model: bool, out_dir: str | None, real_token_fraction: float | None = None,
-         precision: str = "bf16") -> int:
+         compile_model: Callable[[str, list[str]], Any] | None, out_dir: str | None,
+         real_token_fraction: float | None = None, precision: str = "bf16") -> int:
     if chips is None:
         raise HarnessError("plan needs --chips N")
     if global_batch is not None and global_batch < 1:

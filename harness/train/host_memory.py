@@ -100,9 +100,7 @@ def whole_copies(cfg: Any, runtime: Any) -> int:
 
 def estimate(cfg: Any, runtime: Any) -> Estimate | None:
     """The train step's peak host memory on this host; None for a workload without a cost module."""
-    from benchmarks import registry
-
-    module = registry.cost_module(cfg.workload)
+    module = cfg.cost_module
     if module is None:
         return None
     cost = module.model_cost(cfg)

@@ -24,7 +24,7 @@ from absl import logging
 
 from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
-from harness.train import data_service
+from harness.data import service as data_service
 from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, train_options
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress

@@ -4,7 +4,7 @@ A config that cannot make a valid run fails here with one `error:` line, before 
 file or a compile exists. The dry run goes through the same sequence on its stand-in runtime and skips
 only the steps that need what it does not have: the data files, and (for the platform check) the real
 devices; each skip says why where it happens. A closed run on real data checks its files against the
-workload's data manifest (`harness/train/data_verify.py`) before they are read. Last, a run on the host's CPU
+workload's data manifest (`harness/data/verify.py`) before they are read. Last, a run on the host's CPU
 is held to the host's memory (`harness/train/host_memory.py`), which the dry run skips too.
 """
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from benchmarks import registry
 from harness import config as config_lib
 from harness import mlperf, platforms
 from harness.errors import HarnessError
 from harness.runtime.base import Runtime
-from harness.train import data_service, data_verify, host_memory, reference, remote_input, weights_init
+from harness.data import service as data_service
+from harness.data import verify as data_verify
+from harness.train import host_memory, reference, remote_input, weights_init
 from harness.train.input_pipeline import pipeline_config
 from harness.train.workload import EvalSchedule, Workload
 
@@ -46,7 +47,7 @@ def check_checker_rulesets(cfg: config_lib.Config) -> None:
     """Every ruleset the run's log is checked against is one the installed checker has, and its rules for
     the run's division list the benchmark: known after the run otherwise, with the log already a result
     and no summary."""
-    benchmark = registry.get(cfg.workload).MLPERF_KEY
+    benchmark = cfg.workload_class.MLPERF_KEY
     for ruleset in run_rulesets(cfg):
         mlperf.require_ruleset(ruleset)
         mlperf.require_benchmark(ruleset, cfg.submission.division, benchmark)
@@ -82,7 +83,7 @@ def preflight(cfg: config_lib.Config, runtime: Runtime, dry_run: bool = False) -
     if not dry_run:  # the stand-in is one CPU, not the devices submission.platform declares
         platforms.check_platform_matches(runtime, cfg.submission.platform, cfg.submission.division,
                                          cfg.runtime.allow_platform_mismatch)
-    workload: Any = registry.get(cfg.workload)(cfg, runtime)
+    workload: Any = cfg.workload_class(cfg, runtime)
     if not dry_run:
         check_checker_rulesets(cfg)
     check_batches(cfg, runtime)

@@ -107,13 +107,12 @@ def check_closed_model(workload: Any) -> None:
 def count_data(config_path: str, overrides: list[str]) -> dict[str, int]:
     """`mlperf-harness data count`: the counts the config's data files hold (on the default runtime: counting
     needs no accelerator)."""
-    from benchmarks import registry
     from harness import config as config_lib
     from harness.runtime import make_runtime
 
     cfg = config_lib.load_config(config_path, overrides)
     cfg.runtime = config_lib.RuntimeConfig()
-    workload = registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
+    workload = cfg.workload_class(cfg, make_runtime(cfg.runtime))
     counts = workload.data_counts()
     if not counts:
         raise HarnessError(f"data.source={workload.data_source} of {cfg.workload} has no files to count")

@@ -14,7 +14,9 @@ from harness import config as config_lib
 from harness.review import integrity, logparse
 from harness import platforms, sysinfo
 from harness.plan import mfu
-from harness.train import data_service, export, interrupt, reference, size_bound, weights_init
+from harness.data import service as data_service
+from harness.export import weights as export
+from harness.train import interrupt, reference, size_bound, weights_init
 from harness.train.preflight import Checked, preflight, run_rulesets
 from harness.errors import BAD_DATA_MARK, HarnessError, check_output_dir, op_error_line
 from harness.train.input_pipeline import InputWait, pipeline_config
@@ -90,19 +92,14 @@ def check_log(path: str, rulesets: list[str],
     return verdicts, findings
 
 
-def execute(config_path: str, overrides: list[str], output_dir: str | None = None, dry_run: bool = False,
-            json_path: str | None = None) -> int:
+def execute(config_path: str, overrides: list[str], output_dir: str | None = None) -> int:
     """`mlperf-harness run`: one run top to bottom; the exit code (EXIT_*), or HarnessError for a config,
     device or input that cannot make a valid run (before the log exists wherever it can be known then).
 
     Config and runtime, then every pre-log check (`preflight`), then the run directory and the MLPerf log,
-    the timed loop, and on the chief the compliance gate and summary (`finish`). `dry_run` compiles on a
-    stand-in replica instead: no runtime, data, run directory or log.
+    the timed loop, and on the chief the compliance gate and summary (`finish`). (`run --dry_run` is
+    harness/dryrun/command.py's `main`, dispatched by the command line: no runtime, data, run directory or log.)
     """
-    if dry_run:
-        from harness.train import dryrun
-
-        return dryrun.main(config_path, overrides, json_path)
     cfg = config_lib.load_config(config_path, overrides)
     if output_dir:
         cfg.output_dir = output_dir

@@ -319,7 +319,7 @@ class Workload(abc.ABC):
 
     # ----------------------------------------------------------------------------------- dry run
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
-        """Called instead of `validate` by a dry run (harness.train.dryrun), where the data set and
+        """Called instead of `validate` by a dry run (harness.dryrun), where the data set and
         checkpoints may be absent: checks what `validate` checks of the config, makes `build` read no
         file (sizes from the config), and returns the unbatched train example and parsed eval features
         (as `train_dataset` and `eval_parse` give them) plus a line for each fact stood in for the data."""

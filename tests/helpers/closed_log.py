@@ -10,14 +10,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from harness import config as config_lib, mlperf
-from harness.train import dryrun, run
+from harness.dryrun.standin import standin_checked
+from harness.train import run
 from harness.train.workload import SAMPLE, EvalPoint
 
 
 def checked_workload(config: str, overrides: Sequence[str] = ()) -> tuple[config_lib.Config, Any]:
     """The config's workload after the dry run's pre-log checks (no data, weights or devices read)."""
     cfg = config_lib.load_config(config, list(overrides))
-    checked, _, _ = dryrun.standin_checked(cfg)
+    checked, _, _ = standin_checked(cfg)
     return cfg, checked.workload
 
 

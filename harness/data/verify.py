@@ -93,10 +93,9 @@ class Report:
 # ------------------------------------------------------------------------------------------ manifests
 
 def manifest_path(workload: str) -> str:
-    from benchmarks import registry
+    from harness.config import workload_folder
 
-    registry.get_known(workload)
-    return os.path.join(os.path.dirname(os.path.abspath(registry.__file__)), workload, MANIFEST_NAME)
+    return os.path.join(workload_folder(workload), MANIFEST_NAME)
 
 
 def _fact(node: Any, where: str, key: str = "value") -> Fact | None:

@@ -52,7 +52,6 @@ def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32
     """Writes run `run_dir`'s final weights as a Hugging Face checkpoint directory `out`; the files written."""
     from safetensors import safe_open
 
-    from benchmarks import registry
     from harness import config as config_lib
 
     if dtype not in DTYPES:
@@ -63,7 +62,7 @@ def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32
     if not os.path.exists(weights):
         raise HarnessError(f"{run_dir}: no {FILE}; the run must set save_final_weights: true")
     cfg = config_lib.load_config(config_path, [])
-    fmt = registry.get(cfg.workload).HF_FORMAT
+    fmt = cfg.workload_class.HF_FORMAT
     if fmt is None:
         raise HarnessError(f"{cfg.workload} has no Hugging Face layout to export to")
     stored = hf_checkpoint.variables_file_tensors(weights)
