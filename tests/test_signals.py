@@ -43,13 +43,20 @@ def stopped_by(signum: int):
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGTERM", "SIGINT"])
 def test_run_stopped_by_a_signal_is_one_line_and_128_plus_signum(monkeypatch, name):
+    """Started from a terminal: the signal at its default disposition. Under `nohup` or in a shell's background
+    job the suite inherits SIGHUP or SIGINT ignored, and an ignored signal stays ignored (the next test), so
+    this test sets the disposition it relies on."""
     signum = getattr(signal, name)
-    before = ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd())
-    monkeypatch.setitem(cli.COMMANDS, "run", stopped_by(signum))
-    proc = cli_in_process("run", "any.yaml")
-    assert proc.returncode == 128 + signum and proc.stderr == f"error: interrupted by {name}\n", proc
-    # the handlers and the wakeup descriptor are the process's own again
-    assert ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd()) == before
+    inherited = signal.signal(signum, signal.SIG_DFL)
+    try:
+        before = ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd())
+        monkeypatch.setitem(cli.COMMANDS, "run", stopped_by(signum))
+        proc = cli_in_process("run", "any.yaml")
+        assert proc.returncode == 128 + signum and proc.stderr == f"error: interrupted by {name}\n", proc
+        # the handlers and the wakeup descriptor are the process's own again
+        assert ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd()) == before
+    finally:
+        signal.signal(signum, inherited)
 
 
 def test_an_error_that_the_signal_turned_into_is_still_the_signal(monkeypatch):
