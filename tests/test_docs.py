@@ -322,3 +322,48 @@ def test_testing_md_maps_every_test_file_and_its_quick_mark():
         if table[f] != quick:
             wrong.append(f"{f}: docs/testing.md says quick={table[f]!r}, the file's mark says {quick!r}")
     assert not wrong, "\n".join(wrong)
+
+
+# A citation must be one a reader of the repository can follow: a public repository at a commit, a URL, or a
+# page of docs/. These name what only a development machine had: a specification file beside the repository,
+# its section numbers, or an absolute path of that machine. (Written so that this file does not match them.)
+OUTSIDE_CITATION = re.compile(r"specs[/]|[/]work[/]|\bspecs?(?:'s)?\s+(?:sections?\b|§|\d)|\bthe\s+spec\b",
+                              re.IGNORECASE)
+NOT_SOURCE = {".git", ".venv", "__pycache__", ".pytest_cache", "build", "dist", "logs", "report_out"}
+
+
+def repository_files(repo: str = REPO) -> list[str]:
+    """Every file of the repository's tree (what a run, a venv or a build adds left out)."""
+    out = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d not in NOT_SOURCE and not d.endswith(".egg-info")
+                   and not (root == repo and d == "data")]
+        out += [os.path.join(root, f) for f in files if f not in NOT_SOURCE]
+    return sorted(out)
+
+
+def outside_citations(repo: str = REPO) -> list[str]:
+    found = []
+    for path in repository_files(repo):
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+        if not OUTSIDE_CITATION.search(text):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE_CITATION.search(line):
+                found.append(f"{os.path.relpath(path, repo)}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_the_outside_citation_check_finds_each_kind(tmp_path):
+    lines = ["see ../shared/" + "spe" + "cs/x.md", "as in " + "/wo" + "rk/venvs/hfref", "(spec " + "section 5.2)",
+             "spec" + " 5.3: the ramp", "the " + "spec's tiny configuration"]
+    (tmp_path / "a.py").write_text("\n".join(lines + ["tf.TensorSpec([4]) and element_spec are fine"]) + "\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "b.py").write_text(lines[0] + "\n")
+    assert [c.split(":")[1] for c in outside_citations(str(tmp_path))] == ["1", "2", "3", "4", "5"]
+
+
+def test_no_file_cites_what_is_outside_the_repository():
+    found = outside_citations()
+    assert not found, "cite the public source (repo@commit:path, a URL) or a docs/ page instead:\n" + "\n".join(found)

@@ -33,7 +33,7 @@ RULESETS = {"5.1.0": "PASS", "6.0.0": "PASS", "6.1.0": "PASS"}
 # ------------------------------------------------------------------------------------------ RoPE
 
 def _llama3_frequencies(dim, base, factor, low, high, original):
-    """The spec's formula (NeMo apply_rope_scaling / HF rope_type llama3), one frequency at a time."""
+    """The formula of NeMo's apply_rope_scaling and transformers' rope_type llama3, one frequency at a time."""
     out = []
     for i in range(dim // 2):
         freq = base ** (-2.0 * i / dim)

@@ -390,7 +390,7 @@ def test_model_cost_from_a_dry_run_compile_report():
 
 def test_deepseek_plan_reads_its_rcps_counts_its_flops_and_names_a_batch_with_no_rcp(capsys):
     """deepseekv3_671b's plan: samples to converge from the checker's RCP table (batches 15360, 16384, 18432),
-    the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, spec section 5.1); above 18432 the
+    the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, NVIDIA's figure); above 18432 the
     table has no RCP and the plan says a result there needs new ones."""
     from benchmarks.deepseekv3_671b import cost
     from harness.config import load_config
