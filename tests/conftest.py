@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,38 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
     full_env.update(env or {})
     return subprocess.run(harness_cmd(*args), cwd=REPO, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def default_signals() -> None:
+    """A child's preexec_fn: SIGINT, SIGTERM and SIGHUP at their default dispositions, as from a terminal.
+    Under `nohup` or in a shell's background job the suite starts with SIGHUP or SIGINT ignored, and exec keeps
+    an ignored signal ignored (the harness rightly leaves it so): a test that signals a child sets them."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def run_signalled(args: list[str], signum: int, stderr=subprocess.STDOUT,
+                  at: str = "sample ") -> tuple[int, list[str], list[str]]:
+    """`mlperf-harness ARGS` in a subprocess, sent `signum` once a line of its stdout starts with `at` (a
+    training run's first progress line: mid-training): (exit code, the lines up to that one, the lines after).
+    The child starts with default signal dispositions; `stderr` is where its stderr goes."""
+    proc = subprocess.Popen(harness_cmd(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
+                            preexec_fn=default_signals)
+    seen, after = [], []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(at):
+                proc.send_signal(signum)
+                break
+        after = proc.stdout.readlines()
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return proc.returncode, seen, after
 
 
 def cli_in_process(*args: str) -> subprocess.CompletedProcess:
@@ -84,6 +117,18 @@ def refusals_in_one_process(runs: list[tuple[str, list[str]]], output_dir: str, 
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("error:", "NO ERROR"))]
     assert len(lines) == len(runs), proc.stdout + proc.stderr[-2000:]
     return lines
+
+
+def refused(tmp_path, overrides: list[str], match: str, config: str) -> None:
+    """`run.execute(config, overrides)` in this process is refused with a HarnessError matching `match`, and
+    writes no result log (a log is written only for a run that starts)."""
+    from harness.errors import HarnessError
+    from harness.train.run import execute
+
+    out = str(tmp_path / "runs")
+    with pytest.raises(HarnessError, match=match):
+        execute(config, overrides + [f"output_dir={out}"])
+    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
 
 
 def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:

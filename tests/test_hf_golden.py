@@ -53,18 +53,8 @@ CASES = {"llama": ("llama31_8b", LLAMA), "llama_fused_qkv": ("llama31_8b", LLAMA
 
 def build(workload: str, overrides: list[str]):
     """The workload built on one CPU device, float32, its weights from `model.init_checkpoint`."""
-    from benchmarks import registry
-    from harness import config as C
-    from harness.runtime import make_runtime
-
-    cfg = C.load_config(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
-                        decoder_golden.ONE_DEVICE + overrides)
-    rt = make_runtime(cfg.runtime)
-    wl = registry.get(cfg.workload)(cfg, rt)
-    wl.validate_config()
-    with rt.scope():
-        wl.build()
-    return wl
+    return decoder_golden.build_workload(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
+                                         decoder_golden.ONE_DEVICE + overrides)
 
 
 def harness_outputs(case: str, golden: dict[str, np.ndarray], checkpoint: str,

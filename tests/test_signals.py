@@ -22,7 +22,7 @@ from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
 from harness.review import integrity, logparse
 
-from conftest import REPO, SMOKE, cli_in_process
+from conftest import REPO, SMOKE, cli_in_process, default_signals
 
 pytestmark = pytest.mark.quick
 
@@ -163,7 +163,7 @@ def test_backstop_ends_a_run_stuck_after_the_signal(tmp_path, where):
               + "\nprint('not reached')\n")
     marker = tmp_path / "last_words"
     proc = subprocess.Popen([sys.executable, "-c", script, str(marker)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         wait_until_asleep(proc.pid)  # in the call that blocks, not a bytecode before it
@@ -234,7 +234,7 @@ def test_backstop_exits_even_when_the_last_words_block(tmp_path):
               "        except KeyboardInterrupt:\n"
               "            time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         wait_until_asleep(proc.pid)
