@@ -119,7 +119,7 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
     log = os.path.join(folder, "incomplete_result_1.log")
     assert "block_start" in open(log).read()
-    check = run_cli("check", log)
+    check = cli_in_process("check", log)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "no run_stop: the run did not finish" in check.stdout
     assert "Required EXACTLY_ONE occurrence of 'run_stop' but found 0" in check.stdout
@@ -148,7 +148,7 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     lines = open(log).read().splitlines()
     assert '"key": "harness_interrupted", "value": "SIGTERM"' in lines[-2], lines[-2:]
     assert '"key": "run_stop"' in lines[-1] and '"status": "aborted", "interrupted_by": "SIGTERM"' in lines[-1]
-    check = run_cli("check", log)
+    check = cli_in_process("check", log)
     assert check.returncode == 1 and "error: [interrupted] the run was stopped by SIGTERM" in check.stdout, \
         check.stdout + check.stderr
     before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
