@@ -24,6 +24,7 @@ from harness.train import remote_input
 from harness import benchmark_rules
 from harness.review import integrity, logparse
 
+from tests.helpers import tiny_gpt_oss
 from tests.helpers.numpy_attention import masked_attention, softmax
 
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
@@ -125,8 +126,6 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
     import dataclasses
 
     from benchmarks.gpt_oss_20b.config import ModelConfig
-    from harness.config import RuntimeConfig
-    from harness.runtime import make_runtime
 
     cfg = ModelConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
                       sliding_window=8, attention_block=8, num_experts=4, experts_per_token=2, expert_hidden=8,
@@ -134,9 +133,7 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
     tokens = tf.random.stateless_uniform([2, 32], [5, 6], maxval=32, dtype=tf.int32)
 
     def run(remat):
-        runtime = make_runtime(RuntimeConfig())
-        with runtime.scope():
-            net = model.GptOss(runtime, 3, dataclasses.replace(cfg, remat=remat), 32, eod_id=0)
+        runtime, net = tiny_gpt_oss.build(dataclasses.replace(cfg, remat=remat), 3)
 
         def step(t):
             with tf.GradientTape() as tape:

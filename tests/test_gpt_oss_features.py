@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.gpt_oss_20b import model
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm import attention, ffn
-from harness.config import RuntimeConfig
 from harness.nn import layers
-from harness.runtime import make_runtime
 
+from tests.helpers import tiny_gpt_oss
 from tests.helpers.numpy_attention import masked_attention, softmax
 
 pytestmark = pytest.mark.quick
@@ -196,9 +194,7 @@ def _decoder_numpy(w, tokens, c: ModelConfig, drop: str = ""):
 
 
 def _harness_logits(cfg: ModelConfig, jit: bool):
-    runtime = make_runtime(RuntimeConfig(jit_compile=jit))
-    with runtime.scope():
-        net = model.GptOss(runtime, 11, cfg, 32, eod_id=0)
+    runtime, net = tiny_gpt_oss.build(cfg, 11, jit_compile=jit)
     rng = np.random.default_rng(5)
     for info in runtime.variables():       # biases, sinks and norm weights away from their init values
         if not info.path.endswith("kernel") and not info.path.endswith("embeddings"):
@@ -231,9 +227,7 @@ def test_decoder_with_the_options_on_equals_the_formula(options, dispatch, jit):
 def test_a_layers_new_variables_split_as_their_kernels_output():
     """Every option's variable and its named dimensions (what a mesh layout splits): q/k/v biases and sinks
     with the heads, expert biases with the experts and their hidden units, norms and o/router biases whole."""
-    runtime = make_runtime(RuntimeConfig())
-    with runtime.scope():
-        model.GptOss(runtime, 1, ModelConfig(**SIZES, **{**GPT_OSS, "qk_norm": True}), 32, eod_id=0)
+    runtime, _ = tiny_gpt_oss.build(ModelConfig(**SIZES, **{**GPT_OSS, "qk_norm": True}))
     got = {i.path.split("layer_0/")[1]: (tuple(i.variable.shape), tuple(i.dims)) for i in runtime.variables()
            if "layer_0/" in i.path and not i.path.endswith("kernel") and "attention_norm" not in i.path
            and "mlp_norm" not in i.path}
@@ -261,9 +255,7 @@ def test_the_plans_parameter_count_is_the_built_models_with_every_option():
 
     for options in (GPT_OSS, {**GPT_OSS, "qk_norm": True}, {"qk_norm": False}):
         cfg = ModelConfig(**SIZES, **options)
-        runtime = make_runtime(RuntimeConfig())
-        with runtime.scope():
-            model.GptOss(runtime, 1, cfg, 32, eod_id=0)
+        runtime, _ = tiny_gpt_oss.build(cfg)
         built = sum(i.variable.shape.num_elements() for i in runtime.variables(trainable=True))
         _, counted = cost.forward_macs_and_params(SimpleNamespace(model=cfg, data=SimpleNamespace(seq_length=32)))
         assert counted == built, options
