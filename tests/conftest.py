@@ -105,7 +105,7 @@ def runs_in_one_process(devices: int, runs: list[list[str]], output_dir: str, en
     """`mlperf-harness run CONFIG [ARG ...] --output_dir OUTPUT_DIR/<n>` for each run, one after another in one
     process (tests/helpers/shipped_runs.py: one TensorFlow start, `devices` logical CPUs; a one-device config
     takes the first): a family's smokes share it. Per run, the CompletedProcess a subprocess of its own would
-    give (the tails of its stdout and stderr); run n writes under OUTPUT_DIR/<n>."""
+    give (its exit code, stdout and stderr); run n writes under OUTPUT_DIR/<n>."""
     helper = os.path.join(REPO, "tests", "helpers", "shipped_runs.py")
     args = [a for run in runs for a in ("--", *run)]
     proc = subprocess.run([sys.executable, helper, str(devices), output_dir, *args], cwd=REPO, capture_output=True,

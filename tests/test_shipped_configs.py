@@ -142,12 +142,18 @@ def run_group(group: str, cwd: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory):
     """The results of a RUN_HERE group, its process started by the group's first test (on whichever worker
-    runs that group's work unit)."""
-    done: dict[str, dict[str, dict]] = {}
+    runs that group's work unit); a group that raised (a timeout) raises again for its other tests, as a
+    module fixture's error would, rather than running again."""
+    done: dict[str, dict[str, dict] | Exception] = {}
 
     def results(group: str) -> dict[str, dict]:
         if group not in done:
-            done[group] = run_group(group, str(tmp_path_factory.mktemp(f"shipped-{group}")))
+            try:
+                done[group] = run_group(group, str(tmp_path_factory.mktemp(f"shipped-{group}")))
+            except Exception as e:  # noqa: BLE001 - kept and raised for each test of the group
+                done[group] = e
+        if isinstance(done[group], Exception):
+            raise done[group]
         return done[group]
     return results
 

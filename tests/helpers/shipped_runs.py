@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
             print(f"FAILED {config} {json.dumps(traceback.format_exc())}", flush=True)
             continue
         result = {"code": code, "out": out, "seconds": round(time.time() - start, 1),
-                  "stdout": stdout.getvalue()[-20000:], "stderr": stderr.getvalue()[-20000:]}
+                  "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
         print(f"RESULT {config} {json.dumps(result)}", flush=True)
 
 
