@@ -5,9 +5,9 @@ model.init_checkpoint, and compares).
 
 Needs torch and transformers, which the harness never depends on: run it with a separate environment, e.g.
 
-    python3 -m venv /work/venvs/hfref
-    /work/venvs/hfref/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors numpy
-    OMP_NUM_THREADS=1 /work/venvs/hfref/bin/python scripts/make_hf_goldens.py
+    python3 -m venv ../hfref
+    ../hfref/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors numpy
+    OMP_NUM_THREADS=1 ../hfref/bin/python scripts/make_hf_goldens.py
 
 (the committed files were made with torch 2.13.0+cpu, transformers 5.24.0, safetensors 0.8.0; each case's
 golden.json records the versions). Everything is float32 on the CPU, eager attention, fixed seeds. Weights are

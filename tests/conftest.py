@@ -5,6 +5,8 @@ import glob
 import json
 import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +27,38 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
     full_env.update(env or {})
     return subprocess.run(harness_cmd(*args), cwd=REPO, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def default_signals() -> None:
+    """A child's preexec_fn: SIGINT, SIGTERM and SIGHUP at their default dispositions, as from a terminal.
+    Under `nohup` or in a shell's background job the suite starts with SIGHUP or SIGINT ignored, and exec keeps
+    an ignored signal ignored (the harness rightly leaves it so): a test that signals a child sets them."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def run_signalled(args: list[str], signum: int, stderr=subprocess.STDOUT,
+                  at: str = "sample ") -> tuple[int, list[str], list[str]]:
+    """`mlperf-harness ARGS` in a subprocess, sent `signum` once a line of its stdout starts with `at` (a
+    training run's first progress line: mid-training): (exit code, the lines up to that one, the lines after).
+    The child starts with default signal dispositions; `stderr` is where its stderr goes."""
+    proc = subprocess.Popen(harness_cmd(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
+                            preexec_fn=default_signals)
+    seen, after = [], []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(at):
+                proc.send_signal(signum)
+                break
+        after = proc.stdout.readlines()
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return proc.returncode, seen, after
 
 
 def cli_in_process(*args: str) -> subprocess.CompletedProcess:
@@ -66,6 +100,29 @@ def read_summary(output_dir: str, workload: str = "resnet") -> dict:
         return json.load(f)
 
 
+def runs_in_one_process(devices: int, runs: list[list[str]], output_dir: str, env: dict | None = None,
+                        timeout: float = 900) -> list[subprocess.CompletedProcess]:
+    """`mlperf-harness run CONFIG [ARG ...] --output_dir OUTPUT_DIR/<n>` for each run, one after another in one
+    process (tests/helpers/shipped_runs.py: one TensorFlow start, `devices` logical CPUs; a one-device config
+    takes the first): a family's smokes share it. Per run, the CompletedProcess a subprocess of its own would
+    give (its exit code, stdout and stderr); run n writes under OUTPUT_DIR/<n>."""
+    helper = os.path.join(REPO, "tests", "helpers", "shipped_runs.py")
+    args = [a for run in runs for a in ("--", *run)]
+    proc = subprocess.run([sys.executable, helper, str(devices), output_dir, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout * len(runs),
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {})))
+    results = []
+    for line in proc.stdout.splitlines():
+        status, config, detail = (line.split(" ", 2) + ["", ""])[:3]
+        if status == "RESULT":
+            r = json.loads(detail)
+            results.append(subprocess.CompletedProcess(["run", config], r["code"], r["stdout"], r["stderr"]))
+        elif status == "FAILED":
+            results.append(subprocess.CompletedProcess(["run", config], None, "", json.loads(detail)))
+    assert len(results) == len(runs), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results
+
+
 def refusals_in_one_process(runs: list[tuple[str, list[str]]], output_dir: str, timeout: int = 600) -> list[str]:
     """`run.execute(config, overrides)` for each run in one fresh process (one TensorFlow start, devices as a
     run sets them up): per run, "error: <message>" for a HarnessError or "NO ERROR"."""
@@ -84,6 +141,18 @@ def refusals_in_one_process(runs: list[tuple[str, list[str]]], output_dir: str, 
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("error:", "NO ERROR"))]
     assert len(lines) == len(runs), proc.stdout + proc.stderr[-2000:]
     return lines
+
+
+def refused(tmp_path, overrides: list[str], match: str, config: str) -> None:
+    """`run.execute(config, overrides)` in this process is refused with a HarnessError matching `match`, and
+    writes no result log (a log is written only for a run that starts)."""
+    from harness.errors import HarnessError
+    from harness.train.run import execute
+
+    out = str(tmp_path / "runs")
+    with pytest.raises(HarnessError, match=match):
+        execute(config, overrides + [f"output_dir={out}"])
+    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
 
 
 def stderr_error_lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -124,17 +193,80 @@ SHARED_WORKER = {
     "test_workload_contract.py": "step cases", "test_xla_precision.py": "step cases",
     "test_dry_run.py": "dry runs", "test_tpu_rules.py": "dry runs",
 }
-# The files (or groups) that take longest, longest first: the workers start them first so that none of them
-# starts last and leaves the other workers idle at the end (the rest keep their order). Serial seconds per
-# file on 2 cores under load ~8: 540, 420, 330, 300, 245, 240, 220, 200, 185, then 120 and less.
-LONGEST_FIRST = ["test_shipped_configs.py", "step cases", "test_ruleset_matrix.py", "test_transformer.py",
-                 "test_data_service.py", "test_e2e_resnet.py", "dry runs", "test_multi_worker.py", "test_ssd.py",
+# The files (or groups) that take longest, longest first: the workers start their units first so that none of
+# them starts last and leaves the other workers idle at the end (the rest keep their order; a unit split from
+# a file takes the file's place). Serial seconds per file on 2 cores under load ~8, before the splits below:
+# test_shipped_configs 540, step cases 420, test_ruleset_matrix 330, test_transformer 300, test_data_service
+# 245, test_e2e_resnet 240, dry runs 220, test_multi_worker 200, test_ssd 185, then 120 and less. Since the
+# splits the two SHARED_WORKER groups are the longest units; `scripts/suite_schedule.py` projects the wall time.
+LONGEST_FIRST = ["step cases", "dry runs", "test_shipped_configs.py", "test_ruleset_matrix.py", "test_transformer.py",
+                 "test_data_service.py", "test_e2e_resnet.py", "test_multi_worker.py", "test_ssd.py",
                  "test_llama31_8b.py"]
 
 
+# Long files split over the workers: the tests that use one of the file's module-scoped fixtures (its smoke
+# runs, read by several tests) are one work unit, `<file>~fixtures`; every other test is a unit of its own.
+# Which tests use them is read from the file's source (the scheduler sees test ids only); the collection
+# checks it against pytest's own fixture closure. A file with an in-process cache outside fixtures stays whole.
+SPLIT_FILES = {"test_ruleset_matrix.py", "test_multi_worker.py", "test_host_memory.py", "test_bert.py",
+               "test_e2e_resnet.py", "test_transformer.py", "test_data_service.py", "test_ssd.py", "test_gpt_oss.py",
+               "test_llama2_lora.py", "test_deepseek_v3.py"}
+_fixture_users: dict[str, set[str]] = {}
+# A test whose parameter id starts with "<unit>~" is a work unit with the file's other tests of that unit
+# (`<file>~<unit>`): a file of long independent parts that share a fixture per part (tests/test_shipped_configs.py's
+# groups of smoke runs, one process each) spreads over the workers instead of running on one.
+UNIT_IN_ID = re.compile(r"\[([\w.-]+)~")
+
+
+def unit_rank(scope: str) -> int:
+    """A work unit's place in LONGEST_FIRST (a unit split from a file takes the file's place), or after them."""
+    for key in (scope, scope.split("::")[0].split("~")[0]):
+        if key in LONGEST_FIRST:
+            return LONGEST_FIRST.index(key)
+    return len(LONGEST_FIRST)
+
+
+def module_fixture_users(path: str) -> set[str]:
+    """The test functions of a test file that take, directly or through the file's other fixtures, a fixture
+    the file defines with a scope wider than the function's."""
+    if path not in _fixture_users:
+        import ast
+
+        with open(os.path.join(REPO, path)) as f:
+            tree = ast.parse(f.read())
+        fixtures, tests = {}, {}
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            args = {a.arg for a in node.args.args}
+            marks = [d for d in node.decorator_list if "fixture" in ast.unparse(d)]
+            if marks:
+                wide = any(kw.arg == "scope" and getattr(kw.value, "value", "function") != "function"
+                           for d in marks if isinstance(d, ast.Call) for kw in d.keywords)
+                fixtures[node.name] = (wide, args)
+            elif node.name.startswith("test"):
+                tests[node.name] = args
+        wide = {name for name, (is_wide, _) in fixtures.items() if is_wide}
+        while True:  # a function-scoped fixture that takes a wide one passes it on
+            more = {name for name, (_, args) in fixtures.items() if args & wide} - wide
+            if not more:
+                break
+            wide |= more
+        _fixture_users[path] = {name for name, args in tests.items() if args & wide}
+    return _fixture_users[path]
+
+
 def _scope(nodeid: str) -> str:
-    """The xdist work unit of a test: its file's name, or the SHARED_WORKER group of its file."""
-    name = os.path.basename(nodeid.split("::", 1)[0])
+    """The xdist work unit of a test: its file's name, the SHARED_WORKER group of its file, `<file>~<unit>` for
+    a test id that names its unit, or in a SPLIT_FILES file the test itself or `<file>~fixtures`."""
+    path, _, rest = nodeid.partition("::")
+    name = os.path.basename(path)
+    unit = UNIT_IN_ID.search(rest)
+    if unit:
+        return f"{name}~{unit.group(1)}"
+    if name in SPLIT_FILES:
+        function = rest.split("::")[-1].split("[")[0]
+        return f"{name}~fixtures" if function in module_fixture_users(path) else f"{name}::{rest}"
     return SHARED_WORKER.get(name, name)
 
 
@@ -173,8 +305,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Under xdist, the LONGEST_FIRST work units first (a stable sort: the order within files is kept)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(_scope(item.nodeid), len(rank)))
+        items.sort(key=lambda item: unit_rank(_scope(item.nodeid)))
 
 
 def pytest_collection_finish(session):
@@ -184,6 +315,12 @@ def pytest_collection_finish(session):
     import step_cases
 
     for item in session.items:
+        module = item.nodeid.split("::", 1)[0]
+        if os.path.basename(module) in SPLIT_FILES:
+            shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                      if defs[-1].scope != "function" and defs[-1].baseid == module]
+            assert bool(shared) == _scope(item.nodeid).endswith("~fixtures"), \
+                f"{item.nodeid}: uses {shared}, but conftest.module_fixture_users reads its source otherwise"
         mark = item.get_closest_marker("step_cases")
         if mark is None:
             continue

@@ -22,17 +22,7 @@ SMALL = ["data.seq_length=32", "model.init_stddev=0.05"]
 
 
 def build(overrides: list[str]):
-    from benchmarks import registry
-    from harness import config as C
-    from harness.runtime import make_runtime
-
-    cfg = C.load_config(SMOKE, decoder_golden.ONE_DEVICE + SMALL + overrides)
-    rt = make_runtime(cfg.runtime)
-    wl = registry.get(cfg.workload)(cfg, rt)
-    wl.validate_config()
-    with rt.scope():
-        wl.build()
-    return wl
+    return decoder_golden.build_workload(SMOKE, decoder_golden.ONE_DEVICE + SMALL + overrides)
 
 
 def forward_and_backward(wl, tokens: tf.Tensor) -> dict:

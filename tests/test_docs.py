@@ -1,7 +1,8 @@
 """The docs hold together: no dead relative link, no backticked repository path or `path.py:name` that does
 not exist, a short README that starts with the two commands, a page for every workload that names each of its
-configs, and docs/testing.md's map of every test file. Plain text checks (names looked up with `ast`), no
-TensorFlow."""
+configs, docs/testing.md's map of every test file, the README's command list, the figures about shipped
+configs held to one record (docs/figures.yaml), no count of the workloads in prose, and no citation of what
+is outside the repository. Plain text checks (names looked up with `ast`), no TensorFlow."""
 from __future__ import annotations
 
 import ast
@@ -322,3 +323,167 @@ def test_testing_md_maps_every_test_file_and_its_quick_mark():
         if table[f] != quick:
             wrong.append(f"{f}: docs/testing.md says quick={table[f]!r}, the file's mark says {quick!r}")
     assert not wrong, "\n".join(wrong)
+
+
+# A citation must be one a reader of the repository can follow: a public repository at a commit, a URL, or a
+# page of docs/. These name what only a development machine had: a specification file beside the repository,
+# its section numbers, or an absolute path of that machine. (Written so that this file does not match them.)
+OUTSIDE_CITATION = re.compile(r"specs[/]|[/]work[/]|\bspecs?(?:'s)?\s+(?:sections?\b|§|\d)|\bthe\s+spec\b",
+                              re.IGNORECASE)
+NOT_SOURCE = {".git", "__pycache__", "build", "dist", "logs", "report_out"}
+
+
+def repository_files(repo: str = REPO) -> list[str]:
+    """Every file of the repository's tree (what a run, a venv, a tool's cache or a build adds left out)."""
+    out = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d not in NOT_SOURCE and not d.endswith(".egg-info")
+                   and (not d.startswith(".") or d in (".ci", ".github")) and not (root == repo and d == "data")]
+        out += [os.path.join(root, f) for f in files if f not in NOT_SOURCE]
+    return sorted(out)
+
+
+def outside_citations(repo: str = REPO) -> list[str]:
+    found = []
+    for path in repository_files(repo):
+        with open(path, "rb") as f:
+            data = f.read()
+        if b"\0" in data:  # binary (safetensors, TFRecords): no prose
+            continue
+        text = data.decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            low = line.lower()
+            if ("spec" in low or "work" in low) and OUTSIDE_CITATION.search(line):
+                found.append(f"{os.path.relpath(path, repo)}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_the_outside_citation_check_finds_each_kind(tmp_path):
+    lines = ["see ../shared/" + "spe" + "cs/x.md", "as in " + "/wo" + "rk/venvs/hfref", "(spec " + "section 5.2)",
+             "spec" + " 5.3: the ramp", "the " + "spec's tiny configuration"]
+    (tmp_path / "a.py").write_text("\n".join(lines + ["tf.TensorSpec([4]) and element_spec are fine"]) + "\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "b.py").write_text(lines[0] + "\n")
+    assert [c.split(":")[1] for c in outside_citations(str(tmp_path))] == ["1", "2", "3", "4", "5"]
+
+
+def test_no_file_cites_what_is_outside_the_repository():
+    found = outside_citations()
+    assert not found, "cite the public source (repo@commit:path, a URL) or a docs/ page instead:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------------ figures (docs/figures.yaml)
+
+FIGURES = os.path.join(REPO, "docs", "figures.yaml")
+GIB_FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*GiB\b")
+CONFIG_PATH = re.compile(r"configs/([\w-]+/[\w.-]+\.yaml)")
+COUNTED_WORKLOADS = re.compile(r"\b(\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|"
+                               r"fourteen|fifteen)(\s+[\w-]+)?\s+workloads\b", re.IGNORECASE)
+
+
+def figures() -> dict:
+    import yaml
+
+    with open(FIGURES, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def config_figures(record: dict) -> list[float]:
+    return [v for k, v in record.items() if k.endswith("_gib")]
+
+
+def current_estimate(key: str, record: dict) -> str:
+    """The sentence a workload page states its config's dry-run estimate in: the record's peaks, and the room
+    left on the chip the config's `submission.platform` names (harness/platforms.py), computed here."""
+    import yaml
+
+    from harness import platforms
+
+    with open(os.path.join(REPO, "configs", key), encoding="utf-8") as f:
+        platform = (yaml.safe_load(f).get("submission") or {}).get("platform", "")
+    peaks = [(phase, record[f"{phase}_peak_gib"]) for phase in ("train", "eval") if f"{phase}_peak_gib" in record]
+    text = (f"Current dry-run estimate of `{os.path.basename(key)}` ([figures.yaml](../figures.yaml)): "
+            + ", ".join(f"{phase} peak {value} GiB" for phase, value in peaks) + " per device")
+    memory = platforms.device_memory(platform)
+    if memory:
+        chip = memory[0] / 2**30
+        text += (f"; under the {memory[1]}'s {chip:.1f} GiB by "
+                 + " and ".join(f"{chip - value:.1f}" for _, value in peaks) + " GiB")
+    return text + "."
+
+
+def flat(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return " ".join(f.read().split())
+
+
+def test_the_figures_record_names_shipped_configs_and_each_page_states_them():
+    record = figures()["dry_run"]
+    assert record, FIGURES
+    wrong = []
+    for key, values in record.items():
+        assert os.path.isfile(os.path.join(REPO, "configs", key)), f"{FIGURES}: no configs/{key}"
+        assert values.get("measured") and config_figures(values), f"{FIGURES}: {key} needs figures and `measured`"
+        page = os.path.join(REPO, "docs", "workloads", key.split("/")[0] + ".md")
+        if current_estimate(key, values) not in flat(page):
+            wrong.append(f"{os.path.relpath(page, REPO)} should say: {current_estimate(key, values)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def stated_config_figures() -> list[tuple[str, str, list[float]]]:
+    """(where, config key, GiB figures) of every README table row and docs line that names one config and
+    states GiB: the README's rows name the config by file name under their workload's key."""
+    found = []
+    workload = None
+    for number, line in prose_lines(open(README, encoding="utf-8").read()):
+        m = re.search(r"\(`(\w+)`, [\d.]+", line)
+        workload = m.group(1) if m and line.startswith("|") else workload
+        names = re.findall(r"`([\w.-]+\.yaml)`", line) if line.startswith("|") else []
+        if workload and len(names) == 1 and GIB_FIGURE.search(line):
+            found.append((f"README.md:{number}", f"{workload}/{names[0]}", line))
+    for path in doc_files()[1:]:
+        for number, line in prose_lines(open(path, encoding="utf-8").read()):
+            keys = set(CONFIG_PATH.findall(line))
+            if len(keys) == 1 and GIB_FIGURE.search(line):
+                found.append((f"{os.path.relpath(path, REPO)}:{number}", keys.pop(), line))
+    return [(where, key, [float(x.replace(",", "")) for x in GIB_FIGURE.findall(line)])
+            for where, key, line in found]
+
+
+def test_every_gib_figure_stated_next_to_a_config_is_in_the_record():
+    record = figures()["dry_run"]
+    stated = stated_config_figures()
+    assert any(where.startswith("README.md") for where, _, _ in stated), "the README's dry-run figures not found"
+    wrong = [f"{where}: {key} {numbers}, docs/figures.yaml has {config_figures(record.get(key, {}))}"
+             for where, key, numbers in stated
+             if not set(numbers) <= set(float(v) for v in config_figures(record.get(key, {})))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_doc_counts_the_workloads():
+    """A count of the harness's workloads in prose goes stale with the next family ("all six" stayed after
+    the seventh and eighth came): the docs say "every workload"; `mlperf-harness list` counts them. The
+    package description names every workload of benchmarks/registry.py or none."""
+    from benchmarks import registry
+
+    counted = []
+    for path in doc_files():
+        for number, line in prose_lines(open(path, encoding="utf-8").read()):
+            counted += [f"{os.path.relpath(path, REPO)}:{number}: {m.group(0)}"
+                        for m in COUNTED_WORKLOADS.finditer(line)]
+    assert not counted, "\n".join(counted)
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(REPO, "setup.cfg"))
+    description = cfg["metadata"]["description"]
+    keys = [name for name in registry.names() if name in description or name.split("_")[0] in description.lower()]
+    assert not COUNTED_WORKLOADS.search(description) and keys in ([], registry.names()), description
+
+
+def test_the_readme_lists_every_command():
+    from harness import cli
+
+    text = open(README, encoding="utf-8").read()
+    listed = set(re.findall(r"^mlperf-harness ([\w-]+)", text, re.MULTILINE))
+    assert listed == set(cli.COMMANDS), (sorted(set(cli.COMMANDS) - listed), sorted(listed - set(cli.COMMANDS)))

@@ -414,7 +414,7 @@ def test_a_step_of_many_micro_batches_is_extrapolated_from_one_and_two(monkeypat
 
 def test_the_all_to_all_bytes_are_printed_from_the_full_config():
     """What one device cannot show, from the config: a micro-batch's 4096 tokens x 8 experts x 7168 bfloat16
-    values each way per MoE layer (the spec's 0.94 GB there and back), over 59 MoE layers, 64 micro-batches
+    values each way per MoE layer (0.94 GB there and back), over 59 MoE layers, 64 micro-batches
     and 3 passes (remat recomputes the forward)."""
     cfg = config_lib.load_config(os.path.join(REPO, DEEPSEEK))
     checked, _, _ = standin.standin_checked(cfg)

@@ -10,7 +10,7 @@ import pytest
 
 from harness.review import logparse
 
-from conftest import REPO, SMOKE, read_summary, run_cli, run_dir, sets
+from conftest import REPO, SMOKE, cli_in_process, read_summary, run_cli, run_dir, sets
 
 # A shorter variant of the smoke run for tests that do not need to reach the target.
 # One eval, on the closed cadence (every 4 epochs), after 8 steps of 128.
@@ -97,7 +97,7 @@ def test_smoke_run_reports_model_flops_and_mfu(smoke_run):
 
 def test_check_command_on_harness_log(smoke_run):
     _, out = smoke_run
-    proc = run_cli("check", read_summary(out)["log"], "--ruleset", "4.0.0", "--ruleset", "0.7.0")
+    proc = cli_in_process("check", read_summary(out)["log"], "--ruleset", "4.0.0", "--ruleset", "0.7.0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(": PASS") == 3  # two rulesets + integrity
 

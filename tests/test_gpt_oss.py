@@ -24,6 +24,9 @@ from harness.train import remote_input
 from harness import benchmark_rules
 from harness.review import integrity, logparse
 
+from tests.helpers import tiny_gpt_oss
+from tests.helpers.numpy_attention import masked_attention, softmax
+
 from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
@@ -41,11 +44,6 @@ def published_options() -> list[str]:
 
 # ------------------------------------------------------------------------------------------ router
 
-def _softmax(x, axis=-1):
-    e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
-
-
 def test_router_takes_top_k_logits_then_softmax_over_the_k():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=[1, 2, 6, 5]).astype(np.float32)
@@ -53,7 +51,7 @@ def test_router_takes_top_k_logits_then_softmax_over_the_k():
     combine = r.combine.numpy().sum(-1)                        # [b, g, s, e]: each token's expert weights
     top = np.argsort(-logits, -1)[..., :2]
     expect = np.zeros_like(logits)
-    gates = _softmax(np.take_along_axis(logits, top, -1))
+    gates = softmax(np.take_along_axis(logits, top, -1))
     np.put_along_axis(expect, top, gates, -1)
     np.testing.assert_allclose(combine, expect, atol=1e-6)
     assert float(r.dropped.numpy().sum()) == 0.0               # dropless: capacity = group size
@@ -81,7 +79,7 @@ def test_load_balancing_loss_is_experts_times_sum_of_fraction_times_probability(
     for e in top.reshape(-1):
         f[e] += 1
     f /= top.size                                              # k assignments per token, sums to 1
-    p = _softmax(logits).mean(2).reshape(-1)
+    p = softmax(logits).mean(2).reshape(-1)
     np.testing.assert_allclose(float(r.balance_sum), 4 * np.sum(f * p), rtol=1e-5)
     # Minimum 1 at uniform load: equal logits give P = 1/E, and balanced assignments f = 1/E.
     uniform = moe.route(tf.zeros([1, 1, 8, 4]), 2, capacity=8)
@@ -101,18 +99,6 @@ def test_router_z_loss_is_squared_logsumexp_summed_over_tokens():
 
 # --------------------------------------------------------------------------------------- attention
 
-def _dense_attention(q, k, v, segments, window):
-    b, s, h, g, d = q.shape
-    out = np.zeros_like(q)
-    for bi in range(b):
-        for qi in range(s):
-            keys = [ki for ki in range(s) if ki <= qi and qi - ki < window
-                    and (segments is None or segments[bi, ki] == segments[bi, qi])]
-            sc = np.einsum("hgd,khd->hgk", q[bi, qi], k[bi, keys]) / math.sqrt(d)
-            out[bi, qi] = np.einsum("hgk,khd->hgd", _softmax(sc), v[bi, keys])
-    return out
-
-
 @pytest.mark.parametrize("xla", [False, True])
 @pytest.mark.parametrize("window,block,with_segments", [(5, 4, True), (9, 4, False), (32, 8, True)])
 def test_blockwise_window_attention_equals_dense_masked_attention(window, block, with_segments, xla):
@@ -124,7 +110,7 @@ def test_blockwise_window_attention_equals_dense_masked_attention(window, block,
     run = tf.function(attention.windowed_attention, jit_compile=True) if xla else attention.windowed_attention
     got = run(tf.constant(q), tf.constant(k), tf.constant(v), None if segments is None else tf.constant(segments),
               window, block, like=tf.constant(q[:, :, 0, 0, 0]), xla=xla)
-    np.testing.assert_allclose(got.numpy(), _dense_attention(q, k, v, segments, window), atol=2e-5)
+    np.testing.assert_allclose(got.numpy(), masked_attention(q, k, v, window, None, segments), atol=2e-5)
 
 
 def test_even_layers_use_the_window_and_odd_layers_full_attention():
@@ -140,8 +126,6 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
     import dataclasses
 
     from benchmarks.gpt_oss_20b.config import ModelConfig
-    from harness.config import RuntimeConfig
-    from harness.runtime import make_runtime
 
     cfg = ModelConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
                       sliding_window=8, attention_block=8, num_experts=4, experts_per_token=2, expert_hidden=8,
@@ -149,9 +133,7 @@ def test_remat_gives_the_same_loss_and_gradients_as_keeping_every_activation():
     tokens = tf.random.stateless_uniform([2, 32], [5, 6], maxval=32, dtype=tf.int32)
 
     def run(remat):
-        runtime = make_runtime(RuntimeConfig())
-        with runtime.scope():
-            net = model.GptOss(runtime, 3, dataclasses.replace(cfg, remat=remat), 32, eod_id=0)
+        runtime, net = tiny_gpt_oss.build(dataclasses.replace(cfg, remat=remat), 3)
 
         def step(t):
             with tf.GradientTape() as tape:

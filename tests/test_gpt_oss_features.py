@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.gpt_oss_20b import model
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm import attention, ffn
-from harness.config import RuntimeConfig
 from harness.nn import layers
-from harness.runtime import make_runtime
+
+from tests.helpers import tiny_gpt_oss
+from tests.helpers.numpy_attention import masked_attention, softmax
 
 pytestmark = pytest.mark.quick
 
@@ -66,28 +66,6 @@ def test_yarn_rotary_turns_by_the_scaled_frequencies_and_scales_by_the_attention
 
 # ---------------------------------------------------------------------------------- attention sinks
 
-def _softmax(x, axis=-1):
-    e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
-
-
-def _attention_numpy(q, k, v, window, sinks, segments=None):
-    """Dense masked attention with transformers' sink: one more logit column per query head, dropped after
-    the softmax. q [b, s, kv, g, d], k/v [b, s, kv, d], sinks [kv, g] or None."""
-    b, s, kv, g, d = q.shape
-    out = np.zeros_like(q)
-    for bi in range(b):
-        for qi in range(s):
-            keys = [ki for ki in range(s) if ki <= qi and qi - ki < window
-                    and (segments is None or segments[bi, ki] == segments[bi, qi])]
-            sc = np.einsum("hgd,khd->hgk", q[bi, qi], k[bi, keys]) / math.sqrt(d)
-            if sinks is not None:
-                sc = np.concatenate([sc, sinks[..., None]], -1)
-            p = _softmax(sc)[..., :len(keys)]
-            out[bi, qi] = np.einsum("hgk,khd->hgd", p, v[bi, keys])
-    return out
-
-
 @pytest.mark.parametrize("xla", [False, True])
 def test_sinks_join_the_softmax_denominator_in_windows_and_causal_strips(xla):
     rng = np.random.default_rng(4)
@@ -100,13 +78,13 @@ def test_sinks_join_the_softmax_denominator_in_windows_and_causal_strips(xla):
     strips = tf.function(attention.causal_attention, jit_compile=xla)
     got = windowed(*args, tf.constant(segments), 9, 4, like=tf.constant(q[:, :, 0, 0, 0]), xla=xla,
                    sinks=tf.constant(sinks))
-    np.testing.assert_allclose(got.numpy(), _attention_numpy(q, k, v, 9, sinks, segments), atol=2e-5)
-    full = _attention_numpy(q, k, v, 32, sinks)
+    np.testing.assert_allclose(got.numpy(), masked_attention(q, k, v, 9, sinks, segments), atol=2e-5)
+    full = masked_attention(q, k, v, 32, sinks)
     for chunk in (8, 1024):                       # strips of 8 queries, and one dense block
         got = strips(*args, chunk=chunk, xla=xla, sinks=tf.constant(sinks))
         np.testing.assert_allclose(got.numpy(), full, atol=2e-5)
     # A sink only takes weight: against no sink, the outputs shrink toward zero.
-    assert np.abs(full).sum() < np.abs(_attention_numpy(q, k, v, 32, None)).sum()
+    assert np.abs(full).sum() < np.abs(masked_attention(q, k, v, 32, None)).sum()
 
 
 # --------------------------------------------------------------------------------------- clamped GLU
@@ -191,14 +169,14 @@ def _decoder_numpy(w, tokens, c: ModelConfig, drop: str = ""):
             scores = np.where((ki <= qi) & (qi - ki < window), scores, -np.inf)
             if sinks is not None:
                 scores = np.concatenate([scores, np.full([b, s, 1], sinks[head])], -1)
-            probs = _softmax(scores)[..., :s]
+            probs = softmax(scores)[..., :s]
             ctx[:, :, head] = np.einsum("bqk,bkd->bqd", probs, v[:, :, head // g])
         x = x + ctx.reshape(b, s, nh * d) @ p("attention/output/kernel").reshape(nh * d, m) + bias(
             "attention/output/bias", m)
         h = _rms(x, p("mlp_norm/gamma"), eps)
         logits = h @ p("moe/router/kernel") + (p("moe/router/bias") if on["router_bias"] else 0)
         top = np.argsort(-logits, -1, kind="stable")[..., :c.experts_per_token]
-        gates = _softmax(np.take_along_axis(logits, top, -1))
+        gates = softmax(np.take_along_axis(logits, top, -1))
         y = np.zeros_like(x)
         for e in range(c.num_experts):
             eb = lambda name: p(f"moe/experts/{name}/bias")[e] if on["expert_bias"] else 0  # noqa: E731
@@ -216,9 +194,7 @@ def _decoder_numpy(w, tokens, c: ModelConfig, drop: str = ""):
 
 
 def _harness_logits(cfg: ModelConfig, jit: bool):
-    runtime = make_runtime(RuntimeConfig(jit_compile=jit))
-    with runtime.scope():
-        net = model.GptOss(runtime, 11, cfg, 32, eod_id=0)
+    runtime, net = tiny_gpt_oss.build(cfg, 11, jit_compile=jit)
     rng = np.random.default_rng(5)
     for info in runtime.variables():       # biases, sinks and norm weights away from their init values
         if not info.path.endswith("kernel") and not info.path.endswith("embeddings"):
@@ -251,9 +227,7 @@ def test_decoder_with_the_options_on_equals_the_formula(options, dispatch, jit):
 def test_a_layers_new_variables_split_as_their_kernels_output():
     """Every option's variable and its named dimensions (what a mesh layout splits): q/k/v biases and sinks
     with the heads, expert biases with the experts and their hidden units, norms and o/router biases whole."""
-    runtime = make_runtime(RuntimeConfig())
-    with runtime.scope():
-        model.GptOss(runtime, 1, ModelConfig(**SIZES, **{**GPT_OSS, "qk_norm": True}), 32, eod_id=0)
+    runtime, _ = tiny_gpt_oss.build(ModelConfig(**SIZES, **{**GPT_OSS, "qk_norm": True}))
     got = {i.path.split("layer_0/")[1]: (tuple(i.variable.shape), tuple(i.dims)) for i in runtime.variables()
            if "layer_0/" in i.path and not i.path.endswith("kernel") and "attention_norm" not in i.path
            and "mlp_norm" not in i.path}
@@ -281,9 +255,7 @@ def test_the_plans_parameter_count_is_the_built_models_with_every_option():
 
     for options in (GPT_OSS, {**GPT_OSS, "qk_norm": True}, {"qk_norm": False}):
         cfg = ModelConfig(**SIZES, **options)
-        runtime = make_runtime(RuntimeConfig())
-        with runtime.scope():
-            model.GptOss(runtime, 1, cfg, 32, eod_id=0)
+        runtime, _ = tiny_gpt_oss.build(cfg)
         built = sum(i.variable.shape.num_elements() for i in runtime.variables(trainable=True))
         _, counted = cost.forward_macs_and_params(SimpleNamespace(model=cfg, data=SimpleNamespace(seq_length=32)))
         assert counted == built, options

@@ -7,7 +7,7 @@ Cases: Llama 3.1 with its RoPE scaling exercised (head_dim 128, rows 4x the scal
 the same weights with q/k/v fused and sharded under 0-based file names (the index's weight_map decides),
 gpt-oss with the features the base model lacks neutralized (sinks, biases, YaRN, clamp; the `+ 1` patched
 in the script), gpt-oss as transformers defines it (the model's options for sinks, biases, clamped GLU and
-YaRN on), DeepSeek-V3 at its spec's tiny configuration (MLA, YaRN, interleaved rotary rows, the biased
+YaRN on), DeepSeek-V3 at a tiny configuration (MLA, YaRN, interleaved rotary rows, the biased
 group-limited router, the shared expert) and BERT pre-training heads with the tanh GELU. Each would fail
 with its feature off: the script records how far the logits move (rope_scaling_moves_logits 1.15 of max
 |logit| for Llama)."""
@@ -43,7 +43,7 @@ GPT_OSS_FEATURES = GPT_OSS + ["model.attention_sinks=true", "model.attention_bia
 BERT = ["model.vocab_size=128", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
         "model.ff_size=128", "model.max_position=32", "model.type_vocab_size=2", "model.layer_norm_epsilon=1e-12",
         "data.seq_length=32", "data.max_predictions=32"]
-# The deepseekv3_671b spec's tiny configuration (its smoke config's model) at the golden's rows; the sequence
+# The deepseekv3_671b tiny configuration (its smoke config's model) at the golden's rows; the sequence
 # balance loss and multi-token prediction off, as transformers has neither.
 DEEPSEEK = ["data.seq_length=32", "model.seq_aux_loss_coef=0", "model.mtp_layers=0"]
 CASES = {"llama": ("llama31_8b", LLAMA), "llama_fused_qkv": ("llama31_8b", LLAMA),
@@ -53,18 +53,8 @@ CASES = {"llama": ("llama31_8b", LLAMA), "llama_fused_qkv": ("llama31_8b", LLAMA
 
 def build(workload: str, overrides: list[str]):
     """The workload built on one CPU device, float32, its weights from `model.init_checkpoint`."""
-    from benchmarks import registry
-    from harness import config as C
-    from harness.runtime import make_runtime
-
-    cfg = C.load_config(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
-                        decoder_golden.ONE_DEVICE + overrides)
-    rt = make_runtime(cfg.runtime)
-    wl = registry.get(cfg.workload)(cfg, rt)
-    wl.validate_config()
-    with rt.scope():
-        wl.build()
-    return wl
+    return decoder_golden.build_workload(os.path.join(decoder_golden.REPO, "configs", workload, "smoke.yaml"),
+                                         decoder_golden.ONE_DEVICE + overrides)
 
 
 def harness_outputs(case: str, golden: dict[str, np.ndarray], checkpoint: str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import subprocess
 import types
 
 import pytest
@@ -14,7 +13,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.train import host_memory
 
-from conftest import REPO, cli_in_process, harness_cmd, run_cli, sets, stderr_error_lines
+from conftest import REPO, cli_in_process, run_cli, run_signalled, sets, stderr_error_lines
 
 LLAMA = os.path.join(REPO, "configs", "llama31_8b", "smoke.yaml")
 GIB = 2 ** 30
@@ -113,26 +112,14 @@ def test_too_big_cpu_run_is_refused_before_its_log_opens(tmp_out):
 def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     """SIGKILL after the first progress line (mid-training, as the out-of-memory killer would): the log is
     only under its incomplete name, and `check` fails it as a run that did not finish."""
-    proc = subprocess.Popen(harness_cmd("run", LLAMA, "--output_dir", tmp_out,
-                                        *sets(schedule__target=0.01, run_id="killed")),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("sample "):
-                proc.send_signal(signal.SIGKILL)
-                break
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL and seen[-1].startswith("sample "), "".join(seen)
+    code, seen, _ = run_signalled(["run", LLAMA, "--output_dir", tmp_out,
+                                   *sets(schedule__target=0.01, run_id="killed")], signal.SIGKILL)
+    assert code == -signal.SIGKILL and seen[-1].startswith("sample "), "".join(seen)
     folder = os.path.join(tmp_out, "llama31_8b", "killed")
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
     log = os.path.join(folder, "incomplete_result_1.log")
     assert "block_start" in open(log).read()
-    check = run_cli("check", log)
+    check = cli_in_process("check", log)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "no run_stop: the run did not finish" in check.stdout
     assert "Required EXACTLY_ONE occurrence of 'run_stop' but found 0" in check.stdout
@@ -149,25 +136,10 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     the same run_id again is refused and leaves every file as it was."""
     stderr_path = tmp_path / "stderr"
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(harness_cmd("run", LLAMA, "--output_dir", tmp_out,
-                                            *sets(schedule__target=0.01, run_id="terminated")),
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))
-        seen = []
-        try:
-            for line in proc.stdout:
-                seen.append(line)
-                if line.startswith("sample "):
-                    proc.send_signal(signal.SIGTERM)
-                    break
-            seen += proc.stdout.readlines()
-            proc.wait(timeout=300)
-        finally:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
+        code, seen, after = run_signalled(["run", LLAMA, "--output_dir", tmp_out,
+                                           *sets(schedule__target=0.01, run_id="terminated")], signal.SIGTERM, stderr)
     err = stderr_path.read_text()
-    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + err
+    assert code == 128 + signal.SIGTERM, "".join(seen + after) + err
     assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted by SIGTERM"], err
     assert "Traceback" not in err
     folder = os.path.join(tmp_out, "llama31_8b", "terminated")
@@ -176,7 +148,7 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     lines = open(log).read().splitlines()
     assert '"key": "harness_interrupted", "value": "SIGTERM"' in lines[-2], lines[-2:]
     assert '"key": "run_stop"' in lines[-1] and '"status": "aborted", "interrupted_by": "SIGTERM"' in lines[-1]
-    check = run_cli("check", log)
+    check = cli_in_process("check", log)
     assert check.returncode == 1 and "error: [interrupted] the run was stopped by SIGTERM" in check.stdout, \
         check.stdout + check.stderr
     before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, runs_in_one_process
 
 SMOKE = "configs/llama2_70b_lora/smoke.yaml"
 MESH = "configs/llama2_70b_lora/smoke-mesh.yaml"
@@ -329,13 +329,13 @@ def eval_values(log: str) -> list[float]:
 @pytest.fixture(scope="module")
 def smokes(base_ckpt, tmp_path_factory):
     """Both smokes without the adapters' dropout (the two runtimes draw different masks), so their losses
-    must agree; the dropout itself trains in the frozen-base test."""
+    must agree; the dropout itself trains in the frozen-base test. One process for both (4 logical CPUs, the
+    mesh's; the one-device smoke takes the first)."""
     out = {}
-    for name, config in (("single", SMOKE), ("mesh", MESH)):
-        d = str(tmp_path_factory.mktemp(name))
-        p = subprocess.run([sys.executable, "-m", "harness", "run", config, "--output_dir", d, "--set",
-                            f"model.init_checkpoint={base_ckpt}", "--set", "model.lora_dropout=0"],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    runs = [[config, "--set", f"model.init_checkpoint={base_ckpt}", "--set", "model.lora_dropout=0"]
+            for config in (SMOKE, MESH)]
+    procs = runs_in_one_process(4, runs, str(tmp_path_factory.mktemp("smokes")), timeout=600)
+    for name, p in zip(("single", "mesh"), procs):
         m = re.search(r"^log: (\S+)", p.stdout, re.M)
         assert p.returncode == 0 and m, p.stdout[-3000:] + p.stderr[-3000:]
         out[name] = (p.stdout, m.group(1) if os.path.isabs(m.group(1)) else os.path.join(REPO, m.group(1)))

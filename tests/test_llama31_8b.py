@@ -23,7 +23,7 @@ from harness.errors import HarnessError
 from harness.nn import layers
 from harness.review import logparse
 
-from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, read_summary, runs_in_one_process, stderr_error_lines
 
 CONFIGS = os.path.join(REPO, "configs", "llama31_8b")
 SMOKE, MESH = os.path.join(CONFIGS, "smoke.yaml"), os.path.join(CONFIGS, "smoke-mesh.yaml")
@@ -33,7 +33,7 @@ RULESETS = {"5.1.0": "PASS", "6.0.0": "PASS", "6.1.0": "PASS"}
 # ------------------------------------------------------------------------------------------ RoPE
 
 def _llama3_frequencies(dim, base, factor, low, high, original):
-    """The spec's formula (NeMo apply_rope_scaling / HF rope_type llama3), one frequency at a time."""
+    """The formula of NeMo's apply_rope_scaling and transformers' rope_type llama3, one frequency at a time."""
     out = []
     for i in range(dim // 2):
         freq = base ** (-2.0 * i / dim)
@@ -131,12 +131,12 @@ def test_smoke_language_needs_learning_to_get_below_the_open_rule():
 
 @pytest.fixture(scope="module")
 def smokes(tmp_path_factory):
-    out = {}
-    for name, config in (("smoke", SMOKE), ("mesh", MESH)):
-        path = str(tmp_path_factory.mktemp(f"llama_{name}"))
-        proc = run_cli("run", config, "--output_dir", path, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
-        out[name] = (proc, read_summary(path, "llama31_8b") if proc.returncode == 0 else None)
-    return out
+    """Both smoke configs as shipped, in one process (4 logical CPUs, the mesh's; the one-device smoke takes
+    the first), oneDNN's kernels forced on."""
+    path = str(tmp_path_factory.mktemp("llama_smokes"))
+    procs = runs_in_one_process(4, [[SMOKE], [MESH]], path, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
+    return {name: (proc, read_summary(os.path.join(path, str(n)), "llama31_8b") if proc.returncode == 0 else None)
+            for n, (name, proc) in enumerate(zip(("smoke", "mesh"), procs))}
 
 
 @pytest.mark.parametrize("name", ["smoke", "mesh"])

@@ -16,7 +16,7 @@ from harness.plan.calibrate import chips_from_platform, measure
 from harness.plan.project import solve_efficiency, step_time
 from harness.plan.system import available, load_system
 
-from conftest import REPO, cli_in_process, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, stderr_error_lines
 
 LAST_LINE = re.compile(r"^projected time to train: ([0-9.]+) min on (\d+) x (\S+) \(global batch (\d+)\)$")
 
@@ -245,12 +245,12 @@ def test_every_system_file_loads_with_its_figures():
 def test_bad_system_file_and_bad_chip_counts_are_one_error_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nkind: gpu\ntopology: ring\n")
-    ref = os.path.join("configs", "resnet", "reference.yaml")
+    ref = os.path.join(REPO, "configs", "resnet", "reference.yaml")
     for args, want in [(["--system", str(bad), "--chips", "8"], "missing peak_flops"),
                        (["--system", "tpu-v9", "--chips", "8"], "unknown system 'tpu-v9'"),
                        (["--system", "tpu-v3", "--chips", "0"], "positive number of chips"),
                        (["--system", "dgx-a100", "--chips", "12"], "multiple of 8")]:
-        proc = run_cli("plan", ref, *args, timeout=120)
+        proc = cli_in_process("plan", ref, *args)
         lines = stderr_error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1 and want in lines[0], (args, proc.stderr[-500:])
 
@@ -415,7 +415,7 @@ def test_plan_compile_is_the_dry_runs_compile_handed_in_by_the_cli(monkeypatch):
 
 def test_deepseek_plan_reads_its_rcps_counts_its_flops_and_names_a_batch_with_no_rcp(capsys):
     """deepseekv3_671b's plan: samples to converge from the checker's RCP table (batches 15360, 16384, 18432),
-    the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, spec section 5.1); above 18432 the
+    the FLOPs per row from cost.py's count (about 1068 TFLOP per sample, NVIDIA's figure); above 18432 the
     table has no RCP and the plan says a result there needs new ones."""
     from benchmarks.deepseekv3_671b import cost
     from harness.config import load_config

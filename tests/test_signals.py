@@ -22,7 +22,7 @@ from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
 from harness.review import integrity, logparse
 
-from conftest import REPO, SMOKE, cli_in_process
+from conftest import REPO, SMOKE, cli_in_process, default_signals
 
 pytestmark = pytest.mark.quick
 
@@ -43,13 +43,20 @@ def stopped_by(signum: int):
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGTERM", "SIGINT"])
 def test_run_stopped_by_a_signal_is_one_line_and_128_plus_signum(monkeypatch, name):
+    """Started from a terminal: the signal at its default disposition. Under `nohup` or in a shell's background
+    job the suite inherits SIGHUP or SIGINT ignored, and an ignored signal stays ignored (the next test), so
+    this test sets the disposition it relies on."""
     signum = getattr(signal, name)
-    before = ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd())
-    monkeypatch.setitem(cli.COMMANDS, "run", stopped_by(signum))
-    proc = cli_in_process("run", "any.yaml")
-    assert proc.returncode == 128 + signum and proc.stderr == f"error: interrupted by {name}\n", proc
-    # the handlers and the wakeup descriptor are the process's own again
-    assert ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd()) == before
+    inherited = signal.signal(signum, signal.SIG_DFL)
+    try:
+        before = ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd())
+        monkeypatch.setitem(cli.COMMANDS, "run", stopped_by(signum))
+        proc = cli_in_process("run", "any.yaml")
+        assert proc.returncode == 128 + signum and proc.stderr == f"error: interrupted by {name}\n", proc
+        # the handlers and the wakeup descriptor are the process's own again
+        assert ({s: signal.getsignal(s) for s in interrupt.HANDLED}, wakeup_fd()) == before
+    finally:
+        signal.signal(signum, inherited)
 
 
 def test_an_error_that_the_signal_turned_into_is_still_the_signal(monkeypatch):
@@ -156,7 +163,7 @@ def test_backstop_ends_a_run_stuck_after_the_signal(tmp_path, where):
               + "\nprint('not reached')\n")
     marker = tmp_path / "last_words"
     proc = subprocess.Popen([sys.executable, "-c", script, str(marker)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         wait_until_asleep(proc.pid)  # in the call that blocks, not a bytecode before it
@@ -227,7 +234,7 @@ def test_backstop_exits_even_when_the_last_words_block(tmp_path):
               "        except KeyboardInterrupt:\n"
               "            time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         wait_until_asleep(proc.pid)

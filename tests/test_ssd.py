@@ -2,6 +2,7 @@
 closed rules, and bad inputs refused before any log."""
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -24,17 +25,14 @@ from benchmarks.ssd import data as ssd_data
 from benchmarks.ssd.config import ModelConfig
 from benchmarks.ssd.workload import SSDWorkload, check_spatial_partition
 
+import conftest
 from conftest import REPO, read_summary, run_cli, sets
 
 SMOKE = os.path.join(REPO, "configs", "ssd", "smoke.yaml")
 REFERENCE = os.path.join(REPO, "configs", "ssd", "reference.yaml")
 
 
-def refused(tmp_path, overrides: list[str], match: str, config: str = SMOKE) -> None:
-    out = str(tmp_path / "runs")
-    with pytest.raises(HarnessError, match=match):
-        execute(config, overrides + [f"output_dir={out}"])
-    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
+refused = functools.partial(conftest.refused, config=SMOKE)
 
 
 # ----------------------------------------------------------------------------------- the rules

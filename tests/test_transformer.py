@@ -2,6 +2,7 @@
 passes the official 0.7.0 checker."""
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -11,8 +12,6 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.config import RuntimeConfig
-from harness.errors import HarnessError
-from harness.train.run import execute
 from harness.runtime import InputContext, make_runtime
 
 from benchmarks.transformer import bleu, packing
@@ -21,6 +20,7 @@ from benchmarks.transformer.data import TFDSSource, TFRecordSource, cut_at_eos, 
 from benchmarks.transformer.model import Transformer
 from benchmarks.transformer.subword import Subtokenizer, write_vocab_file
 
+import conftest
 from conftest import REPO, read_summary, run_cli, sets, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "transformer", "smoke.yaml")
@@ -228,11 +228,7 @@ def test_tfds_source_under_mock_data(tmp_path):
 
 # ------------------------------------------------------------------------------------- bad input
 
-def refused(tmp_path, overrides: list[str], match: str) -> None:
-    out = str(tmp_path / "runs")
-    with pytest.raises(HarnessError, match=match):
-        execute(SMOKE, overrides + [f"output_dir={out}"])
-    assert not glob.glob(os.path.join(out, "**", "result_*"), recursive=True)
+refused = functools.partial(conftest.refused, config=SMOKE)
 
 
 def data_sets(fields: dict) -> list[str]:

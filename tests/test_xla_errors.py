@@ -12,7 +12,7 @@ pytestmark = pytest.mark.quick
 
 # XLA:GPU's executable running out of memory (its message names XLA, which used to be enough for the label).
 XLA_GPU_OOM = ("Graph execution error:\n\nDetected at node cluster_0_1/xla_run defined at (most recent call "
-               "last):\n  File \"/work/harness/train/loop.py\", line 373, in run_timed\n\nOut of memory while "
+               "last):\n  File \"/src/harness/train/loop.py\", line 373, in run_timed\n\nOut of memory while "
                "trying to allocate 17179869184 bytes.\nBufferAssignment OOM Debugging.\nBufferAssignment "
                "stats:\n             parameter allocation:    1.2GiB\nXLA Label: fusion\n"
                "\t [[{{node cluster_0_1/xla_run}}]]")
@@ -54,7 +54,7 @@ def test_compile_failures_keep_their_label():
     detected = tf.errors.InvalidArgumentError(None, None, (
         "Detected unsupported operations when trying to compile graph __inference_step_6[_XlaMustCompile=true] "
         "on XLA_GPU_JIT: AsString (No registered 'AsString' OpKernel for XLA_GPU_JIT devices compatible with "
-        "node {{node AsString}}){{node AsString}}\n  File \"/work/benchmarks/toy/model.py\", line 12, in step"))
+        "node {{node AsString}}){{node AsString}}\n  File \"/src/benchmarks/toy/model.py\", line 12, in step"))
     line = str(xla_compile_error(detected, "toy", "eval"))
     assert line == ("toy eval step does not compile under XLA: AsString (no XLA_GPU_JIT kernel), created at "
                     "model.py:12 in step")

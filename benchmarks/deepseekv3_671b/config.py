@@ -1,5 +1,6 @@
 """deepseekv3_671b's config sections (defaults: DeepSeek-V3 671B as the MLPerf reference builds it from the
-checkpoint's config.json, /work/shared/specs/deepseekv3_671b.md sections 1.1-1.5)."""
+checkpoint's config.json, deepseek-ai/DeepSeek-V3@9b4e978:inference/configs/config_671B.json, through
+NVIDIA-NeMo/Megatron-Bridge@21b02e0:src/megatron/bridge/recipes/deepseek/deepseek_v3.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,8 @@ from benchmarks.lm.mla import DeepseekYarn, MlaShape
 
 @dataclasses.dataclass
 class DataConfig(lm.DataConfig):
-    """The decoder LMs' C4 data at the reference's rows of 4096 tokens (spec section 0)."""
+    """The decoder LMs' C4 data at the reference's rows of 4096 tokens (mlcommons/training@aa344c7:
+    llm_moe_pretraining/nemo/pretrain_deepseek_v3_671b.py)."""
     seq_length: int = field(4096, min=8, doc="tokens per row (MLPerf max_sequence_length; the reference: 4096)")
     eval_every_samples: int = field(0, min=0, doc="eval cadence in training samples (0 = the rules: after every "
                                     "step, global_batch_size)")
@@ -24,8 +26,9 @@ class DataConfig(lm.DataConfig):
 
 @dataclasses.dataclass
 class OptimizerConfig(lm.OptimizerConfig):
-    """AdamW as the reference sets it (spec sections 0 and 4.2): LR 2.4e-5 x sqrt(GBS / 16384) (the default
-    is GBS 16384's), 4 warmup steps, cosine over 12000 - 4 steps to 1e-8, epsilon 1e-8; weight decay logged
+    """AdamW as the reference sets it (mlcommons/training@aa344c7:llm_moe_pretraining/nemo/, its schedule
+    NVIDIA/Megatron-LM@b0cc270:megatron/core/optimizer_param_scheduler.py): LR 2.4e-5 x sqrt(GBS / 16384)
+    (the default is GBS 16384's), 4 warmup steps, cosine over 12000 - 4 steps to 1e-8, epsilon 1e-8; weight decay logged
     as 0.1 (the reference's scheduler applies 0.033)."""
     base_learning_rate: float = field(2.4e-5, min=0.0)
     end_learning_rate: float = field(1e-8, min=0.0)

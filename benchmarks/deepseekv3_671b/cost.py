@@ -10,9 +10,9 @@ the useful work, what MFU counts. What XLA is handed for the routed experts is t
 token): dropless (model.capacity_factor 0, the reference's, either dispatch) every expert computes every
 token, E / k times the useful routed work (4x at the smoke, 32x at the reference's 256 top-8); a capacity
 factor cf makes it about cf x; the dry run's compiled count shows it. Training = 3 x forward; eval: the
-forward pass. The expert bias is no parameter (not trained). At the tiny configuration of the spec (section
-5.3) the count is 284,416 parameters and 78,704 more for MTP, as the spec's; at the full size 671,026,404,352
-and 11,610,067,968.
+forward pass. The expert bias is no parameter (not trained). At the tiny configuration of the smoke and
+the transformers golden (scripts/make_hf_goldens.py) the count is 284,416 parameters and 78,704 more for MTP; at
+the full size (the checkpoint's config.json) 671,026,404,352 and 11,610,067,968.
 """
 from __future__ import annotations
 

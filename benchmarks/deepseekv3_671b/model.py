@@ -4,7 +4,9 @@ YaRN RoPE in every layer (benchmarks/lm/mla.py), a dense SwiGLU feed-forward in 
 Attention crosses documents and positions never reset (the reference's data settings). Named dimensions:
 `heads`, `experts`, `ff` and `vocab`.
 
-Multi-token prediction (model.mtp_layers = 1, spec section 1.5; Megatron multi_token_prediction.py): from the
+Multi-token prediction (model.mtp_layers = 1 as NVIDIA-NeMo/Megatron-Bridge@21b02e0:
+src/megatron/bridge/recipes/deepseek/deepseek_v3.py sets it; NVIDIA/Megatron-LM@b0cc270:
+megatron/core/transformer/multi_token_prediction.py): from the
 main model's final hidden states H (after the final norm) and the embedding of each position's next token,
 u = [enorm(Emb(x_i+1)) ; hnorm(H_i)] W_eh (the embedding half first), one more full MLA + MoE layer, its own
 final norm, and the shared embedding and LM head: position i predicts token i + 2."""

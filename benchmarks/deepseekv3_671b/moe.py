@@ -1,8 +1,8 @@
 """DeepSeek-V3's mixture-of-experts feed-forward: a shared SwiGLU expert plus routed SwiGLU experts behind a
 float32 sigmoid router with group-limited top-k selection steered by a non-trained expert bias.
 
-Routing of a token's hidden state h (spec section 1.3; Megatron `group_limited_topk` and
-`topk_routing_with_score_function`, transformers `DeepseekV3TopkRouter`):
+Routing of a token's hidden state h (NVIDIA/Megatron-LM@b0cc270:megatron/core/transformer/moe/moe_utils.py
+`group_limited_topk` and `topk_routing_with_score_function`, transformers `DeepseekV3TopkRouter`):
     s = sigmoid(h W_g)                      float32, one score per expert
     c = s + b                               b: the expert bias, used for the selection only
     group score = sum of the top (k / groups_per_token) c in each of the expert_groups contiguous groups

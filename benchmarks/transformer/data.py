@@ -91,7 +91,7 @@ class Source:
 
 
 class SyntheticSource(Source):
-    """The synthetic language (spec section 9): a fixed corpus, packed once into a fixed set of rows, so
+    """The synthetic language (synthetic_language.py): a fixed corpus, packed once into a fixed set of rows, so
     an epoch is exactly one pass over them; the run seed only changes their order."""
 
     def __init__(self, cfg: DataConfig) -> None:

@@ -1,4 +1,4 @@
-"""A seeded, learnable En->De-like translation task: the offline stand-in for WMT (spec section 9).
+"""A seeded, learnable En->De-like translation task: the offline stand-in for WMT.
 
 Source (SVO): ``NP_subj V NP_obj [P NP] [ADV] .`` with ``NP = DET ADJ{0..2} N``. Target, over a disjoint
 lexicon (only ``.`` is shared): ``SUBJ [ADV] [PP] OBJ V .`` (verb-final), each NP as ``DET N ADJ*`` with the
@@ -11,7 +11,7 @@ Measured with bleu.py on ``pairs("eval", 1000)`` (uncased corpus BLEU in percent
 copy the source 0.02 / 0.02 / 0.02; monotone word-by-word lexicon (`gloss`: first article form, first
 synonym) 1.1 / 1.1 / 1.3; correct order but always the first article form 60 / 59 / 58; the rules with
 random synonyms (`translate`, the oracle) 95.0 / 94.7 / 95.3. So crossing 25 needs the reordering, and the
-ceiling stays below 100. The spec's figures (0.1, 2.5, 54.5, 97.1) came from a similar generator.
+ceiling stays below 100.
 """
 from __future__ import annotations
 

@@ -46,19 +46,28 @@ CASES = {
 EXACT = 3  # leading gradient values kept per variable
 
 
-def compute(name: str) -> dict:
-    """One case's loss terms, eval sums and per-variable gradient L2 norms and leading values."""
+def build_workload(config: str, overrides: list[str]):
+    """The workload of `config` with `overrides`, its config checked and its model built, on the runtime the
+    overrides give (ONE_DEVICE: one CPU device, float32, eager): the tests that compute with a model in
+    process (these cases, the transformers goldens, the all-to-all) build it here."""
     from benchmarks import registry
     from harness import config as C
     from harness.runtime import make_runtime
 
-    workload, overrides = CASES[name]
-    cfg = C.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"), overrides + ONE_DEVICE)
+    cfg = C.load_config(config, overrides)
     rt = make_runtime(cfg.runtime)
     wl = registry.get(cfg.workload)(cfg, rt)
     wl.validate_config()
     with rt.scope():
         wl.build()
+    return wl
+
+
+def compute(name: str) -> dict:
+    """One case's loss terms, eval sums and per-variable gradient L2 norms and leading values."""
+    workload, overrides = CASES[name]
+    wl = build_workload(os.path.join(REPO, "configs", workload, "smoke.yaml"), overrides + ONE_DEVICE)
+    cfg, rt = wl.cfg, wl.runtime
     rows, seq = 2, cfg.data.seq_length
     tokens = tf.random.stateless_uniform([rows, seq + 1], [11, 13], maxval=cfg.model.vocab_size, dtype=tf.int32)
     variables = rt.variables(trainable=True)

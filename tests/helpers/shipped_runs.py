@@ -1,7 +1,10 @@
 """`run CONFIG` for several configs in one process (one TensorFlow start for all), each through the CLI's own
-dispatch with no --set: what `mlperf-harness run CONFIG --output_dir OUT/<n>` does, one after another.
+dispatch: what `mlperf-harness run CONFIG [ARG ...] --output_dir OUT/<n>` does, one after another.
 
     python tests/helpers/shipped_runs.py CPU_DEVICES OUT_DIR CONFIG [CONFIG ...]
+    python tests/helpers/shipped_runs.py CPU_DEVICES OUT_DIR -- CONFIG [ARG ...] -- CONFIG [ARG ...]
+
+(the second form gives each run its own arguments, e.g. --set; a shipped config runs with none).
 
 CPU_DEVICES logical CPUs are set before TensorFlow starts, so the configs that share a process are those
 whose runtime wants that many (a mesh or mirrored config) or one device (the default runtime, which takes
@@ -24,7 +27,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv: list[str]) -> None:
-    devices, out_dir, configs = int(argv[0]), argv[1], argv[2:]
+    devices, out_dir = int(argv[0]), argv[1]
+    if argv[2:3] == ["--"]:
+        runs = [run.split("\0") for run in "\0".join(argv[3:]).split("\0--\0")]
+    else:
+        runs = [[config] for config in argv[2:]]
     from absl import flags
 
     from harness import cli
@@ -32,19 +39,19 @@ def main(argv: list[str]) -> None:
 
     if devices > 1:
         configure_logical_cpus(devices)
-    for n, config in enumerate(configs):
+    for n, (config, *args) in enumerate(runs):
         out = os.path.join(out_dir, str(n))
         stdout, stderr = io.StringIO(), io.StringIO()
         start = time.time()
         flags.FLAGS.unparse_flags()  # every flag back to its default, as in a fresh process
         try:
             with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                code = cli.dispatch(flags.FLAGS(["mlperf-harness", "run", config, "--output_dir", out]))
+                code = cli.dispatch(flags.FLAGS(["mlperf-harness", "run", config, *args, "--output_dir", out]))
         except BaseException:  # noqa: BLE001 - reported, and the next config still runs
             print(f"FAILED {config} {json.dumps(traceback.format_exc())}", flush=True)
             continue
         result = {"code": code, "out": out, "seconds": round(time.time() - start, 1),
-                  "stdout": stdout.getvalue()[-3000:], "stderr": stderr.getvalue()[-3000:]}
+                  "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
         print(f"RESULT {config} {json.dumps(result)}", flush=True)
 
 
