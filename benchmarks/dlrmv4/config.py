@@ -31,6 +31,8 @@ class ModelConfig:
     linear_dim: int = field(128, min=1, doc="u/v dim per head")
     preprocessor_hidden_dim: int = field(256, min=1)
     action_embedding_dim: int = field(8, min=1)
+    item_hidden_dim: int = field(512, min=1, doc="item MLP hidden width (512 in dlrm_hstu.py, whatever D is)")
+    head_hidden_dim: int = field(512, min=1, doc="head MLP hidden width (512 in dlrm_hstu.py, whatever D is)")
     history_length: int = field(4086, min=1, doc="most history events per sample (per pool: a third)")
     max_seq_len: int = field(4096, min=10, doc="logged max_sequence_length; must hold history + 9")
     num_position_buckets: int = field(8192, min=10)

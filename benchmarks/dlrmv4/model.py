@@ -183,12 +183,14 @@ class HSTURanker(Block):
                                                  seed))
         self.post_norm = LayerNorm(runtime, f"{path}/post_layer_norm", seed, d, epsilon=1e-5)
         # Item MLP and head, in float32 in the reference.
-        self.item = MLP(runtime, f"{path}/item_mlp", seed, (3 * d, d, d), "uniform", float32=True)
-        self.head_hidden = Float32Dense(runtime, f"{path}/head/hidden", seed, d, d,
-                                 init=glorot_uniform(d, d, f"{path}/head/hidden/kernel", seed))
-        self.head_norm = LayerNorm(runtime, f"{path}/head/swish_layer_norm", seed, d, epsilon=1e-5)
-        self.head_out = Float32Dense(runtime, f"{path}/head/out", seed, d, 1,
-                              init=glorot_uniform(d, 1, f"{path}/head/out/kernel", seed))
+        self.item = MLP(runtime, f"{path}/item_mlp", seed, (3 * d, cfg.item_hidden_dim, d), "uniform",
+                        float32=True)
+        hh = cfg.head_hidden_dim
+        self.head_hidden = Float32Dense(runtime, f"{path}/head/hidden", seed, d, hh,
+                                        init=glorot_uniform(d, hh, f"{path}/head/hidden/kernel", seed))
+        self.head_norm = LayerNorm(runtime, f"{path}/head/swish_layer_norm", seed, hh, epsilon=1e-5)
+        self.head_out = Float32Dense(runtime, f"{path}/head/out", seed, hh, 1,
+                                     init=glorot_uniform(hh, 1, f"{path}/head/out/kernel", seed))
 
     # ---------------------------------------------------------------------------------- pieces
     def sequence_ids(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
