@@ -21,7 +21,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal
+from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal, \
+    vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.dlrmv4.config import CONTEXT_TABLES, ITEM_TABLES, NUM_ACTION_BITS, ModelConfig
@@ -53,13 +54,22 @@ class Float32Dense(Dense):
         return tf.float32
 
 
-def lookup(table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
-    """Rows `ids` of `table`, each distinct id gathered once (the reference's in-batch dedup): the gradient
-    reaching the table holds one summed row per distinct id, so row-wise Adagrad updates each row once."""
-    flat = tf.reshape(ids, [-1])
+def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+    """Rows `ids` of `table`, each distinct id gathered once (the reference's in-batch dedup), so the gradient
+    reaching the table holds one summed row per distinct id and row-wise Adagrad updates each row once.
+
+    The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
+    and the distinct ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum
+    over the split), whose gradient reaches each device for its own rows only.
+    """
+    size = ids.shape.num_elements()
+    flat = tf.reshape(ids, [size])
     unique, index = tf.unique(flat)
-    rows = tf.gather(table, unique)
-    return tf.reshape(tf.gather(rows, index), tf.concat([tf.shape(ids), [table.shape[-1]]], 0))
+    # Padded to the static count of ids (DTensor lays out static shapes only); the padding looks up row 0,
+    # and no id's index points at it, so it adds nothing to any gradient.
+    unique = tf.reshape(tf.pad(unique, [[0, size - tf.shape(unique)[0]]]), [1, size])
+    rows = tf.reshape(vocab_parallel_lookup(runtime, table, unique), [size, table.shape[-1]])
+    return tf.reshape(tf.gather(rows, index), ids.shape.as_list() + [table.shape[-1]])
 
 
 def swish_layer_norm(x: tf.Tensor, norm: LayerNorm) -> tf.Tensor:
@@ -155,8 +165,11 @@ class HSTURanker(Block):
             raise ValueError(problems[0])
         self.cfg = cfg
         d, hid, a = cfg.embedding_dim, cfg.preprocessor_hidden_dim, cfg.action_embedding_dim
+        # A table's rows are padded to a multiple of the devices splitting them (1,293,395 artists do not divide
+        # by 8); the padded rows are never looked up, so they neither train nor change a result.
+        shards = runtime.shards("vocab")
         self.tables = {
-            name: self.var(f"tables/{name}", (rows, d), ("rows", None),
+            name: self.var(f"tables/{name}", (-(-rows // shards) * shards, d), ("vocab", None),
                            uniform(1.0 / math.sqrt(rows), f"{path}/tables/{name}", seed))
             for name, rows in cfg.tables.items()}
         # ContextualPreprocessor: content, additional (artist, album) and action MLPs, contextual linears.
@@ -258,9 +271,10 @@ class HSTURanker(Block):
         """Logits [B] (float32). `seed` enables dropout (training); `groups` replicas share this batch."""
         cfg = self.cfg
         ids = self.sequence_ids(batch)
-        emb = {name: lookup(self.tables[name], ids[name]) for name in ITEM_TABLES}
+        emb = {name: lookup(self.runtime, self.tables[name], ids[name]) for name in ITEM_TABLES}
         ctx_ids = tf.cast(batch["context_ids"], tf.int64)
-        ctx = tf.stack([lookup(self.tables[name], ctx_ids[:, k]) for k, name in enumerate(CONTEXT_TABLES)], 1)
+        ctx = tf.stack([lookup(self.runtime, self.tables[name], ctx_ids[:, k])
+                        for k, name in enumerate(CONTEXT_TABLES)], 1)
         x = self.preprocess(ids, emb, ctx)
         n = tf.cast(batch["uih_length"], tf.int32)
         lengths = n + 1 + NUM_CONTEXT
@@ -279,7 +293,7 @@ class HSTURanker(Block):
             x = layer(x, valid, n_max, layer_seed)
         h = tf.gather(x, lengths - 1, batch_dims=1)
         user = self.postprocess(h, ids["query_time"])
-        cand = tf.concat([lookup(self.tables[name], tf.cast(batch[f"cand_{name}"], tf.int64))
+        cand = tf.concat([lookup(self.runtime, self.tables[name], tf.cast(batch[f"cand_{name}"], tf.int64))
                           for name in ITEM_TABLES], axis=-1)
         item = tf.cast(self.item(tf.cast(cand, tf.float32)), tf.float32)
         hidden = self.head_hidden(user * item)
