@@ -114,6 +114,31 @@ def _dsv3_cadence(ruleset: str, global_batch: int) -> Cadence:
     return Cadence(SAMPLE, first * global_batch, global_batch)
 
 
+# dlrmv4 (6.1.0 closed_dlrmv4.yaml): one pass over Yambda-5B's train windows, evals on the AUC window.
+DLRMV4_TRAIN_SAMPLES, DLRMV4_EVAL_SAMPLES = 2_290_835_423, 2_058_204
+
+
+def dlrmv4_eval_every(global_batch: int) -> int:
+    """max(1, ceil(0.001 * train_samples / gbs)) * gbs samples between evals (the checker's ceil; the
+    reference rounds, which differs at e.g. GBS 4096)."""
+    return max(1, int(math.ceil(0.001 * DLRMV4_TRAIN_SAMPLES / global_batch))) * global_batch
+
+
+def dlrmv4_first_eval(global_batch: int) -> int:
+    """The checker's FIRST_CHECK: ceil(floor((4480 gbs + 135331840) / 3) / every) * every samples."""
+    every = dlrmv4_eval_every(global_batch)
+    return int(math.ceil(math.floor((4480 * global_batch + 135331840) / 3) / every)) * every
+
+
+def dlrmv4_lr_band(global_batch: int) -> tuple[float, float]:
+    """The closed base learning rate's bounds: [0.5, 1.5] x 1e-6 x gbs / 8192 (dense and sparse alike)."""
+    return 0.5e-6 * global_batch / 8192, 1.5e-6 * global_batch / 8192
+
+
+def _dlrmv4_cadence(ruleset: str, global_batch: int) -> Cadence:
+    return Cadence(SAMPLE, dlrmv4_first_eval(global_batch), dlrmv4_eval_every(global_batch))
+
+
 def _lora_cadence(ruleset: str, global_batch: int) -> Cadence:
     every = lora_eval_every(global_batch)
     return Cadence(SAMPLE, (lora_eval_skip(global_batch) + 1) * every, every)
@@ -251,7 +276,13 @@ _ALL = [
     _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
            unit=SAMPLE, cadence=_dsv3_cadence),
     _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
-    _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE),
+    _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE, cadence=_dlrmv4_cadence,
+           closed_fixed={"train_samples": DLRMV4_TRAIN_SAMPLES, "eval_samples": DLRMV4_EVAL_SAMPLES,
+                         "max_sequence_length": 4096, "opt_name": "Adam", "opt_adam_beta_1": 0.95,
+                         "opt_adam_beta_2": 0.999, "opt_adam_epsilon": 1e-8, "opt_weight_decay": 0.0,
+                         "opt_gradient_clip_norm": 1.0, "opt_sparse_name": "RowWiseAdagrad",
+                         "opt_learning_rate_warmup_steps": 24000, "opt_learning_rate_warmup_start_lr": 0.0,
+                         "eval_every_data_pct": 0.001}),
 ]
 BENCHMARKS: dict[str, Benchmark] = {b.key: b for b in _ALL}
 

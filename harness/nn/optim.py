@@ -89,6 +89,10 @@ class Optimizer:
     def build(self) -> None:
         self.step = self.runtime.variable(f"{self.name}/step", (), (), constant(0), trainable=False,
                                           dtype=tf.int64)
+        self.build_slots()
+
+    def build_slots(self) -> None:
+        """One slot per weight and slot name, shaped as the weight (zeros)."""
         for name in self.slot_names:
             self.slots[name] = [
                 self.runtime.variable(f"{self.name}/{name}/{p.path}", p.shape, p.dims, constant(0.0),
@@ -296,3 +300,68 @@ class AdamW(AdaptiveMoments):
         if not self.excluded(p.path):
             u = u + self.weight_decay * w
         p.variable.assign(w - lr * u)
+
+
+class RowWiseAdagrad(Optimizer):
+    """FBGEMM's exact row-wise Adagrad (EXACT_ROWWISE_ADAGRAD, weight decay 0), for embedding tables:
+    one float32 accumulator per row. For each row r a step touched, with g_r its gradient summed over all
+    of the step's lookups of r: G_r += mean_d(g_r,d^2); w_r -= lr * g_r / (sqrt(G_r) + eps). Rows the step
+    did not touch keep weight and accumulator (pytorch/FBGEMM@00c10a03
+    fbgemm_gpu/codegen/genscript/optimizers.py `rowwise_adagrad`).
+
+    A gradient given as IndexedSlices (a gather's) updates only its distinct rows, each once from its summed
+    slices. A dense gradient updates the whole table, which is the same arithmetic: an untouched row's zero
+    gradient leaves its accumulator and weight as they were.
+    """
+
+    def __init__(self, *args, epsilon: float = 1e-8, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.epsilon = epsilon
+
+    def build_slots(self) -> None:
+        self.slots["accumulator"] = [
+            self.runtime.variable(f"{self.name}/accumulator/{p.path}", p.shape[:1], p.dims[:1], constant(0.0),
+                                  trainable=False)
+            for p in self.params]
+
+    def update(self, i, p, g, lr) -> None:
+        acc = self.slots["accumulator"][i]
+        if isinstance(g, tf.IndexedSlices):
+            rows, index = tf.unique(g.indices)
+            summed = tf.math.unsorted_segment_sum(g.values, index, tf.shape(rows)[0])
+            new = tf.gather(acc.read_value(), rows) + tf.reduce_mean(tf.square(summed), axis=1)
+            acc.scatter_update(tf.IndexedSlices(new, rows))
+            step = lr * summed / (tf.sqrt(new)[:, None] + self.epsilon)
+            p.variable.scatter_sub(tf.IndexedSlices(step, rows))
+            return
+        new = acc.read_value() + tf.reduce_mean(tf.square(g), axis=1)
+        acc.assign(new)
+        p.variable.assign(p.variable.read_value() - lr * g / (tf.sqrt(new)[:, None] + self.epsilon))
+
+
+class Partitioned(Optimizer):
+    """Disjoint groups of weights, each with its own optimizer, under one step counter and one learning
+    rate (dlrmv4: Adam on the dense weights, row-wise Adagrad on the tables, the same warmup for both).
+    `params` is the parts' weights in order, which is the order `apply` takes gradients in."""
+
+    def __init__(self, runtime: Runtime, parts: Sequence[Optimizer], schedule: Schedule,
+                 name: str = "optimizer") -> None:
+        super().__init__(runtime, [p for part in parts for p in part.params], schedule, name=name)
+        self.parts = list(parts)
+        self._route = [(part, j) for part in self.parts for j in range(len(part.params))]
+
+    def build(self) -> None:
+        super().build()
+        for part in self.parts:
+            part.step = self.step
+            part.build_slots()
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        step = self.step.read_value()
+        lr = self.schedule(step)
+        for part in self.parts:
+            part.prepare(step, lr)
+        for (part, j), g in zip(self._route, grads):
+            part.update(j, part.params[j], tf.cast(g, tf.float32), lr)
+        self.step.assign(step + 1)
+        return lr

@@ -1,0 +1,55 @@
+"""dlrmv4's model section. Defaults are the reference's yambda-5b configuration: mlcommons/training@a67b8459
+(PR #889 head) recommendation_v4/generative_recommenders/dlrm_v4/configs.py (`get_hstu_configs`,
+`_build_embedding_table_config`) with train/gin/yambda_5b.gin (3 layers, max_seq_len 4096, history 4086)."""
+from __future__ import annotations
+
+import dataclasses
+
+from harness.config import field
+
+# The 11 tables in the reference's order and their rows (`YAMBDA_5B_CROSS_SPECS` and the id tables).
+REFERENCE_TABLES = {
+    "item_id": 9_390_624, "artist_id": 1_293_395, "album_id": 3_367_692, "uid": 1_000_001,
+    "user_x_artist": 100_000_000, "user_x_album": 40_000_000, "user_x_hour": 24_000_000,
+    "item_x_hour": 40_000_000, "artist_x_hour": 32_000_000, "user_x_is_organic": 2_000_000,
+    "user_x_artist_x_hour": 40_000_000,
+}
+# Item-side tables, looked up for every history event and for the candidate.
+ITEM_TABLES = ("item_id", "artist_id", "album_id")
+# Contextual tables, one id each per sample, in the order the reference builds the contextual tokens.
+CONTEXT_TABLES = ("uid", "user_x_artist", "user_x_album", "user_x_hour", "item_x_hour", "artist_x_hour",
+                  "user_x_is_organic", "user_x_artist_x_hour")
+NUM_ACTION_BITS = 3  # listen_plus 1, like 2, skip 4 (configs.py `action_weights` [1, 2, 4])
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    embedding_dim: int = field(512, min=2, doc="table dim = transducer dim D")
+    num_layers: int = field(3, min=1, doc="STU layers (pinned at 3 by the 6.1 rules)")
+    num_heads: int = field(4, min=1)
+    attention_dim: int = field(128, min=1, doc="q/k dim per head")
+    linear_dim: int = field(128, min=1, doc="u/v dim per head")
+    preprocessor_hidden_dim: int = field(256, min=1)
+    action_embedding_dim: int = field(8, min=1)
+    item_hidden_dim: int = field(512, min=1, doc="item MLP hidden width (512 in dlrm_hstu.py, whatever D is)")
+    head_hidden_dim: int = field(512, min=1, doc="head MLP hidden width (512 in dlrm_hstu.py, whatever D is)")
+    history_length: int = field(4086, min=1, doc="most history events per sample (per pool: a third)")
+    max_seq_len: int = field(4096, min=10, doc="logged max_sequence_length; must hold history + 9")
+    num_position_buckets: int = field(8192, min=10)
+    num_time_buckets: int = field(2048, min=1, doc="time-bucket rows minus one (buckets 0..this)")
+    input_dropout: float = field(0.2, min=0.0, max=1.0)
+    linear_dropout: float = field(0.1, min=0.0, max=1.0)
+    loss_weight: float = field(0.2, min=0.0, doc="the reference's causal_multitask_weights")
+    tables: dict[str, int] = field(default_factory=lambda: dict(REFERENCE_TABLES),
+                                   doc="rows of each of the 11 embedding tables")
+
+    def check(self) -> list[str]:
+        """Problems with this model config, as one-line messages."""
+        problems = []
+        if sorted(self.tables) != sorted(REFERENCE_TABLES):
+            problems.append(f"model.tables must name exactly {', '.join(REFERENCE_TABLES)}")
+        if self.num_heads * self.linear_dim != self.embedding_dim:
+            problems.append("model.num_heads * model.linear_dim must equal model.embedding_dim")
+        if self.history_length + 9 > self.max_seq_len:
+            problems.append("model.max_seq_len must hold history_length + 1 candidate + 8 contextual tokens")
+        return problems
