@@ -173,3 +173,78 @@ def host_fields(storage_path: str = ".") -> dict[str, str]:
         "operating_system": operating_system(),
     })
     return fields
+
+
+# --------------------------------------------------------------------------------- facts of a training node
+
+# Facts that must agree between the runs of one result set (one system): what the system description says.
+# Hostnames, clock readings and free space are left out: they differ between the nodes of one system.
+COMPARED_FACTS = ("host_processors_per_node", "host_processor_model_name", "host_processor_core_count",
+                  "host_processor_vcpu_count", "host_memory_capacity", "operating_system", "framework",
+                  "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+                  "number_of_nodes")
+
+
+def _nvidia_smi() -> list[dict[str, str]]:
+    """Name, memory and max SM clock of each GPU on this node, from nvidia-smi (none when it is absent)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            rows.append({"name": parts[0], "memory": parts[1], "clock": parts[2]})
+    return rows
+
+
+def node_facts(device_type: str, devices_per_node: int, num_nodes: int, device_name: str = "") -> dict[str, str]:
+    """The system-description facts of the node a run trains on, recorded in its summary.json.
+
+    `package` builds the system description from these (not from the machine that packages), and refuses a
+    result set whose runs disagree on COMPARED_FACTS. Facts not readable here stay 'unknown'.
+    """
+    facts = host_fields()
+    facts.update(hostname=platform.node() or UNKNOWN, number_of_nodes=str(num_nodes),
+                 accelerators_per_node=str(devices_per_node) if device_type != "CPU" else "0")
+    if device_type == "CPU":
+        facts["accelerator_model_name"] = "N/A (CPU only)"
+        for key in ("accelerator_host_interconnect", "accelerator_frequency", "accelerator_on-chip_memories",
+                    "accelerator_memory_configuration", "accelerator_memory_capacity",
+                    "accelerator_interconnect", "accelerator_interconnect_topology"):
+            facts[key] = "N/A"
+        return facts
+    gpus = _nvidia_smi() if device_type == "GPU" else []
+    facts["accelerator_model_name"] = (gpus[0]["name"] if gpus else device_name) or f"{UNKNOWN} {device_type}"
+    facts["accelerator_memory_capacity"] = gpus[0]["memory"] if gpus else UNKNOWN
+    facts["accelerator_frequency"] = gpus[0]["clock"] if gpus else UNKNOWN
+    return facts
+
+
+def harness_changes() -> str:
+    """What a dirty harness checkout ran beyond its commit, as one patch ('' when clean or not a checkout):
+    `git diff HEAD` plus every untracked, unignored file as a new file (a plain diff would lose those)."""
+    patch = _git("diff", "--binary", "HEAD") or ""
+    untracked = (_git("ls-files", "--others", "--exclude-standard") or "").splitlines()
+    for path in untracked:
+        try:  # exit 1 means "differs", which a new file always does
+            out = subprocess.run(["git", "-C", REPO_ROOT, "diff", "--binary", "--no-index", "/dev/null", path],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        patch += out.stdout
+    return patch
+
+
+def pinned_requirements() -> str:
+    """Every installed distribution as `name==version`, sorted: the environment a run trained in."""
+    pins = set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name and name != "mlperf-harness":
+            pins.add(f"{name}=={dist.version}")
+    return "\n".join(sorted(pins, key=str.lower)) + "\n"
