@@ -675,6 +675,15 @@ def micro_batched_stand_in(config_path: str, overrides: list[str], optimize: boo
         stand_in=[note] + [n for n in two.stand_in if not n.startswith("train step: ")])
 
 
+_STAGES = {"on": False, "started": time.monotonic()}  # `run --dry_run` reports its stages; plan's compile does not
+
+
+def stage(text: str) -> None:
+    """One progress line of `run --dry_run` (a full-size compile can take minutes): what it does now, and when."""
+    if _STAGES["on"]:
+        print(f"dry run [{time.monotonic() - _STAGES['started']:6.0f} s]: {text} ...", flush=True)
+
+
 def compile_report(config_path: str, overrides: list[str], optimize: bool = True,
                    stand_in: bool = True, full: config_lib.Config | None = None) -> CompileReport:
     """Builds the full-size model of `config_path` on a stand-in replica and compiles its steps
@@ -690,6 +699,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     # a size that does not split over the layout is refused here as `run` would refuse it.
     checked, runtime, plan = standin_checked(cfg)
     if stand_in and sizes and _too_big_for_host(cfg):
+        stage(f"{cfg.workload} is too big to build here: compiling smaller stand-ins and extrapolating")
         pairs = getattr(workload_class, "DRY_RUN_PAIRS", ())
         if cfg.schedule.gradient_accumulation_steps > 2:
             report = micro_batched_stand_in(config_path, overrides, optimize, cfg, sizes, pairs)
@@ -702,6 +712,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         workload.stand_in_for(full)
     train_spec, eval_spec, data_notes = checked.dry_run_inputs
     own_experts = workload.experts_stay_put() and runtime.hold_own_experts()
+    stage(f"building {cfg.workload}" + (f" (stand-in for {full.workload})" if full is not None else ""))
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
@@ -712,8 +723,10 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     train_batch = _with_batch(train_spec, per_replica)
     eval_batch = _with_batch(dict(eval_spec, **{MASK: tf.TensorSpec([], tf.float32),
                                                 INDEX: tf.TensorSpec([], tf.int64)}), eval_per_replica)
+    stage("compiling the train step" + ("" if optimize else " (trace only)"))
     train = compile_step(steps.train_step, train_batch, cfg.workload, "train", optimize)
     eval_fn, eval_note = eval_replica_fn(steps)
+    stage("compiling the eval step" + ("" if optimize else " (trace only)"))
     evaluation = compile_step(eval_fn, eval_batch, cfg.workload, "eval", optimize)
 
     model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]
@@ -823,6 +836,7 @@ def memory_per_device(peak: int | None, eval_peak: int | None, devices: int, sta
 
 def main(config_path: str, overrides: list[str], json_path: str | None = None) -> int:
     """`run CONFIG --dry_run`: prints the report (and writes it as JSON); 0, or HarnessError -> 2."""
+    _STAGES.update(on=True, started=time.monotonic())
     report = compile_report(config_path, overrides)
     for line in report.lines():
         print(line)
