@@ -119,6 +119,8 @@ def find_runs(inputs: list[str]) -> tuple[list[Launched], list[str]]:
     launched = [Launched(os.path.relpath(r.log), r.summary.status or "no run_stop", r) for r in runs]
     for entry in launched:
         entry.campaign, entry.index = _campaign_of(entry.run.log)
+    if len({e.campaign for e in launched}) == 1 and launched[0].campaign is not None:
+        launched.sort(key=lambda e: e.index)  # one campaign's runs: its own launch order
     return launched, notes
 
 
