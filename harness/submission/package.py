@@ -58,7 +58,10 @@ def main(inputs: list[str], out_dir: str, system: str | None = None, system_fiel
     launched, notes = find_runs(inputs)
     for note in notes:
         print(f"note: {note}")
-    benchmark = benchmark_of([e.run for e in launched if e.run is not None])
+    logged = [e.run for e in launched if e.run is not None]
+    if not logged:
+        raise HarnessError(f"refusing to package: none of the {len(launched)} launched run(s) left a result log")
+    benchmark = benchmark_of(logged)
     selection = window.select(launched, rules.runs_required(benchmark) or len(launched), benchmark)
     runs = [e.run for e in selection.chosen]
     benchmark, ruleset_ = check_runs(runs, system, list(ruleset or []))
