@@ -316,6 +316,10 @@ COMMAND_FLAGS = {
 
 def stray_flag(command: str) -> str | None:
     """Why a flag only one command reads was given to another (which would ignore it silently), or None."""
+    for name, owner in (("rcp_bypass", "package"), ("merged", "export"), ("implementation", "package"),
+                        ("system_field", "package")):
+        if FLAGS[name].present and command != owner:
+            return f"--{name} goes with `{owner}`; no other command reads it"
     if command in COMMAND_FLAGS:
         given = sorted(f.name for f in FLAGS.get_flags_for_module(__name__)
                        if f.present and f.name != "verbose" and f.name not in COMMAND_FLAGS[command])
