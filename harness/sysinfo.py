@@ -42,9 +42,23 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+COMMIT_FILE = "HARNESS_COMMIT"  # written by `package` into the source it ships (no .git there)
+
+
 def harness_commit() -> str | None:
-    """The harness's git commit, so a result can be traced to the code that produced it."""
-    return _git("rev-parse", "HEAD") or None
+    """The harness's git commit, so a result can be traced to the code that produced it; outside a checkout,
+    the commit a submission package's source was archived at (its HARNESS_COMMIT file)."""
+    packaged = _packaged_commit()
+    return packaged if packaged is not None else _git("rev-parse", "HEAD") or None
+
+
+def _packaged_commit() -> str | None:
+    """The HARNESS_COMMIT of packaged source (first: a package may sit inside some other git repository)."""
+    try:
+        with open(os.path.join(REPO_ROOT, COMMIT_FILE)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def harness_commit_label() -> str:
@@ -228,6 +242,8 @@ def node_facts(device_type: str, devices_per_node: int, num_nodes: int, device_n
 def harness_changes() -> str:
     """What a dirty harness checkout ran beyond its commit, as one patch ('' when clean or not a checkout):
     `git diff HEAD` plus every untracked, unignored file as a new file (a plain diff would lose those)."""
+    if _packaged_commit() is not None:  # packaged source: no checkout of its own to diff against
+        return ""
     patch = _git("diff", "--binary", "HEAD") or ""
     untracked = (_git("ls-files", "--others", "--exclude-standard") or "").splitlines()
     for path in untracked:

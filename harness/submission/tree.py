@@ -122,6 +122,9 @@ def write_source(impl_dir: str, commit: str, changes: str) -> str:
                                f"); package from the checkout that ran them")
         with tarfile.open(archive) as tar:
             tar.extractall(dest, filter="data")
+    if not changes:  # a rerun from the packaged source (no git checkout) records the commit it is
+        with open(os.path.join(dest, sysinfo.COMMIT_FILE), "w") as f:
+            f.write(commit + "\n")
     if changes:
         with open(os.path.join(impl_dir, "harness_changes.diff"), "w") as f:
             f.write(changes)
