@@ -63,3 +63,24 @@ def test_a_crashed_run_counts_but_cannot_be_packaged():
 def test_too_few_runs_are_refused():
     with pytest.raises(HarnessError, match=r"4 resnet run\(s\) given; MLPerf training requires exactly 5"):
         select(launched([1, 2, 3, 4]), 5, "resnet")
+
+
+# ------------------------------------------------------------------ the package checker's RCP bypass
+
+def test_an_rcp_bypass_passes_only_when_asked(tmp_path, monkeypatch):
+    """A closed tree the package checker fails on RCP alone: the bypass run is a failure unless asked for."""
+    from harness.submission import official
+
+    def tool(args, log_path, timeout=600):
+        if "--rcp-bypass" in args:
+            return 0, official.PACKAGE_SUCCESS
+        return 0, "ERROR - RCP Test Failed: RCP found\nERROR - PACKAGE CHECKER FOUND ERRORS, LOOK INTO ERROR LOG"
+
+    monkeypatch.setattr(official, "_tool", tool)
+    plain, bypass = official.run_package_checker("org", "6.1.0", str(tmp_path), bypass_asked=False)
+    assert plain.verdict == "FAIL" and plain.detail == "only the RCP check failed"
+    assert bypass.verdict == "FAIL" and "was not asked for (--rcp_bypass)" in bypass.detail and not bypass.ok
+    plain, bypass = official.run_package_checker("org", "6.1.0", str(tmp_path), bypass_asked=True)
+    assert bypass.verdict == "BYPASSED" and "as asked by --rcp_bypass" in bypass.detail
+    # the RCP rules judge the closed division only
+    assert official.run_rcp_checker("d", "llama31_8b", "6.1.0", "open", str(tmp_path), False).verdict == "n/a"
