@@ -239,21 +239,41 @@ def node_facts(device_type: str, devices_per_node: int, num_nodes: int, device_n
     return facts
 
 
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".md", ".cfg", ".toml", ".txt", ".sh", ".json", ".csv", ".in")
+MAX_UNTRACKED_BYTES = 1 << 20
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(REPO_ROOT, path))
+    except OSError:
+        return 0
+
+
 def harness_changes() -> str:
     """What a dirty harness checkout ran beyond its commit, as one patch ('' when clean or not a checkout):
     `git diff HEAD` plus every untracked, unignored file as a new file (a plain diff would lose those)."""
     if _packaged_commit() is not None:  # packaged source: no checkout of its own to diff against
         return ""
-    patch = _git("diff", "--binary", "HEAD") or ""
+    patch = _git_raw("diff", "--binary", "HEAD")
     untracked = (_git("ls-files", "--others", "--exclude-standard") or "").splitlines()
-    for path in untracked:
-        try:  # exit 1 means "differs", which a new file always does
-            out = subprocess.run(["git", "-C", REPO_ROOT, "diff", "--binary", "--no-index", "/dev/null", path],
-                                 capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        patch += out.stdout
+    # Source-like files only: a data file or a run's output left unignored in the checkout is no source.
+    source = [p for p in untracked if p.endswith(SOURCE_SUFFIXES) and _size(p) <= MAX_UNTRACKED_BYTES]
+    skipped = sorted(set(untracked) - set(source))
+    if skipped:  # text before the first `diff --git` is commentary to git apply
+        patch = f"untracked files not recorded (not source, or over 1 MB): {', '.join(skipped[:20])}\n" + patch
+    for path in source:  # `git diff --no-index` exits 1 for "differs", which a new file always does
+        patch += _git_raw("diff", "--binary", "--no-index", "/dev/null", path)
     return patch
+
+
+def _git_raw(*args: str) -> str:
+    """A git command's whole stdout, unstripped (a patch's last line needs its newline); '' on failure."""
+    try:
+        out = subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout if out.returncode in (0, 1) else ""
 
 
 def pinned_requirements() -> str:

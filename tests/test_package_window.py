@@ -3,6 +3,7 @@ worked by hand on synthetic run summaries: no logs, no processes."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -84,3 +85,24 @@ def test_an_rcp_bypass_passes_only_when_asked(tmp_path, monkeypatch):
     assert bypass.verdict == "BYPASSED" and "as asked by --rcp_bypass" in bypass.detail
     # the RCP rules judge the closed division only
     assert official.run_rcp_checker("d", "llama31_8b", "6.1.0", "open", str(tmp_path), False).verdict == "n/a"
+
+
+# ------------------------------------------------------------------ the source a package ships
+
+def test_the_source_is_the_commit_with_a_dirty_runs_changes_applied(tmp_path):
+    from harness import sysinfo
+    from harness.submission import tree
+
+    commit = sysinfo._git("rev-parse", "HEAD")
+    if not commit:
+        pytest.skip("not a git checkout")
+    changes = ("untracked files not recorded (not source, or over 1 MB): data.bin\n"
+               "diff --git a/zz_new.py b/zz_new.py\nnew file mode 100644\n--- /dev/null\n+++ b/zz_new.py\n"
+               "@@ -0,0 +1 @@\n+x = 1\n")
+    dest = tree.write_source(str(tmp_path), commit, changes)
+    assert (tmp_path / "mlperf-harness" / "zz_new.py").read_text() == "x = 1\n"
+    assert (tmp_path / "harness_changes.diff").read_text() == changes
+    assert (tmp_path / "mlperf-harness" / "harness" / "submission" / "tree.py").exists()
+    assert not (tmp_path / "mlperf-harness" / sysinfo.COMMIT_FILE).exists()  # a dirty source names no clean commit
+    clean = tree.write_source(str(tmp_path / "clean"), commit, "")
+    assert open(os.path.join(clean, sysinfo.COMMIT_FILE)).read().strip() == commit and dest != clean
