@@ -374,3 +374,50 @@ def cadence(key: str | None, ruleset: str, global_batch: int) -> Cadence | None:
         return None
     return rec.cadence(ruleset, global_batch)
 
+
+
+# ---------------------------------------------------------------------------------- what the numbers are
+
+# What each benchmark's eval_accuracy measures (the logs carry only the number): for report axes and tables.
+# From the reference implementations' eval code (github.com/mlcommons/training) and the checkers' targets.
+METRICS = {
+    "resnet": "top-1 accuracy", "bert": "masked-LM accuracy", "transformer": "BLEU", "gnmt": "BLEU",
+    "ssd": "mAP", "retinanet": "mAP", "maskrcnn": "box / mask mAP", "minigo": "win rate", "dlrm": "AUC",
+    "dlrm_dcnv2": "AUC", "rnnt": "word error rate", "unet3d": "mean Dice", "gpt3": "log perplexity",
+    "stable_diffusion": "FID / CLIP score", "gnn": "accuracy", "rgat": "accuracy", "llama2_70b_lora": "eval loss",
+    "llama31_405b": "log perplexity", "llama31_8b": "log perplexity", "flux1": "validation loss",
+    "gpt_oss_20b": "log perplexity", "deepseekv3_671b": "log perplexity",
+}
+
+
+def metric(key: str | None) -> str:
+    """The name of what `key`'s eval_accuracy measures ('eval accuracy' when the record names none)."""
+    return METRICS.get(key or "", "eval accuracy")
+
+
+def unit(key: str | None) -> str:
+    """'samples' or 'epochs': what `key`'s eval positions and convergence are counted in."""
+    rec = get(key)
+    return "samples" if rec is not None and rec.unit == SAMPLE else "epochs"
+
+
+# Where each language model's tokenizer comes from: an export writes weights only, never a tokenizer.
+TOKENIZERS = {
+    "llama31_8b": "meta-llama/Llama-3.1-8B on Hugging Face (gated: accept the Llama 3.1 Community License); the "
+                  "reference's C4 files are tokenized with it",
+    "llama2_70b_lora": "meta-llama/Llama-2-70b-hf on Hugging Face (gated: accept the Llama 2 Community License); "
+                       "the reference's GovReport files are tokenized with it",
+    "gpt_oss_20b": "openai/gpt-oss-20b on Hugging Face (o200k_harmony, Apache-2.0)",
+    "deepseekv3_671b": "deepseek-ai/DeepSeek-V3 on Hugging Face (MIT code licence, DeepSeek model licence)",
+}
+
+
+def tokenizer_source(key: str | None, vocab_size: int, reference_vocab: int | None) -> str:
+    """Where the exported model's tokenizer comes from; a model of another vocabulary size has none."""
+    source = TOKENIZERS.get(key or "")
+    if source is None:
+        return "none: this model is not a language model"
+    if reference_vocab is not None and vocab_size != reference_vocab:
+        return (f"none: this model's {vocab_size}-id vocabulary is not the reference's {reference_vocab} (a smoke "
+                f"model on synthetic token ids); the reference's is {source}")
+    return source

@@ -85,7 +85,8 @@ flags.DEFINE_bool("dry_run", False, "run: build the full-size model and compile 
                   "under XLA on a stand-in replica; print sizes, FLOPs and memory; no data, no log")
 flags.DEFINE_string("report_json", None, "run --dry_run: also write the compile report to this JSON file "
                     "(plan --model_cost reads it)")
-flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against (default: the run's own, from "
+flags.DEFINE_multi_string("ruleset", [], "check: ruleset(s) to check against; package: the one round to build for "
+                          "(required unless the runs' own is the newest round). Default for check: the run's own, from "
                           "summary.json / config.yaml beside the log, else the benchmark's newest)")
 flags.DEFINE_bool("rcp", False, "check: place the result logs (files or directories) of one benchmark "
                   "against the RCP mean for their batch size, with the official RCP checker's verdict")
@@ -104,6 +105,10 @@ flags.DEFINE_string("dtype", "float32", "export: tensor dtype written (float32 o
 flags.DEFINE_string("system", None, "package: system name (default: the logs' submission_platform)")
 flags.DEFINE_multi_string("system_field", [], "package: system description field key=value (repeatable)")
 flags.DEFINE_string("implementation", "tf2-mlperf-harness", "package: implementation directory name")
+flags.DEFINE_bool("rcp_bypass", False, "package: accept a package whose only failure is the RCP check (printed "
+                  "as a bypass; a real submission needs the submission committee's review of it)")
+flags.DEFINE_bool("merged", False, "export of a LoRA run: also write the merged model (base + adapters) besides "
+                  "the PEFT adapters")
 flags.DEFINE_integer("chips", None, "plan: number of chips (GPUs, or TPU chips = cores / 2)")
 flags.DEFINE_integer("global_batch", None, "plan: global batch (default: the config's; when that is smaller than "
                      "the replicas, the calibration logs' per-chip batch up to the convergence table's largest)")
@@ -139,13 +144,15 @@ USAGE = """usage: mlperf-harness COMMAND ...
   check --rcp --preflight PILOT_LOGS... [--confidence C]  odds that a full set passes the RCP test
   list                                                  workloads and configs
   campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
-  package RUN_DIRS_OR_LOGS... --out DIR                 lay out and check a submission tree
+  package CAMPAIGN_DIR | RUN_DIRS_OR_LOGS... --out DIR [--ruleset X] [--rcp_bypass]
+                                                        lay out and check a submission tree for round X
   report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
   plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json] [--precision fp8]
                                                         project time to train at scale
   data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
-  export RUN_DIR --out DIR [--max_shard_size 5GB] [--dtype float32|bfloat16]
+  export RUN_DIR --out DIR [--max_shard_size 5GB] [--dtype float32|bfloat16] [--merged]
                                                         a run's final weights as a Hugging Face checkpoint
+                                                        (a LoRA run: PEFT adapters, --merged: also merged)
 """
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,7 +268,8 @@ def cmd_package(args: list[str]) -> int:
     check_output_dir(FLAGS.out, "--out")
     from harness.submission import package
 
-    return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation)
+    return package.main(args, FLAGS.out, FLAGS.system, FLAGS.system_field, FLAGS.implementation, FLAGS.ruleset,
+                        FLAGS.rcp_bypass)
 
 
 def cmd_plan(args: list[str]) -> int:
@@ -304,7 +312,7 @@ def cmd_data_service(args: list[str]) -> int:
 def cmd_export(args: list[str]) -> int:
     from harness.export import weights as export
 
-    return export.main(args, FLAGS.out, FLAGS.max_shard_size, FLAGS.dtype)
+    return export.main(args, FLAGS.out, FLAGS.max_shard_size, FLAGS.dtype, FLAGS.merged)
 
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_report,
@@ -312,8 +320,26 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_
             "data-service": cmd_data_service, "export": cmd_export}
 
 
+# The flags each of these commands reads (besides --verbose); any other flag of the harness's is refused.
+COMMAND_FLAGS = {
+    "package": ("out", "system", "system_field", "implementation", "ruleset", "rcp_bypass"),
+    "report": ("out",),
+    "export": ("out", "max_shard_size", "dtype", "merged"),
+    "campaign": ("set", "runs", "campaign_dir", "first_seed"),
+}
+
+
 def stray_flag(command: str) -> str | None:
     """Why a flag only one command reads was given to another (which would ignore it silently), or None."""
+    for name, owner in (("rcp_bypass", "package"), ("merged", "export"), ("implementation", "package"),
+                        ("system_field", "package")):
+        if FLAGS[name].present and command != owner:
+            return f"--{name} goes with `{owner}`; no other command reads it"
+    if command in COMMAND_FLAGS:
+        given = sorted(f.name for f in FLAGS.get_flags_for_module(__name__)
+                       if f.present and f.name != "verbose" and f.name not in COMMAND_FLAGS[command])
+        if given:
+            return f"{command} does not read --{', --'.join(given)}; drop it"
     if command != "data" and (FLAGS.hashes or FLAGS.manifest):
         return "--hashes and --manifest go with `data verify`"
     if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):

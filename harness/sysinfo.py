@@ -42,9 +42,23 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+COMMIT_FILE = "HARNESS_COMMIT"  # written by `package` into the source it ships (no .git there)
+
+
 def harness_commit() -> str | None:
-    """The harness's git commit, so a result can be traced to the code that produced it."""
-    return _git("rev-parse", "HEAD") or None
+    """The harness's git commit, so a result can be traced to the code that produced it; outside a checkout,
+    the commit a submission package's source was archived at (its HARNESS_COMMIT file)."""
+    packaged = _packaged_commit()
+    return packaged if packaged is not None else _git("rev-parse", "HEAD") or None
+
+
+def _packaged_commit() -> str | None:
+    """The HARNESS_COMMIT of packaged source (first: a package may sit inside some other git repository)."""
+    try:
+        with open(os.path.join(REPO_ROOT, COMMIT_FILE)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def harness_commit_label() -> str:
@@ -173,3 +187,100 @@ def host_fields(storage_path: str = ".") -> dict[str, str]:
         "operating_system": operating_system(),
     })
     return fields
+
+
+# --------------------------------------------------------------------------------- facts of a training node
+
+# Facts that must agree between the runs of one result set (one system): what the system description says.
+# Hostnames, clock readings and free space are left out: they differ between the nodes of one system.
+COMPARED_FACTS = ("host_processors_per_node", "host_processor_model_name", "host_processor_core_count",
+                  "host_processor_vcpu_count", "host_memory_capacity", "operating_system", "framework",
+                  "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+                  "number_of_nodes")
+
+
+def _nvidia_smi() -> list[dict[str, str]]:
+    """Name, memory and max SM clock of each GPU on this node, from nvidia-smi (none when it is absent)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            rows.append({"name": parts[0], "memory": parts[1], "clock": parts[2]})
+    return rows
+
+
+def node_facts(device_type: str, devices_per_node: int, num_nodes: int, device_name: str = "") -> dict[str, str]:
+    """The system-description facts of the node a run trains on, recorded in its summary.json.
+
+    `package` builds the system description from these (not from the machine that packages), and refuses a
+    result set whose runs disagree on COMPARED_FACTS. Facts not readable here stay 'unknown'.
+    """
+    facts = host_fields()
+    facts.update(hostname=platform.node() or UNKNOWN, number_of_nodes=str(num_nodes),
+                 accelerators_per_node=str(devices_per_node) if device_type != "CPU" else "0")
+    if device_type == "CPU":
+        facts["accelerator_model_name"] = "N/A (CPU only)"
+        for key in ("accelerator_host_interconnect", "accelerator_frequency", "accelerator_on-chip_memories",
+                    "accelerator_memory_configuration", "accelerator_memory_capacity",
+                    "accelerator_interconnect", "accelerator_interconnect_topology"):
+            facts[key] = "N/A"
+        return facts
+    gpus = _nvidia_smi() if device_type == "GPU" else []
+    facts["accelerator_model_name"] = (gpus[0]["name"] if gpus else device_name) or f"{UNKNOWN} {device_type}"
+    facts["accelerator_memory_capacity"] = gpus[0]["memory"] if gpus else UNKNOWN
+    facts["accelerator_frequency"] = gpus[0]["clock"] if gpus else UNKNOWN
+    return facts
+
+
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".md", ".cfg", ".toml", ".txt", ".sh", ".json", ".csv", ".in")
+MAX_UNTRACKED_BYTES = 1 << 20
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(REPO_ROOT, path))
+    except OSError:
+        return 0
+
+
+def harness_changes() -> str:
+    """What a dirty harness checkout ran beyond its commit, as one patch ('' when clean or not a checkout):
+    `git diff HEAD` plus every untracked, unignored file as a new file (a plain diff would lose those)."""
+    if _packaged_commit() is not None:  # packaged source: no checkout of its own to diff against
+        return ""
+    patch = _git_raw("diff", "--binary", "HEAD")
+    untracked = (_git("ls-files", "--others", "--exclude-standard") or "").splitlines()
+    # Source-like files only: a data file or a run's output left unignored in the checkout is no source.
+    source = [p for p in untracked if p.endswith(SOURCE_SUFFIXES) and _size(p) <= MAX_UNTRACKED_BYTES]
+    skipped = sorted(set(untracked) - set(source))
+    if skipped:  # text before the first `diff --git` is commentary to git apply
+        patch = f"untracked files not recorded (not source, or over 1 MB): {', '.join(skipped[:20])}\n" + patch
+    for path in source:  # `git diff --no-index` exits 1 for "differs", which a new file always does
+        patch += _git_raw("diff", "--binary", "--no-index", "/dev/null", path)
+    return patch
+
+
+def _git_raw(*args: str) -> str:
+    """A git command's whole stdout, unstripped (a patch's last line needs its newline); '' on failure."""
+    try:
+        out = subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout if out.returncode in (0, 1) else ""
+
+
+def pinned_requirements() -> str:
+    """Every installed distribution as `name==version`, sorted: the environment a run trained in."""
+    pins = set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name and name != "mlperf-harness":
+            pins.add(f"{name}=={dist.version}")
+    return "\n".join(sorted(pins, key=str.lower)) + "\n"

@@ -172,52 +172,119 @@ def test_campaign_rejects_reserved_overrides(tmp_path):
 # ------------------------------------------------------------------------------------------- package
 
 @pytest.fixture(scope="module")
-def packaged(tmp_path_factory, campaign5) -> dict:
+def campaign7(tmp_path_factory, campaign5) -> str:
+    """campaign5 grown to 7 launched runs (M > N = 5): runs 6 and 7 are copies of runs 1 and 2 under seeds 6, 7."""
+    cdir = str(tmp_path_factory.mktemp("campaign7") / "camp")
+    shutil.copytree(campaign5["dir"], cdir)
+    state = json.load(open(os.path.join(cdir, "campaign.json")))
+    for index, source in ((5, 0), (6, 1)):
+        seed = index + 1
+        run_id = f"run_{index}_seed{seed}"
+        run_dir = os.path.join(cdir, "resnet", run_id)
+        shutil.copytree(os.path.join(cdir, "resnet", state["runs"][source]["run_id"]), run_dir)
+        os.rename(result_log(run_dir), os.path.join(run_dir, f"result_{seed}.txt"))
+        edit_log(run_dir, "seed", seed)
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        json.dump(dict(summary, seed=seed), open(os.path.join(run_dir, "summary.json"), "w"))
+        state["runs"].append(dict(state["runs"][source], index=index, seed=seed, run_id=run_id, run_dir=run_dir))
+    json.dump(state, open(os.path.join(cdir, "campaign.json"), "w"))
+    return cdir
+
+
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory, campaign7) -> dict:
     out = str(tmp_path_factory.mktemp("pkg") / "submission")
-    proc = run_cli("package", campaign5["dir"], "--out", out,
+    proc = run_cli("package", campaign7, "--out", out,
                    "--system_field", "host_storage_type=local SSD", timeout=900)
     return {"out": out, "proc": proc}
 
 
-def test_package_tree_passes_official_package_checker(packaged):
+def test_package_tree_passes_official_package_checker(packaged, campaign7):
     proc, out = packaged["proc"], packaged["out"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     org = os.path.join(out, "mlperf-harness")
     assert sorted(os.listdir(os.path.join(org, "results", "cpu-smoke", "resnet"))) == [
         f"result_{i}.txt" for i in range(5)]
     impl = os.path.join(org, "benchmarks", "resnet", "implementations", "tf2-mlperf-harness")
-    assert sorted(os.listdir(impl)) == ["README.md", "config.yaml", "run_and_time.sh"]
+    files = {"README.md", "config.yaml", "run_and_time.sh", "requirements.txt", "mlperf-harness"}
+    assert files <= set(os.listdir(impl))
+    # the implementation's source: the harness at the runs' commit (with a dirty tree's recorded changes)
+    assert os.path.exists(os.path.join(impl, "mlperf-harness", "harness", "submission", "package.py"))
+    assert re.search(r"^tensorflow([-_]cpu)?==2\.", open(os.path.join(impl, "requirements.txt")).read(), re.M)
     assert os.access(os.path.join(impl, "run_and_time.sh"), os.X_OK)
     with open(os.path.join(org, "systems", "cpu-smoke.json")) as f:
         system = json.load(f)
     assert system["status"] == "Available on-premise" and system["division"] == "open"
     assert system["framework"].startswith("TensorFlow 2.")
     assert system["host_storage_type"] == "local SSD" and system["accelerators_per_node"] == "0"
+    assert "recorded by each run on its training node" in system["sw_notes"]
     report = json.load(open(os.path.join(out, "package_report.json")))
-    assert report["accepted"] and report["seeds"] == [1, 2, 3, 4, 5]
+    assert report["accepted"] and report["ruleset"] == "4.0.0"
+    # 7 launched runs: the median of the 3 windows of 5 consecutive runs is submitted, in launch order
+    selection = report["selection"]
+    assert selection["launched"] == 7 and len(selection["window_scores_min"]) == 3
+    start = selection["window_start"]
+    assert report["seeds"] == list(range(start, start + 5))
+    chosen = [r["chosen"] for r in selection["runs_in_launch_order"]]
+    assert chosen == [start <= i + 1 < start + 5 for i in range(7)]
+    scores = selection["window_scores_min"]
+    assert sorted(scores)[1] == scores[start - 1] and "the median window" in selection["why"]
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["system_desc_checker"]["verdict"] == "PASS"
     assert checks["compliance_checker 4.0.0 (per log)"]["verdict"] == "PASS"
-    # The package checker either passes outright or fails only on RCP and passes with --rcp-bypass.
-    plain = checks["package_checker 4.0.0"]
-    assert plain["verdict"] == "PASS" or (plain["detail"] == "only the RCP check failed"
-                                          and checks["package_checker 4.0.0 --rcp-bypass"]["verdict"] == "PASS")
-    # RCP is reported on its own line; tiny smoke runs converge too fast for any reference curve.
-    assert checks["rcp_checker"]["verdict"] in ("PASS", "FAIL")
-    assert report["rcp_passed"] == (checks["rcp_checker"]["verdict"] == "PASS")
-    assert "rcp_checker" in proc.stdout and "package ACCEPTED" in proc.stdout
-    with open(plain["log"]) as f:
+    assert checks["package_checker 4.0.0"]["verdict"] == "PASS"
+    # open division: the RCP rules judge closed results only
+    assert checks["rcp_checker"]["verdict"] == "n/a" and "open division" in checks["rcp_checker"]["detail"]
+    assert "package ACCEPTED: every official check passed" in proc.stdout
+    assert "the median window" in proc.stdout
+    with open(checks["package_checker 4.0.0"]["log"]) as f:
         assert "PACKAGE CHECKER FOUND" in f.read()
 
 
-def test_run_and_time_script_reproduces_with_the_harness(packaged):
+def test_run_and_time_script_names_no_local_path(packaged, tfrecords):
     impl = os.path.join(packaged["out"], "mlperf-harness", "benchmarks", "resnet", "implementations",
                         "tf2-mlperf-harness")
     script = open(os.path.join(impl, "run_and_time.sh")).read()
     assert '-m harness run "$HERE/config.yaml" --set seed="$SEED"' in script
-    assert "data.data_dir" in script
+    assert 'export PYTHONPATH="$HERE/mlperf-harness' in script and 'data.data_dir="$DATA_DIR"' in script
     config = open(os.path.join(impl, "config.yaml")).read()
-    assert "source: tfrecord" in config and "run_id: ''" in config
+    assert "source: tfrecord" in config and "run_id: ''" in config and "data_dir: ''" in config
+    readme = open(os.path.join(impl, "README.md")).read()
+    for text in (script, config, readme):
+        assert tfrecords not in text and os.path.dirname(tfrecords) not in text
+
+
+def test_package_refuses_hand_picked_runs_of_a_campaign(tmp_path, campaign7):
+    runs = [os.path.join(campaign7, "resnet", name) for name in sorted(os.listdir(os.path.join(campaign7, "resnet")))]
+    assert len(runs) == 7
+    with pytest.raises(HarnessError, match=r"runs 1, 2, 3, 4, 6 of the 7 runs campaign .* breaks launch order"):
+        package.main(runs[:4] + runs[5:6], str(tmp_path / "out"))
+    with pytest.raises(HarnessError, match=r"runs 3, 4, 5, 6, 7 of the 7 .* is a window picked by hand"):
+        package.main(runs[2:], str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_package_ruleset_is_the_named_round(tmp_path, five_copies):
+    for d in five_copies:  # runs configured for an older round than resnet's newest (4.0.0)
+        path = os.path.join(d, "summary.json")
+        json.dump(dict(json.load(open(path)), ruleset="3.1.0"), open(path, "w"))
+    proc = cli_in_process("package", *five_copies, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: the runs' config names ruleset 3.1.0, not the newest round with open resnet (4.0.0): name the "
+        "round to package for with --ruleset (e.g. --ruleset 4.0.0)"]
+    with pytest.raises(HarnessError, match="ruleset 6.1.0 has no open resnet benchmark"):
+        package.main(five_copies, str(tmp_path / "out"), ruleset=["6.1.0"])
+    proc = cli_in_process("package", *five_copies, "--out", str(tmp_path / "out"), "--set", "seed=1")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: package does not read --set; drop it"
+
+
+def test_package_refuses_runs_whose_training_nodes_disagree(tmp_path, five_copies):
+    path = os.path.join(five_copies[3], "summary.json")
+    summary = json.load(open(path))
+    summary["node"]["host_memory_capacity"] = "2048 GB"
+    json.dump(summary, open(path, "w"))
+    with pytest.raises(HarnessError, match="trained on nodes that disagree on host_memory_capacity"):
+        package.main(five_copies, str(tmp_path / "out"))
 
 
 @pytest.fixture

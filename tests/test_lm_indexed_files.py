@@ -33,6 +33,9 @@ def test_files_hold_the_rows_asked_for_on_ids_spread_over_the_vocabulary(tmp_pat
     source = Source(cfg, 128256)
     source.validate()  # the reader's own checks: header, offsets, ids inside the vocabulary, eval rows
     assert source.indexed_rows(cfg.train_prefix) >= train_rows and source.indexed_rows(cfg.eval_prefix) >= eval_rows
+    # `data count` reads the train file's rows (it said "no files to count" for indexed data)
+    assert source.counts() == {"train_samples": source.indexed_rows(cfg.train_prefix)}
+    assert Source(DataConfig(source="synthetic"), 128256).counts() == {}
     assert set(written) == {cfg.train_prefix, cfg.eval_prefix}
     info = indexed_dataset.open_index(os.path.join(str(tmp_path), cfg.train_prefix))
     assert info.dtype == np.int32 and info.tokens == written[cfg.train_prefix]

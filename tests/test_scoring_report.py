@@ -135,13 +135,46 @@ def test_plot_has_target_line_labels_and_legend():
     for ax in (ax_pos, ax_time):
         dashed = [l for l in ax.get_lines() if l.get_linestyle() == "--"]
         assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [0.759, 0.759]
-        assert ax.get_ylabel() == "eval accuracy" and ax.get_legend() is not None
-        legend = [t.get_text() for t in ax.get_legend().get_texts()]
-        assert "target 0.759" in legend and "result_1.txt (aborted)" in legend
+        assert ax.get_ylabel() == "top-1 accuracy"
+    legend = [t.get_text() for t in ax_time.get_legend().get_texts()]  # one legend, beside the plots
+    assert ax_pos.get_legend() is None and "target >= 0.759" in legend and "result_1.txt (aborted)" in legend
     assert ax_pos.get_xlabel() == "epoch" and ax_time.get_xlabel().startswith("minutes since run_start")
     assert fig._suptitle.get_text() == "resnet test"
     # minutes since run_start: last eval of the 10-minute run sits just before 10
     assert max(ax_time.get_lines()[0].get_xdata()) == pytest.approx(10.0, abs=1e-3)
+
+
+def llm_log(seed, target=0.99, values=(2.1, 0.9), source="synthetic"):
+    """An open llama31_8b run aiming at its own target: evals at samples 64 and 128, log perplexity falling."""
+    out = [line("submission_benchmark", T0, "llama31_8b"), line("submission_org", T0, "Org"),
+           line("submission_platform", T0, "sys"), line("submission_division", T0, "open"),
+           line("init_start", T0), line("seed", T0 + 1, seed), line("target_accuracy", T0 + 1, target),
+           line("harness_data_source", T0 + 1, source), line("init_stop", T0 + 10), line("run_start", T0 + 10)]
+    for i, value in enumerate(values):
+        t = T0 + 1000 * (i + 1)
+        out += [line("eval_start", t - 5, samples_count=64 * (i + 1)),
+                line("eval_accuracy", t, value, samples_count=64 * (i + 1)),
+                line("eval_stop", t + 1, samples_count=64 * (i + 1))]
+    return out + [line("run_stop", T0 + 1000 * len(values) + 5, status="success")]
+
+
+def test_llm_report_draws_perplexity_against_the_runs_own_target(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for seed in (1, 2, 3):
+        (logs / f"result_{seed}.txt").write_text("\n".join(llm_log(seed)) + "\n")
+    write_report([str(logs)], str(tmp_path / "out"))
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert ("Quality target: log perplexity <= 0.99 (open division: the run's own target_accuracy); positions "
+            "in samples") in md
+    assert "| samples to converge | last log perplexity |" in md and "| 128 | 0.9000 |" in md
+    assert "**SYNTHETIC DATA**: 3 of 3 run(s)" in md and "**INCOMPLETE SET**: 3 run(s); llama31_8b needs 10" in md
+    assert "SYNTHETIC DATA; INCOMPLETE SET" in capsys.readouterr().out
+    summaries_ = [summarize(parse_lines(llm_log(s)), f"r{s}") for s in (1, 2)]
+    fig = plot_convergence(summaries_, 0.99, "llm")
+    ax_pos, ax_time = fig.axes
+    assert ax_pos.get_ylabel() == "log perplexity (lower is better)" and ax_pos.get_xlabel() == "samples"
+    assert "target <= 0.99" in [t.get_text() for t in ax_time.get_legend().get_texts()]
 
 
 def test_main_exit_codes(tmp_path):

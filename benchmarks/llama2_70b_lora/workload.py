@@ -24,7 +24,7 @@ from harness.nn.hf_checkpoint import Format
 from harness.train.reference import ReferenceModel, lookup
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.llama2_70b_lora import config, cost
+from benchmarks.llama2_70b_lora import config, cost, peft_format
 from benchmarks.llama2_70b_lora.data import LoraData
 from benchmarks.llama2_70b_lora.data_config import LoraDataConfig
 from benchmarks.lm import hf_names
@@ -74,6 +74,7 @@ class LoraWorkload(DecoderLMWorkload):
     SPLIT_DIMS = {**DecoderLMWorkload.SPLIT_DIMS, **LLAMA_SPLIT_DIMS}
     HF_FORMAT = Format(hf_names.llama_layout, hf_names.llama_config_problems,
                        lambda cfg, dtype: hf_names.llama_config(cfg.model, cfg.data.seq_length, dtype))
+    PEFT_FORMAT = peft_format  # export writes the adapters as PEFT does (harness/export/weights.py)
 
     def __init__(self, cfg, runtime) -> None:
         Workload.__init__(self, cfg, runtime)

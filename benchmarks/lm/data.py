@@ -116,6 +116,14 @@ class Source:
     def indexed_rows(self, prefix: str) -> int:
         return max(0, (indexed_dataset.open_index(self._path(prefix)).tokens - 1) // self.cfg.seq_length)
 
+    def counts(self) -> dict[str, int]:
+        """Rows of seq_length + 1 tokens the train file holds (`data count`; {} for synthetic data, which is
+        generated to fit). Not the eval file's: eval_samples is the rules' number of its first rows (closed:
+        1024), not all it holds; `validate` checks that it holds that many."""
+        if self.cfg.source == "synthetic":
+            return {}
+        return {"train_samples": self.indexed_rows(self.cfg.train_prefix)}
+
     @property
     def train_samples(self) -> int:
         c = self.cfg

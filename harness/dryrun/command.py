@@ -16,7 +16,7 @@ from harness import config as config_lib
 from harness.dryrun.compile import compile_replica
 from harness.dryrun.extrapolate import linear_stand_in, micro_batched_stand_in
 from harness.dryrun.memory import check_device_memory, kept_activations, too_big_for_host
-from harness.dryrun.report import CompileReport
+from harness.dryrun.report import CompileReport, stage, stages_on
 from harness.dryrun.standin import standin_checked
 
 
@@ -32,6 +32,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
     # a size that does not split over the layout is refused here as `run` would refuse it.
     checked = standin_checked(cfg)
     if stand_in and sizes and too_big_for_host(cfg):
+        stage(f"{cfg.workload} is too big to build here: compiling smaller stand-ins and extrapolating")
         pairs = getattr(cfg.workload_class, "DRY_RUN_PAIRS", ())
         if cfg.schedule.gradient_accumulation_steps > 2:
             report = micro_batched_stand_in(config_path, overrides, optimize, cfg, sizes, pairs)
@@ -44,6 +45,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
 
 def main(config_path: str, overrides: list[str], json_path: str | None = None) -> int:
     """`run CONFIG --dry_run`: prints the report (and writes it as JSON); 0, or HarnessError -> 2."""
+    stages_on()
     report = compile_report(config_path, overrides)
     for line in report.lines():
         print(line)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.dryrun.memory import memory_per_device
-from harness.dryrun.report import CompileReport
+from harness.dryrun.report import CompileReport, stage
 from harness.dryrun.standin import DevicePlan, StandInRuntime, standin_checked
 from harness.dryrun.xla import compile_step
 from harness.errors import HarnessError
@@ -73,6 +73,7 @@ def compile_replica(config_path: str, cfg: config_lib.Config, optimize: bool = T
         workload.stand_in_for(full)
     train_spec, eval_spec, data_notes = checked.dry_run_inputs
     own_experts = workload.experts_stay_put() and runtime.hold_own_experts()
+    stage(f"building {cfg.workload}" + (f" (stand-in for {full.workload})" if full is not None else ""))
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
@@ -83,8 +84,10 @@ def compile_replica(config_path: str, cfg: config_lib.Config, optimize: bool = T
     train_batch = _with_batch(train_spec, per_replica)
     eval_batch = _with_batch(dict(eval_spec, **{MASK: tf.TensorSpec([], tf.float32),
                                                 INDEX: tf.TensorSpec([], tf.int64)}), eval_per_replica)
+    stage("compiling the train step" + ("" if optimize else " (trace only)"))
     train = compile_step(steps.train_step, train_batch, cfg.workload, "train", optimize)
     eval_fn, eval_note = eval_replica_fn(steps)
+    stage("compiling the eval step" + ("" if optimize else " (trace only)"))
     evaluation = compile_step(eval_fn, eval_batch, cfg.workload, "eval", optimize)
 
     model_vars = [v for v in runtime.variables() if not v.path.startswith(f"{workload.optimizer.name}/")]

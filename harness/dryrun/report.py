@@ -3,6 +3,7 @@ device, peaks, how each was obtained), printed as lines and written as JSON for 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 
@@ -87,3 +88,17 @@ class CompileReport:
             f"memory source: {self.memory_source}",
         ]
 
+
+
+_STAGES = {"on": False, "started": time.monotonic()}  # `run --dry_run` reports its stages; plan's compile does not
+
+
+def stage(text: str) -> None:
+    """One progress line of `run --dry_run` (a full-size compile can take minutes): what it does now, and when."""
+    if _STAGES["on"]:
+        print(f"dry run [{time.monotonic() - _STAGES['started']:6.0f} s]: {text} ...", flush=True)
+
+
+def stages_on() -> None:
+    """Turns the stage lines on (the `run --dry_run` command; a compile `plan` asks for stays quiet)."""
+    _STAGES.update(on=True, started=time.monotonic())

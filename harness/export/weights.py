@@ -48,8 +48,13 @@ def save(runtime: Any, workload: Any, run_dir: str) -> str:
     return path
 
 
-def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32") -> list[str]:
-    """Writes run `run_dir`'s final weights as a Hugging Face checkpoint directory `out`; the files written."""
+def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32", merged: bool = False) -> list[str]:
+    """Writes run `run_dir`'s final weights as a Hugging Face checkpoint directory `out`; the files written.
+
+    A run with LoRA adapters (a workload with `PEFT_FORMAT`) is written as PEFT writes adapters
+    (adapter_config.json, adapter_model.safetensors), with the frozen base beside them in base/ when the run
+    started from no public checkpoint, and, when `merged`, the base with the adapters folded in under merged/.
+    """
     from safetensors import safe_open
 
     from harness import config as config_lib
@@ -62,21 +67,75 @@ def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32
     if not os.path.exists(weights):
         raise HarnessError(f"{run_dir}: no {FILE}; the run must set save_final_weights: true")
     cfg = config_lib.load_config(config_path, [])
-    fmt = cfg.workload_class.HF_FORMAT
+    workload = cfg.workload_class
+    fmt, peft = workload.HF_FORMAT, getattr(workload, "PEFT_FORMAT", None)
     if fmt is None:
         raise HarnessError(f"{cfg.workload} has no Hugging Face layout to export to")
     stored = hf_checkpoint.variables_file_tensors(weights)
+    lora = peft is not None and any(peft.is_adapter(p) for p in stored)
+    if merged and not lora:
+        raise HarnessError(f"--merged: {run_dir} holds no LoRA adapters to merge (its export is the whole model)")
     layout = fmt.layout(cfg.model, set(), lambda p: p in stored)
     missing = sorted({p for o in layout.outs for p in o.paths if p not in stored})
     if missing:
         raise hf_checkpoint.problems_line(weights, [f"variable {p} missing" for p in missing])
+    size = hf_checkpoint.parse_size(max_shard)
     with safe_open(weights, framework="np") as f:
         tensors, produce = hf_checkpoint.export_tensors(layout, f.get_tensor, DTYPES[dtype])
-        return hf_checkpoint.write_checkpoint(out, tensors, produce, fmt.config(cfg, dtype),
-                                              hf_checkpoint.parse_size(max_shard))
+        if not lora:
+            return hf_checkpoint.write_checkpoint(out, tensors, produce, fmt.config(cfg, dtype), size)
+        return _export_lora(peft, cfg, out, f.get_tensor, tensors, produce, fmt.config(cfg, dtype), size, dtype,
+                            merged)
 
 
-def main(args: list[str], out: str | None, max_shard: str, dtype: str) -> int:
+def _export_lora(peft: Any, cfg: Any, out: str, read: Any, tensors: list, produce: Any, hf_config: dict,
+                 size: int, dtype: str, merged: bool) -> list[str]:
+    """The adapters in PEFT's format in `out`; the base in base/ (no public checkpoint); merged/ on request."""
+    import json
+
+    pairs = peft.adapters(cfg.model, read)
+    adapter = peft.adapter_tensors(pairs)
+    os.makedirs(out, exist_ok=True)
+    hf_checkpoint.write_safetensors(os.path.join(out, "adapter_model.safetensors"),
+                                    [(n, t.shape, DTYPES[dtype]) for n, t in adapter.items()],
+                                    adapter.__getitem__, {"format": "pt"})
+    # The reference's own base is public (and 140 GB): named, not copied. Any other base (a smoke's seeded one)
+    # is written beside the adapters, from the run's own frozen weights: exactly what they were trained on.
+    from harness.train.reference import lookup
+
+    values = cfg.workload_class.REFERENCE_MODEL.values
+    public_base = bool(cfg.model.init_checkpoint) and all(lookup(cfg, k) == v for k, v in values.items())
+    base = peft.REFERENCE_BASE if public_base else "base"
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump(peft.adapter_config(cfg.model, base), f, indent=2, sort_keys=True)
+        f.write("\n")
+    written = ["adapter_config.json", "adapter_model.safetensors"]
+    if not public_base:  # the adapters belong to the run's own randomly initialized base
+        written += [f"base/{n}" for n in hf_checkpoint.write_checkpoint(os.path.join(out, "base"), tensors, produce,
+                                                                        hf_config, size)]
+    if merged:
+        def produce_merged(name: str) -> Any:
+            module = name.removesuffix(".weight")
+            return peft.merged(produce(name), pairs[module], cfg.model) if module in pairs else produce(name)
+
+        written += [f"merged/{n}" for n in hf_checkpoint.write_checkpoint(os.path.join(out, "merged"), tensors,
+                                                                          produce_merged, hf_config, size)]
+    return written
+
+
+def tokenizer_line(run_dir: str) -> str:
+    """Where the exported model's tokenizer comes from (export writes weights only)."""
+    from harness import benchmark_rules as rules
+    from harness import config as config_lib
+
+    cfg = config_lib.load_config(os.path.join(run_dir, "config.yaml"), [])
+    workload = cfg.workload_class
+    reference = getattr(getattr(workload, "REFERENCE_MODEL", None), "values", None) or {}
+    vocab = getattr(cfg.model, "vocab_size", None)
+    return rules.tokenizer_source(workload.MLPERF_KEY, vocab or 0, reference.get("model.vocab_size"))
+
+
+def main(args: list[str], out: str | None, max_shard: str, dtype: str, merged: bool = False) -> int:
     if len(args) != 1:
         raise HarnessError("export takes exactly one RUN_DIR (and --out DIR)")
     if not out:
@@ -87,6 +146,10 @@ def main(args: list[str], out: str | None, max_shard: str, dtype: str) -> int:
     if os.path.isdir(out) and os.listdir(out):
         raise HarnessError(f"--out {out}: not empty; export writes a whole checkpoint into an empty or new "
                            f"directory")
-    files = export(args[0], out, max_shard, dtype)
+    files = export(args[0], out, max_shard, dtype, merged)
+    tokenizer = tokenizer_line(args[0])
+    with open(os.path.join(out, "TOKENIZER.md"), "w") as f:
+        f.write(f"# Tokenizer\n\nNot written by `mlperf-harness export`. Its source: {tokenizer}.\n")
     print(f"wrote {len(files)} file(s) to {out}: {', '.join(files[:4])}{' ...' if len(files) > 4 else ''}")
+    print(f"tokenizer (not written): {tokenizer}")
     return 0

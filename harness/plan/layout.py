@@ -20,7 +20,7 @@ Memory per chip (bytes), checked against the chip's HBM less HEADROOM: the train
 cost's update traffic: AdamW reads weight, gradient and 2 slots and writes weight and 2 slots, 28 B), frozen
 weights, the FSDP working set (the gathered weights of the layer in use and the next one, prefetched), and the
 activations of one micro-batch (split over the model axis) counted as the dry run counts them
-(harness/train/dryrun.py): what the backward pass cannot do without (`kept_activation_bytes`: each layer's
+(harness/dryrun/memory.py): what the backward pass cannot do without (`kept_activation_bytes`: each layer's
 input) decides whether a layout fits, the workload's count of the whole train step (`train_activation_bytes`:
 the harness's attention keeps its scores) is printed beside it as an upper estimate. A layout that does not
 fit is refused in one line naming the smallest change that fits.

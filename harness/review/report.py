@@ -86,7 +86,7 @@ def find_logs(inputs: list[str]) -> list[str]:
 
 
 def plot_convergence(summaries: list[RunSummary], target: float | None, title: str,
-                     labels: list[str] | None = None) -> Figure:
+                     labels: list[str] | None = None, benchmark: str | None = None) -> Figure:
     """Accuracy vs eval position (left) and vs minutes since run_start (right), one line per run.
 
     Minutes are measured from max(run_start, init_stop): the timed region cannot legally begin
@@ -98,6 +98,11 @@ def plot_convergence(summaries: list[RunSummary], target: float | None, title: s
     ax_pos, ax_time = fig.subplots(1, 2)
     labels = labels or [os.path.basename(s.path) for s in summaries]
     axis_name = summaries[0].eval_axis if summaries else "epoch_num"
+    benchmark = benchmark or next((s.benchmark for s in summaries if s.benchmark), None)
+    metric = rules.metric(benchmark)
+    # A benchmark the record counts in samples logs samples as epoch_num too (the checkers read it so).
+    samples = axis_name == "samples_count" or (rules.get(benchmark) is not None and rules.unit(benchmark) == "samples")
+    position = "samples" if samples else "epoch"
     starred = False
     for s, label in zip(summaries, labels):
         if not s.evals:
@@ -116,16 +121,17 @@ def plot_convergence(summaries: list[RunSummary], target: float | None, title: s
         ax_time.plot(minutes, ys, marker="o", markersize=3, color=line.get_color(), label=label)
     for ax in (ax_pos, ax_time):
         if target is not None:
-            ax.axhline(target, linestyle="--", color="black", linewidth=1.2, label=f"target {target:g}")
-        ax.set_ylabel("eval accuracy")
+            ax.axhline(target, linestyle="--", color="black", linewidth=1.2,
+                       label=f"target {rules.relation(benchmark)} {target:g}")
+        ax.set_ylabel(metric + (" (lower is better)" if rules.relation(benchmark) == "<=" else ""))
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc="lower right")
-    ax_pos.set_xlabel("samples" if axis_name == "samples_count" else "epoch")
+    if ax_time.get_legend_handles_labels()[0]:  # one legend, beside the plots: it never covers a curve
+        ax_time.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax_pos.set_xlabel(position)
     ax_time.set_xlabel("minutes since run_start" + ("  (* = since init_stop: run_start logged before it)"
                                                      if starred else ""))
-    ax_pos.set_title("accuracy vs " + ("samples" if axis_name == "samples_count" else "epoch"))
-    ax_time.set_title("accuracy vs time")
+    ax_pos.set_title(f"{metric} vs {position}")
+    ax_time.set_title(f"{metric} vs time")
     fig.suptitle(title)
     return fig
 
@@ -161,11 +167,25 @@ def _load(paths: list[str], targets: dict[str, float] | None) -> tuple[list[Run]
             skipped.append(str(e))
             continue
         summary = summarize(events, p, targets)
-        # The status is judged by a closed target, or by the caller's; an open run sets its own.
+        # The status is judged by a closed target, or by the caller's; an open run sets its own, which its log
+        # states as target_accuracy: drawn and judged against that, not the closed one.
         given = bool(targets) and summary.benchmark in targets
+        own = open_target(events) if summary.division == "open" and not given else None
+        if own is not None:
+            summary.target, summary.ruleset = own, None
         status = check_status(events, summary.target if given or summary.division != "open" else None)
         runs.append(Run(summary, events, check_integrity(events, bad_lines=bad) + status))
     return runs, skipped
+
+
+def open_target(events: list[LogEvent]) -> float | None:
+    """An open-division log's own quality target (its target_accuracy), or None."""
+    value = next((e.value for e in events if e.key == "target_accuracy"), None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _synthetic(run: Run) -> bool:
+    return any(e.key == "harness_data_source" and e.value == "synthetic" for e in run.events)
 
 
 def _submission_system(path: str) -> str:
@@ -185,9 +205,10 @@ def _group(runs: list[Run]) -> list[ResultSet]:
 
 def _run_table(rs: ResultSet, names: dict[str, str]) -> list[str]:
     axis = rs.runs[0].summary.eval_axis if rs.runs else "epoch_num"
-    unit = "samples" if axis == "samples_count" else "epochs"
+    unit = rules.unit(rs.key[0]) if rules.get(rs.key[0]) else "samples" if axis == "samples_count" else "epochs"
+    metric = rules.metric(rs.key[0])
     lines = [
-        f"| file | seed | status | time to train (min) | {unit} to converge | last accuracy | init (s) "
+        f"| file | seed | status | time to train (min) | {unit} to converge | last {metric} | init (s) "
         "| train (s) | eval (s) | throughput (samples/s) | findings |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -222,12 +243,29 @@ def _set_target(rs: ResultSet) -> float | None:
 
 
 def _target_line(rs: ResultSet) -> str:
+    """The set's metric, direction, target and where the target comes from, and its division."""
     target = _set_target(rs)
+    metric, unit = rules.metric(rs.key[0]), rules.unit(rs.key[0])
     if target is None:
-        return "Quality target: unknown"
+        return f"Quality target: unknown ({metric}; positions in {unit})"
     first = next(r.summary for r in rs.runs if r.summary.target is not None)
-    where = f" (closed, ruleset {first.ruleset})" if first.ruleset else ""
-    return f"Quality target: {rules.relation(first.benchmark)} {target:g}{where}"
+    where = (f"closed, ruleset {first.ruleset}" if first.ruleset else
+             f"{first.division or 'open'} division: the run's own target_accuracy")
+    return (f"Quality target: {metric} {rules.relation(first.benchmark)} {target:g} ({where}); positions in "
+            f"{unit}")
+
+
+def _set_flags(rs: ResultSet) -> list[str]:
+    """What makes the set no MLPerf result however it scores: synthetic data, too few runs."""
+    flags = []
+    synthetic = [r for r in rs.runs if _synthetic(r)]
+    if synthetic:
+        flags.append(f"**SYNTHETIC DATA**: {len(synthetic)} of {len(rs.runs)} run(s) trained on synthetic data; "
+                     f"not an MLPerf result")
+    required = rules.runs_required(rs.key[0])
+    if required is not None and len(rs.runs) < required:
+        flags.append(f"**INCOMPLETE SET**: {len(rs.runs)} run(s); {rs.key[0]} needs {required} for a result")
+    return flags
 
 
 def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, quiet: bool = False) -> str:
@@ -253,7 +291,8 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
                 f.message = f.message.replace(p, n)
         target = _set_target(rs)
         fig = plot_convergence([r.summary for r in rs.runs], target, f"{rs.label} convergence",
-                               [names[r.summary.path] for r in rs.runs])
+                               [names[r.summary.path] for r in rs.runs],
+                               None if rs.key[0] == "unknown" else rs.key[0])
         rs.plot_path = os.path.join(out_dir, f"convergence_{_safe_name('_'.join(k for k in rs.key if k))}.png")
         fig.savefig(rs.plot_path, dpi=110)
 
@@ -269,6 +308,8 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
         md += [f"## {rs.label}", ""]
         md.append(_target_line(rs))
         md.append("")
+        for flag in _set_flags(rs):
+            md += [flag, ""]
         md += _run_table(rs, names)
         md.append("")
         md += _score_lines(rs.score, names)
@@ -301,7 +342,8 @@ def write_report(inputs: list[str], out_dir: str, targets: dict | None = None, q
             text = f"{score.score_min:.3f} min" if score.score_min is not None else f"none ({score.reason})"
             errors = sum(f.severity == "error" for r in rs.runs for f in r.findings) + \
                 sum(f.severity == "error" for f in rs.seed_findings)
-            print(f"  {rs.label}: {len(rs.runs)} run(s), olympic score {text}, {errors} integrity error(s)")
+            flags = "".join(f"; {f.split(':', 1)[0].strip('*')}" for f in _set_flags(rs))
+            print(f"  {rs.label}: {len(rs.runs)} run(s), olympic score {text}, {errors} integrity error(s){flags}")
     return report_path
 
 

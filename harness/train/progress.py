@@ -21,8 +21,12 @@ class Progress:
     gets `Progress(enabled=False)`, which does nothing."""
 
     def __init__(self, enabled: bool = True, tensorboard_dir: str | None = None, unit: str = "epoch",
-                 metric: str = "accuracy", target: float = 0.0, relation: str = ">=") -> None:
+                 metric: str = "accuracy", target: float = 0.0, relation: str = ">=",
+                 eval_steps: tuple[int, ...] = (), global_batch: int = 0) -> None:
         self.enabled = enabled
+        # The steps the schedule evaluates at; the last one is the run's budget (its max_epochs).
+        self.eval_steps = tuple(sorted(eval_steps))
+        self.global_batch = global_batch
         self.relation = relation  # '<=' for a lower-is-better metric (a validation loss)
         self.unit = unit
         self.metric = metric
@@ -46,8 +50,9 @@ class Progress:
             return
         if print_line:
             eta = f"{to_next_eval_s:7.1f} s" if to_next_eval_s is not None else "      ?"
-            self.line(f"  step {step:>8} | {self.unit} {position:>10} | loss {loss:8.4f} | lr {lr:.4g} | "
-                      f"{samples_per_s:9.1f} samples/s | next eval in {eta}{_wait_column(input_wait)}")
+            self.line(f"  step {step:>8} | {self.unit} {position:>10}{self._budget(step)} | loss {loss:8.4f} | "
+                      f"lr {lr:.4g} | {samples_per_s:9.1f} samples/s | next eval in {eta}"
+                      f"{_wait_column(input_wait)}")
         scalars = {"train/loss": loss, "train/learning_rate": lr, "train/samples_per_s": samples_per_s}
         if input_wait is not None:
             scalars["train/input_wait_share"] = input_wait
@@ -58,10 +63,24 @@ class Progress:
         if not self.enabled:
             return
         score = metrics[self.metric]
-        self.line(f"{self.unit} {position:>8} | loss {loss:8.4f} | {samples_per_s:9.1f} samples/s | "
+        self.line(f"{self.unit} {position:>8}{self._budget(step)} | loss {loss:8.4f} | "
+                  f"{samples_per_s:9.1f} samples/s | "
                   f"eval {self.metric} {score:.4f} (target {self.relation} {self.target}) | elapsed {elapsed_s:7.1f} s"
-                  f"{_wait_column(input_wait)}")
+                  f"{self._next_eval(step, samples_per_s)}{_wait_column(input_wait)}")
         self._scalars(step, {f"eval/{name}": value for name, value in metrics.items()})
+
+    def _budget(self, step: int) -> str:
+        """' (12% of budget)': the share of the run's step budget (its last eval point) done."""
+        if not self.eval_steps:
+            return ""
+        return f" ({min(step / self.eval_steps[-1], 1.0):4.0%} of budget)"
+
+    def _next_eval(self, step: int, samples_per_s: float) -> str:
+        """' | next eval in ~N s' at the measured training rate; '' after the last eval of the budget."""
+        later = [s for s in self.eval_steps if s > step]
+        if not later or samples_per_s <= 0 or not self.global_batch:
+            return ""
+        return f" | next eval in ~{(later[0] - step) * self.global_batch / samples_per_s:.1f} s"
 
     def input_wait(self, share: float, what: str) -> None:
         """The run's verdict on its input: the share of training time its steps waited for data."""

@@ -121,6 +121,9 @@ def execute(config_path: str, overrides: list[str], output_dir: str | None = Non
         synthetic = " on SYNTHETIC data" if workload.is_synthetic else f" on {workload.data_source} data"
         print(f"{cfg.workload}: {runtime.description}, global batch {cfg.schedule.global_batch_size}, "
               f"target {workload.target}{synthetic}", flush=True)
+        tensorboard = os.path.join(run_dir, "tensorboard") if cfg.tensorboard else "off (set tensorboard: true)"
+        print(f"output: {run_dir}\nlog: {log_path} (named {os.path.basename(open_path)} until the run ends)\n"
+              f"tensorboard: {tensorboard}", flush=True)
     log = MLPerfLog(open_path if chief else None)
     try:
         with interrupt.last_words(log.interrupted):  # a run stuck past the signal's grace ends its log too
@@ -148,7 +151,8 @@ def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPe
     """The loop under the data service's stall guard, with progress lines (and TensorBoard when configured)."""
     workload, wait = checked.workload, InputWait()
     progress = Progress(runtime.is_chief, os.path.join(run_dir, "tensorboard") if cfg.tensorboard else None,
-                        checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation)
+                        checked.schedule.unit, workload.METRIC, workload.target, workload.target_relation,
+                        tuple(p.step for p in checked.schedule.points), cfg.schedule.global_batch_size)
     with data_service.StallGuard(wait, pipeline_config(cfg.data).service):
         # The submission keys come after init_start, so the loop calls back for them.
         result = run_timed(runtime, workload, log,
@@ -200,6 +204,14 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
         diagnosis = size_bound.diagnose(log_path, list(verdicts), workload.SIZE_BOUND)
         if diagnosis is not None:
             summary["size_bound"] = diagnosis
+    # The implementation as it ran: pinned environment, and the uncommitted changes of a dirty checkout.
+    with open(os.path.join(run_dir, "requirements.txt"), "w") as f:
+        f.write(sysinfo.pinned_requirements())
+    changes = sysinfo.harness_changes()
+    summary["harness_dirty"] = bool(changes)
+    if changes:
+        with open(os.path.join(run_dir, "harness_changes.diff"), "w") as f:
+            f.write(changes)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
@@ -249,6 +261,9 @@ def build_summary(cfg: config_lib.Config, workload: Any, runtime: Any, result: R
         "host": {"python": platform.python_version(), "tensorflow": tf.__version__,
                  "machine": platform.machine()},
         "harness_commit": sysinfo.harness_commit(),
+        # The training node's facts: `package` describes the system from these, not from where it packages.
+        "node": sysinfo.node_facts(runtime.device_type, runtime.num_replicas // max(runtime.num_hosts, 1),
+                                   runtime.num_hosts, device_name(cfg, runtime)),
     }
     summary.update(mfu.model_flops(cfg, result.samples_per_s, platforms.devices_used(runtime),
                                    runtime.device_type, device_name(cfg, runtime)))
