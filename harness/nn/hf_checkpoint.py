@@ -109,6 +109,11 @@ class Layout:
     outs: list[Out]
     neutral: list[Neutral] = dataclasses.field(default_factory=list)
     ignore: Callable[[str], bool] = lambda name: False
+    # (LM head tensor, embedding tensor) where the head may be the embedding: a checkpoint without the head
+    # is read tied only when its config.json says tie_word_embeddings (transformers' rule; these models'
+    # configs default to false), and one that says so while holding a head of its own is refused (transformers
+    # would use the embedding, the layout the head)
+    tie: tuple[str, str] | None = None
 
     def expected(self) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """Checkpoint tensor name -> (shape, accepted dtypes) for every tensor some variable reads."""
@@ -280,8 +285,18 @@ class Checkpoint:
             return f.get_slice(name)[index]
 
 
+# Bytes per element of each safetensors dtype (the format's own list: huggingface/safetensors, safetensors/src/
+# tensor.rs `Dtype`); sub-byte dtypes (F4, F6) are left out: their sizes are not whole bytes per element.
+ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
 def read_header(file: str) -> dict[str, Any]:
-    """A safetensors file's JSON header (8-byte little-endian length, then the JSON)."""
+    """A safetensors file's JSON header (8-byte little-endian length, then the JSON), checked against the file
+    as the library checks it when it opens one (huggingface/safetensors `Metadata::validate`): each tensor's
+    data_offsets span exactly its shape x dtype bytes, the tensors tile the data without gap or overlap, and
+    the data end where the file ends. A file cut short, offsets past the end or a dtype that lies is a
+    ValueError here, before a log opens, not a SafetensorError at the first read."""
     with open(file, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -290,14 +305,35 @@ def read_header(file: str) -> dict[str, Any]:
         if n > 100 * 2 ** 20:
             raise ValueError(f"header of {n} bytes")
         header = json.loads(f.read(n))
+        size = os.fstat(f.fileno()).st_size
     if not isinstance(header, dict):
         raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
         if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
                 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])):
             raise ValueError(f"its header entry {name!r} is not {{dtype, shape, data_offsets}}")
+        offsets = info.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+        item = ITEM_BYTES.get(info["dtype"])
+        if item is not None and offsets[1] - offsets[0] != math.prod(info["shape"]) * item:
+            raise ValueError(f"tensor {name!r} ({info['dtype']} {info['shape']}) needs "
+                             f"{math.prod(info['shape']) * item} bytes, its data_offsets span "
+                             f"{offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise ValueError(f"tensor {name!r} starts at data byte {begin}, not {end} (a gap or an overlap)")
+        end = stop
+    if 8 + n + end != size:
+        raise ValueError(f"the header says {8 + n + end} bytes, the file has {size} "
+                         f"({'cut short' if size < 8 + n + end else 'trailing bytes'})")
     return header
 
 
@@ -305,6 +341,15 @@ def check(ckpt: Checkpoint, layout: Layout, config_problems: list[str]) -> list[
     """Every problem of loading `ckpt` into `layout`: config.json mismatches first, then per tensor."""
     problems = list(config_problems)
     expected = layout.expected()
+    if layout.tie:
+        head, embedding = layout.tie
+        tied = ckpt.config.get("tie_word_embeddings", False)
+        if head not in ckpt.meta and tied is not True:
+            problems.append(f"tensor {head} missing (config.json tie_word_embeddings={tied}: transformers does not "
+                            f"tie it to {embedding}, so the LM head has no weight)")
+        elif head in ckpt.meta and tied is True:
+            problems.append(f"tensor {head} present but config.json tie_word_embeddings=true: transformers ties "
+                            f"the LM head to {embedding} and ignores it")
     neutral = {n.name: n for n in layout.neutral}
     for name, (shape, dtypes) in expected.items():
         if name not in ckpt.meta:
