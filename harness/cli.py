@@ -47,10 +47,11 @@ class _QuietLoader(importlib.abc.Loader):
             os.dup2(captured.fileno(), 2)
             try:
                 self.loader.exec_module(module)
-            except BaseException:
+            except BaseException as e:
                 os.dup2(saved, 2)
-                captured.seek(0)
-                sys.stderr.write(captured.read().decode(errors="replace"))
+                if not isinstance(e, KeyboardInterrupt):  # an interrupt is the user's, not the import's fault
+                    captured.seek(0)
+                    sys.stderr.write(captured.read().decode(errors="replace"))
                 raise
             finally:
                 os.dup2(saved, 2)

@@ -191,6 +191,11 @@ class Checker:
             self.problems.append(f"config.json has no {key} (the model has {model_key}={want})")
         elif close and (isinstance(got, bool) or not isinstance(got, (int, float))):
             self.problems.append(f"config.json {key}={got!r} is not a number (the model has {model_key}={want})")
+        elif type(got) is not type(want) and not (close and isinstance(want, (int, float))) and \
+                not (isinstance(got, int) and isinstance(want, float)):
+            # "64" is not 64: transformers would fail on (or misread) the string; name the type
+            self.problems.append(f"config.json {key}={got!r} is {type(got).__name__}, not {type(want).__name__} "
+                                 f"(the model has {model_key}={want!r})")
         elif (not math.isclose(float(got), float(want), rel_tol=1e-6)) if close else got != want:
             self.problems.append(f"config.json {key}={got}, the model has {model_key}={want}")
 

@@ -1,0 +1,169 @@
+"""Faults and bad inputs that once ended in a traceback, a hang, a wrong success or an unclear line: each now
+one `error:` line with its exit code, or the documented behaviour. Cheap on purpose: in process where the
+case allows, one small subprocess where it needs a process of its own. (Cases with tests elsewhere:
+tests/test_hf_offpath.py for damaged checkpoints and export's damaged weights, tests/test_cli_help.py for a
+stray flag and a closed stdout, tests/test_rcp_public.py for copies of one pilot, tests/test_data_service.py
+for Ctrl-C to a dispatcher and its workers.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.errors import HarnessError
+
+from conftest import REPO, cli_in_process, stderr_error_lines
+
+pytestmark = pytest.mark.quick
+
+
+def one_error(proc, words: str) -> str:
+    lines = stderr_error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------ configs
+
+def config_refusal(path) -> str:
+    """The HarnessError the config reader raises (the CLI prints it as its one `error:` line)."""
+    from harness import config as config_lib
+
+    with pytest.raises(HarnessError) as e:
+        config_lib.load_config(str(path), [])
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_deeply_nested_yaml_is_one_line(tmp_path):
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("model: " + "[" * 20000 + "]" * 20000 + "\n")
+    assert "flow.yaml" in config_refusal(flow)
+    block = tmp_path / "block.yaml"
+    block.write_text("model:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(60)) + "  " * 61 + "v: 1\n")
+    assert "nested more than 50 levels deep" in config_refusal(block)
+
+
+@pytest.mark.parametrize("levels", [9, 10])
+def test_yaml_alias_bombs_are_one_short_line(tmp_path, levels):
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines + [f"check_rulesets: *a{levels - 1}"]) + "\n")
+    line = config_refusal(path)
+    assert "once its YAML aliases are expanded" in line and len(line) < 300
+
+
+def test_a_huge_config_is_refused_by_size(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("model: {note: '" + "a" * 1_100_000 + "'}\n")
+    assert "a config is a few KB" in config_refusal(path)
+
+
+# ------------------------------------------------------------------------------------------ logs
+
+def test_a_log_with_one_huge_line_is_named_not_checked_forever(tmp_path):
+    from harness.review import logparse
+
+    path = tmp_path / "huge_line.txt"
+    head = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "submission_benchmark", ' \
+           '"value": "resnet", "metadata": {}}\n'
+    path.write_text(head + ":::MLLOG " + "x" * (logparse.MAX_LINE_CHARS + 10) + "\n")
+    one_error(cli_in_process("check", str(path)), "line 2 is longer than 1,000,000 characters")
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+def test_a_string_number_in_config_json_names_its_type():
+    from harness.nn.hf_checkpoint import Checker
+
+    c = Checker({"hidden_size": "64", "rms_norm_eps": 1e-5, "num_layers": 2})
+    c.same("hidden_size", 64, "model.hidden_size")
+    c.same("rms_norm_eps", 1e-5, "model.norm_epsilon", close=True)
+    c.same("num_layers", 2, "model.num_layers")
+    assert c.problems == ["config.json hidden_size='64' is str, not int (the model has model.hidden_size=64)"]
+
+
+def test_two_exports_into_one_new_folder_never_mix(tmp_path, monkeypatch):
+    """Fault case: two exports 0.3 s apart both succeeded into one folder. The second to finish now finds the
+    folder filled and says so; the first's files are whole."""
+    from harness.train import export
+
+    out = tmp_path / "same"
+
+    def fake_export(run_dir, staging, max_shard, dtype):
+        if not out.exists():   # the other export finishes first, while this one is writing
+            out.mkdir()
+            (out / "config.json").write_text("{}")
+        with open(os.path.join(staging, "model.safetensors"), "w") as f:
+            f.write("mine")
+        return ["model.safetensors"]
+
+    monkeypatch.setattr(export, "export", fake_export)
+    with pytest.raises(HarnessError, match="filled by another writer while this export ran"):
+        export.main([str(tmp_path / "run")], str(out), "5GB", "float32")
+    assert sorted(os.listdir(out)) == ["config.json"]
+    assert [p for p in os.listdir(tmp_path) if "partial" in p] == []   # its staging folder is gone
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+def test_a_campaigns_run_ends_when_the_campaign_is_killed(tmp_path):
+    """Fault case: SIGKILL to a campaign left its run training. The run is started with a death signal."""
+    parent = (
+        "import subprocess, sys, time\n"
+        "from harness.submission.campaign import end_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], preexec_fn=end_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        proc.kill()
+        proc.wait(timeout=30)
+        for _ in range(300):   # up to 30 s for the kernel's signal and the child's exit
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split()[2] == "Z":   # ended, not yet reaped by init
+                    break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the campaign's run outlived the campaign")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_interrupt_during_the_tensorflow_import_replays_nothing(capfd):
+    """Fault case: SIGINT inside `import tensorflow` printed TensorFlow's captured start-up lines before the
+    error line. The captured lines are replayed for a failed import only, not for an interrupt."""
+    from harness import cli
+
+    class Loader:
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module, error=KeyboardInterrupt):
+            os.write(2, b"I0000 start-up line\n")
+            raise error()
+
+    with pytest.raises(KeyboardInterrupt):
+        cli._QuietLoader(Loader()).exec_module(None)
+    assert capfd.readouterr().err == ""
+
+    class Failing(Loader):
+        def exec_module(self, module):
+            super().exec_module(module, ImportError)
+
+    with pytest.raises(ImportError):
+        cli._QuietLoader(Failing()).exec_module(None)
+    assert "I0000 start-up line" in capfd.readouterr().err
