@@ -167,3 +167,55 @@ def test_an_interrupt_during_the_tensorflow_import_replays_nothing(capfd):
     with pytest.raises(ImportError):
         cli._QuietLoader(Failing()).exec_module(None)
     assert "I0000 start-up line" in capfd.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ data
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_lora_split_that_scores_nothing_is_one_line_before_the_log(tmp_path, split):
+    """Fault cases: eval rows with every label -100 gave "eval loss 0.0000" and a successful, checker-passing
+    run; train rows so gave a non-finite loss at step 8. Refused when the source is checked, before the log."""
+    import numpy as np
+
+    from benchmarks.llama2_70b_lora.data import IGNORE, LoraData, LoraDataConfig, write_parquet
+
+    rng = np.random.default_rng(0)
+    for name, rows in (("train", 7), ("eval", 5)):
+        ids = rng.integers(0, 32, size=[rows, 16]).astype(np.int32)
+        labels = ids.copy()
+        if name == split:
+            labels[:, 1:] = IGNORE   # the first position's label never counts (the model shifts labels)
+        file = "train-00000-of-00001.parquet" if name == "train" else "validation-00000-of-00001.parquet"
+        write_parquet(str(tmp_path / file), ids, labels)
+    data = LoraData(LoraDataConfig(source="parquet", data_dir=str(tmp_path), eval_samples=5), 16, 32)
+    with pytest.raises(HarnessError, match="every label past each row's first position is -100") as e:
+        data.validate()
+    assert ("nothing to learn from" if split == "train" else "eval would score nothing") in str(e.value)
+
+
+def test_data_count_reads_indexed_files(tmp_path):
+    """Fault case: `data count` on indexed files said "has no files to count"."""
+    import numpy as np
+
+    from benchmarks.lm import indexed_dataset
+    from benchmarks.lm.config import DataConfig
+    from benchmarks.lm.data import Source
+
+    rng = np.random.default_rng(0)
+    indexed_dataset.write(str(tmp_path / "train"), [rng.integers(1, 60, 200) for _ in range(5)])
+    indexed_dataset.write(str(tmp_path / "eval"), [rng.integers(1, 60, 100)])
+    cfg = DataConfig(source="indexed", data_dir=str(tmp_path), train_prefix="train", eval_prefix="eval",
+                     seq_length=32, eval_samples=1)
+    assert Source(cfg, 64).counts() == {"train_samples": (1000 - 1) // 32, "eval_samples": (100 - 1) // 32}
+    assert Source(DataConfig(source="synthetic"), 64).counts() == {}
+
+
+def test_a_non_utf8_manifest_is_named(tmp_path):
+    """Fault case: `data verify --manifest` on a non-UTF-8 file said "input is not UTF-8 text" naming no file."""
+    from harness.train import data_verify
+
+    path = tmp_path / "manifest.yaml"
+    path.write_bytes(b"workload: resnet\nnote: \xff\xfe\n")
+    with pytest.raises(HarnessError) as e:
+        data_verify.load_manifest("resnet", str(path))
+    assert str(e.value).startswith(f"{path}: not UTF-8 text (byte b'\\xff'")
