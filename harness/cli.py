@@ -377,8 +377,9 @@ def dispatch(argv: list[str]) -> int:
         stray = stray_flag(command)
         if stray:
             raise HarnessError(stray)
-        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
-        with interrupt.handled(command in ("run", "campaign")):
+        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py);
+        # package too, with one line, its tree left marked incomplete
+        with interrupt.handled(command in ("run", "campaign", "package")):
             return COMMANDS[command](args)
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -219,3 +219,22 @@ def test_a_non_utf8_manifest_is_named(tmp_path):
     with pytest.raises(HarnessError) as e:
         data_verify.load_manifest("resnet", str(path))
     assert str(e.value).startswith(f"{path}: not UTF-8 text (byte b'\\xff'")
+
+
+def test_a_failed_log_write_stops_with_one_line_naming_the_log(tmp_path):
+    """Fault case: a full disk during a run gave a `--- Logging error ---` traceback per line while the run
+    trained on. The first failed write raises an OSError naming the log (the CLI's one `error:` line, exit 2);
+    later writes and the close add nothing."""
+    from harness.errors import describe_os_error
+    from harness.mlperf import MLPerfLog
+
+    path = str(tmp_path / "result_1.txt")
+    log = MLPerfLog(path)
+    log.event("submission_benchmark", "resnet")
+    log._handler.stream = open("/dev/full", "w")   # writes fail as on a full disk (ENOSPC)
+    with pytest.raises(OSError) as e:
+        log.event("eval_accuracy", 0.5)
+    assert describe_os_error(e.value) == f"No space left on device (writing the MLPerf log; the run stops): {path}"
+    log.end("run_stop", metadata={"status": "aborted"})   # the run's clean-up: nothing more, no second error
+    log.close()
+    assert os.path.exists(path)
