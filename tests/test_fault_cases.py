@@ -238,3 +238,42 @@ def test_a_failed_log_write_stops_with_one_line_naming_the_log(tmp_path):
     log.end("run_stop", metadata={"status": "aborted"})   # the run's clean-up: nothing more, no second error
     log.close()
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("damage, says", [("not_jpeg", "has an image/encoded that is not a JPEG"),
+                                          ("label", "has image/class/label minus data.label_offset")])
+def test_a_bad_resnet_eval_record_met_mid_run_names_its_file_and_record(tmp_path, damage, says):
+    """Fault case: a bad JPEG or label in an eval shard named no file ("Unknown image file format", or only
+    the validation-*-of-* pattern). The eval records now carry their file and number into the checks."""
+    import tensorflow as tf
+
+    from benchmarks.resnet.config import DataConfig
+    from benchmarks.resnet.data import TFRecordSource
+    from harness.errors import BAD_DATA_MARK
+
+    good = tf.io.encode_jpeg(tf.zeros([8, 8, 3], tf.uint8)).numpy()
+
+    def example(encoded: bytes, label: int) -> bytes:
+        feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
+                   "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    files = [str(tmp_path / f"validation-0000{i}-of-00002") for i in range(2)]
+    for i, path in enumerate(files):
+        with tf.io.TFRecordWriter(path) as w:
+            for j in range(3):
+                bad = (i, j) == (1, 2)
+                w.write(example(b"GIF89a..." if bad and damage == "not_jpeg" else good,
+                                5000 if bad and damage == "label" else 1))
+    source = TFRecordSource(DataConfig(source="tfrecord", data_dir=str(tmp_path), image_size=8, num_classes=10))
+    ds = source.eval_records().map(source.eval_parse)
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        for _ in ds:
+            pass
+    assert BAD_DATA_MARK in e.value.message
+    from types import SimpleNamespace
+
+    from harness.train import run
+
+    line = str(run._as_harness_error(e.value, None, SimpleNamespace(kind="local")))
+    assert line.startswith(f"corrupt input data: eval record 2 of {files[1]} {says}"), line
