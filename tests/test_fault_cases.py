@@ -1,9 +1,22 @@
 """Faults and bad inputs that once ended in a traceback, a hang, a wrong success or an unclear line: each now
 one `error:` line with its exit code, or the documented behaviour. Cheap on purpose: in process where the
-case allows, one small subprocess where it needs a process of its own. (Cases with tests elsewhere:
-tests/test_hf_offpath.py for damaged checkpoints and export's damaged weights, tests/test_cli_help.py for a
-stray flag and a closed stdout, tests/test_rcp_public.py for copies of one pilot, tests/test_data_service.py
-for Ctrl-C to a dispatcher and its workers.)"""
+case allows, one small subprocess where it needs a process of its own.
+
+Where each case of the last fault run is tested:
+- here: YAML nested deep, alias bombs (312 MB line, MemoryError), a 100 MB config; a log with a 50 MB line;
+  config.json numbers as strings; two exports into one folder; a campaign killed by SIGKILL; SIGINT inside
+  the TensorFlow import; LoRA train/eval splits that score no token; `data count` on indexed files; a
+  non-UTF-8 manifest; a full disk under the log; a bad label or image in a ResNet eval shard met mid-run.
+- tests/test_hf_offpath.py: safetensors cut short, offsets past the end, a lying dtype (import), damaged final
+  weights (export). tests/test_cli_help.py: a flag the command does not read, a closed stdout.
+  tests/test_rcp_public.py: copies of one pilot. tests/test_data_service.py: Ctrl-C to a dispatcher and its
+  workers (the fleet fixture's teardown). tests/test_campaign_package.py: SIGTERM to `package`.
+Not made clean, and why: a TFRecord failing its checksum mid-run ("corrupted record at N") still names no
+shard: the error is raised inside tf.data's C++ reader, which does not say which file it was reading, and
+finding it means re-reading the shards (all of ImageNet's, for an eval error) after the failure; the line
+says the data are corrupt (`data verify --hashes` names a file whose published hash it no longer matches,
+for the sets whose references publish hashes).
+"""
 from __future__ import annotations
 
 import os

@@ -124,6 +124,18 @@ def test_generated_round_logs_get_the_official_verdict(tmp_path, benchmark, batc
         assert r.verdict == ("PASS" if passed else "FAIL") and passed == (speed > 1), (speed, message)
 
 
+def test_a_log_of_a_round_not_yet_dated_takes_the_newest_ruleset_and_says_so(tmp_path):
+    """The 6.x rounds: no published results to date them by, so the benchmark's newest ruleset, said so."""
+    with rcp._quiet_logging():
+        checker = official.RCP_Checker("training", "6.1.0", "gpt_oss_20b", False)
+        mean = float(rcp.checker_record(checker, 16)[1]["RCP Mean"])
+    for i in range(10):
+        _log(tmp_path / f"result_{i}.txt", "gpt_oss_20b", 16, int(1.02 * mean) + 1000 * i, "2026-09-01")
+    r = rcp.rcp_report([str(tmp_path)])
+    assert r.ruleset == "6.1.0" and "does not tell its round" in r.reading.ruleset_why
+    assert r.verdict == ("PASS" if official_verdict(str(tmp_path), "6.1.0", False)[0] else "FAIL") == "PASS"
+
+
 def test_round_dates_and_undatable_logs():
     ms = lambda day: datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc).timestamp() * 1000  # noqa: E731
     assert rcp_reading.round_of_date(ms("2021-10-16"))[0] == "1.1.0"
