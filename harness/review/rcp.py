@@ -353,8 +353,8 @@ def format_report(r: RcpReport) -> list[str]:
         lines.append("  hyperparameters differ from the RCP entry at this batch (the first log's values):")
         lines += [f"      {m}" for m in r.mismatches]
     if r.neighbours:
-        lines.append("  no RCP entry holds this batch (interpolated), so no hyperparameters are this batch's; "
-                     "the first log's against both neighbours:")
+        lines.append("  the checker interpolates at this batch (no entry of its pruned RCPs holds it), so no RCP "
+                     "hyperparameters are this batch's; the first log's against both neighbours:")
         for name, diffs in r.neighbours.items():
             lines.append(f"    {name}: " + ("the same" if not diffs else "; ".join(diffs)))
     return lines
