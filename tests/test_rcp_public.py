@@ -163,3 +163,12 @@ def test_copies_of_one_pilot_are_refused(tmp_path):
         proc = cli_in_process("check", *flags, str(tmp_path))
         lines = stderr_error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1 and "a copy of" in lines[0], proc.stderr
+
+
+def test_a_date_in_a_round_without_the_benchmark_tells_nothing(tmp_path):
+    """llama31_8b came in 5.1: a log dated in the 5.0 round is not that round's (a clock, a resubmission)."""
+    from harness.review import logparse
+
+    path = _log(tmp_path / "result_0.txt", "llama31_8b", 32, 1_000_000, "2025-03-01")
+    ruleset, why = rcp_reading.choose_ruleset(path, logparse.parse_log(path), None)
+    assert ruleset == "6.1.0" and "does not tell its round" in why

@@ -61,6 +61,13 @@ def _first_time(events: list[Any]) -> float:
     return next((float(e.time_ms) for e in events if isinstance(e.time_ms, (int, float)) and e.time_ms > 0), 0.0)
 
 
+def _rulesets_of(benchmark: Any) -> tuple[str, ...]:
+    from harness import benchmark_rules as rules
+
+    rec = rules.get(benchmark)
+    return rec.rulesets if rec is not None else ()
+
+
 def choose_ruleset(path: str, events: list[Any], given: str | None) -> tuple[str, str]:
     """(ruleset, why) for the logs whose first is `path` (parsed: `events`)."""
     from harness.review import logparse
@@ -71,13 +78,15 @@ def choose_ruleset(path: str, events: list[Any], given: str | None) -> tuple[str
     for name, source in (("summary.json", summary), ("config.yaml", cfg)):
         if source and source.get("ruleset"):
             return str(source["ruleset"]), f"the one the run named ({name} beside {path})"
+    benchmark = next((e.value for e in events if e.key == "submission_benchmark"), None)
     dated = round_of_date(_first_time(events))
+    if dated and dated[0] not in _rulesets_of(benchmark):
+        dated = None  # a round without this benchmark: the date is not its round's (a resubmission, a clock)
     if dated:
         ruleset, day = dated
         published = dict(ROUND_PUBLISHED)[ruleset]
         return ruleset, (f"the log's round, told by its date: run on {day}, before round {ruleset[:-2]}'s results "
                          f"({published}) and after the previous round's; --ruleset overrides")
-    benchmark = next((e.value for e in events if e.key == "submission_benchmark"), None)
     ruleset = logparse.log_ruleset(path, events, (summary, cfg))
     if ruleset is None:
         raise HarnessError(f"{path}: benchmark {benchmark!r} is not one an MLPerf ruleset knows")
