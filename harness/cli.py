@@ -5,6 +5,7 @@ Bad input raises HarnessError anywhere below; this is the one place that turns i
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import importlib.machinery
 import os
@@ -46,10 +47,11 @@ class _QuietLoader(importlib.abc.Loader):
             os.dup2(captured.fileno(), 2)
             try:
                 self.loader.exec_module(module)
-            except BaseException:
+            except BaseException as e:
                 os.dup2(saved, 2)
-                captured.seek(0)
-                sys.stderr.write(captured.read().decode(errors="replace"))
+                if not isinstance(e, KeyboardInterrupt):  # an interrupt is the user's, not the import's fault
+                    captured.seek(0)
+                    sys.stderr.write(captured.read().decode(errors="replace"))
                 raise
             finally:
                 os.dup2(saved, 2)
@@ -133,27 +135,75 @@ flags.DEFINE_string("dispatcher", None, "data-service worker: the dispatcher's H
 flags.DEFINE_string("advertise", "", "data-service worker: host name clients reach it by (default: "
                     "localhost for a local dispatcher, else this machine's name)")
 
-USAGE = """usage: mlperf-harness COMMAND ...
-  run CONFIG [--set key=value ...] [--output_dir DIR]   run one benchmark
-  run CONFIG --dry_run [--report_json FILE]             compile its steps under XLA before booking hardware
-  data count CONFIG [--set key=value ...]               the sample counts the config's data files hold
-  data verify CONFIG [--set ...] [--hashes] [--manifest FILE]
-                                                        the config's data files against what the references publish
-  check LOG [--ruleset X ...]                           official checker + integrity checks on any log
-  check --rcp LOGS_OR_DIRS... [--ruleset X]             epochs (samples) to converge vs the RCP mean
-  check --rcp --preflight PILOT_LOGS... [--confidence C]  odds that a full set passes the RCP test
-  list                                                  workloads and configs
-  campaign CONFIG [--runs N] [--campaign_dir DIR]       N runs with distinct seeds
-  package CAMPAIGN_DIR | RUN_DIRS_OR_LOGS... --out DIR [--ruleset X] [--rcp_bypass]
-                                                        lay out and check a submission tree for round X
-  report LOGS_OR_DIRS... [--out DIR]                    markdown + PNG review report
-  plan CONFIG --system NAME --chips N [--global_batch B] [--calibrate LOGS ...] [--sweep] [--json] [--precision fp8]
-                                                        project time to train at scale
-  data-service dispatcher --port P | worker --dispatcher HOST:P   tf.data service for training input
-  export RUN_DIR --out DIR [--max_shard_size 5GB] [--dtype float32|bfloat16] [--merged]
-                                                        a run's final weights as a Hugging Face checkpoint
-                                                        (a LoRA run: PEFT adapters, --merged: also merged)
-"""
+# Each command: its arguments, one line on what it does, and the flags it reads (any other of the flags
+# above given to it is refused by `stray_flag`, not silently ignored). `--help` lists these.
+@dataclasses.dataclass(frozen=True)
+class Command:
+    args: str
+    summary: str
+    flags: tuple[str, ...]
+
+
+COMMAND_HELP = {
+    "run": Command("CONFIG", "run one benchmark (--dry_run: compile its steps under XLA before booking hardware)",
+                   ("set", "output_dir", "dry_run", "report_json")),
+    "data": Command("count CONFIG | verify CONFIG", "the sample counts the config's data files hold, or the "
+                    "files against what the references publish", ("set", "hashes", "manifest")),
+    "check": Command("LOG... | --rcp LOGS_OR_DIRS... [--preflight]", "official checker + integrity checks on any "
+                     "log; --rcp: a result set against the RCP mean; --preflight: odds from pilot runs",
+                     ("ruleset", "rcp", "preflight", "confidence", "eval_every")),
+    "list": Command("", "workloads and their configs", ()),
+    "campaign": Command("CONFIG", "N runs of a config with distinct seeds",
+                        ("set", "runs", "campaign_dir", "first_seed")),
+    "package": Command("CAMPAIGN_DIR | RUN_DIRS_OR_LOGS...", "lay out and check a submission tree for the round "
+                       "--ruleset names (a campaign: the rules' median window)",
+                       ("out", "system", "system_field", "implementation", "ruleset", "rcp_bypass")),
+    "report": Command("LOGS_OR_DIRS...", "markdown + PNG review report", ("out",)),
+    "plan": Command("CONFIG", "project time to train at scale",
+                    ("set", "system", "chips", "global_batch", "calibrate", "calibrate_chips", "real_token_fraction",
+                     "sweep", "json", "model_cost", "compile", "out", "precision")),
+    "data-service": Command("dispatcher | worker", "tf.data service for training input",
+                            ("port", "dispatcher", "advertise")),
+    "export": Command("RUN_DIR", "a run's final weights as a Hugging Face checkpoint (a LoRA run: PEFT "
+                      "adapters; --merged: also the merged model)", ("out", "max_shard_size", "dtype", "merged")),
+}
+COMMON_FLAGS = ("verbose",)
+HELP_TOKENS = ("--help", "-h", "-help", "--helpshort", "-?")
+
+
+def usage() -> str:
+    """The command list, one line each."""
+    width = max(len(c) for c in COMMAND_HELP)
+    lines = ["usage: mlperf-harness COMMAND [ARGS] [--flags]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMAND_HELP.items()]
+    lines += ["", "`mlperf-harness COMMAND --help` lists a command's flags; every flag: --helpfull"]
+    return "\n".join(lines)
+
+
+def command_usage(name: str) -> str:
+    """One command's arguments and the flags it reads, with their help texts and defaults."""
+    cmd = COMMAND_HELP[name]
+    lines = [f"usage: mlperf-harness {name} {cmd.args}".rstrip(), f"  {cmd.summary}", "", "flags:"]
+    for flag_name in cmd.flags + COMMON_FLAGS:
+        flag = FLAGS[flag_name]
+        text = flag.help.split(";\n")[0]  # absl appends "repeat this option ..." to a multi flag's help
+        shown = flag.default not in (None, [], "", False)
+        repeat = " (repeatable)" if isinstance(flag.default, list) and "repeatable" not in text else ""
+        lines.append(f"  --{flag_name}: {text}{repeat}" + (f" (default: {flag.default})" if shown else ""))
+    return "\n".join(lines)
+
+
+def help_request(argv: list[str]) -> str | None:
+    """The help text `argv` asks for (`--help` anywhere, `help [COMMAND]`), or None."""
+    words = argv[1:]
+    if words[:1] == ["help"]:
+        return command_usage(words[1]) if len(words) > 1 and words[1] in COMMAND_HELP else usage()
+    if not any(w in HELP_TOKENS for w in words):
+        return None
+    return command_usage(words[0]) if words and words[0] in COMMAND_HELP else usage()
+
+
+USAGE = usage()
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -320,40 +370,31 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "list": cmd_list, "report": cmd_
             "data-service": cmd_data_service, "export": cmd_export}
 
 
-# The flags each of these commands reads (besides --verbose); any other flag of the harness's is refused.
-COMMAND_FLAGS = {
-    "package": ("out", "system", "system_field", "implementation", "ruleset", "rcp_bypass"),
-    "report": ("out",),
-    "export": ("out", "max_shard_size", "dtype", "merged"),
-    "campaign": ("set", "runs", "campaign_dir", "first_seed"),
-}
-
-
 def stray_flag(command: str) -> str | None:
     """Why a flag only one command reads was given to another (which would ignore it silently), or None."""
     for name, owner in (("rcp_bypass", "package"), ("merged", "export"), ("implementation", "package"),
                         ("system_field", "package")):
         if FLAGS[name].present and command != owner:
             return f"--{name} goes with `{owner}`; no other command reads it"
-    if command in COMMAND_FLAGS:
-        given = sorted(f.name for f in FLAGS.get_flags_for_module(__name__)
-                       if f.present and f.name != "verbose" and f.name not in COMMAND_FLAGS[command])
-        if given:
-            return f"{command} does not read --{', --'.join(given)}; drop it"
     if command != "data" and (FLAGS.hashes or FLAGS.manifest):
         return "--hashes and --manifest go with `data verify`"
     if FLAGS["confidence"].present and not (command == "check" and FLAGS.rcp and FLAGS.preflight):
         return "--confidence goes with check --rcp --preflight; no other command reads it"
     if FLAGS["real_token_fraction"].present and command != "plan":
         return "--real_token_fraction goes with `plan`; no other command reads it"
+    reads = set(COMMAND_HELP[command].flags + COMMON_FLAGS)
+    for name in (n for cmd in COMMAND_HELP.values() for n in cmd.flags):
+        if name not in reads and FLAGS[name].present:
+            users = [c for c, cmd in COMMAND_HELP.items() if name in cmd.flags]
+            return f"--{name} goes with {' / '.join(users)}; `{command}` does not read it ({command} --help)"
     return None
 
 
 def dispatch(argv: list[str]) -> int:
     """Runs one command; a HarnessError becomes its one `error:` line and exit code."""
-    if len(argv) < 2 or argv[1] in ("help", "-h"):
+    if len(argv) < 2:
         print(USAGE)
-        return 0 if len(argv) >= 2 else 2
+        return 2
     command, args = argv[1], argv[2:]
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -362,8 +403,9 @@ def dispatch(argv: list[str]) -> int:
         stray = stray_flag(command)
         if stray:
             raise HarnessError(stray)
-        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py)
-        with interrupt.handled(command in ("run", "campaign")):
+        # run and campaign stop on SIGTERM and SIGHUP as on SIGINT, their logs saying so (train/interrupt.py);
+        # package too, with one line, its tree left marked incomplete
+        with interrupt.handled(command in ("run", "campaign", "package")):
             return COMMANDS[command](args)
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -418,6 +460,10 @@ def main(argv: list[str]) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parse, with a malformed or unknown flag as one `error:` line and exit code 2 (absl's own
     parser prints "FATAL Flags parsing error" and exits 1, the code of an aborted run)."""
+    text = help_request(argv)
+    if text is not None:  # before absl, whose --help prints only its own "USAGE: mlperf-harness [flags]"
+        print(text)
+        sys.exit(0)
     try:
         return FLAGS(argv)
     except flags.Error as e:
@@ -427,4 +473,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def entry_point() -> None:
+    if sys.stdout is None or sys.stderr is None:  # started with descriptor 1 or 2 closed (`>&-`)
+        if sys.stderr is not None:
+            print("error: standard output is closed; send it somewhere (>/dev/null to drop it)", file=sys.stderr)
+        sys.exit(2)
     app.run(main, flags_parser=parse_flags)

@@ -180,6 +180,31 @@ class Config:
 
 # ----------------------------------------------------------------------------------------- loading
 
+CONFIG_MAX_BYTES = 1_000_000
+CONFIG_MAX_VALUES = 100_000  # values after YAML aliases are expanded: the shipped configs hold a few hundred
+CONFIG_MAX_DEPTH = 50
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where installed: pure Python is slow
+
+
+def _check_expanded_size(path: str, data: Any) -> None:
+    """HarnessError when `data` nests deeper than CONFIG_MAX_DEPTH or holds more than CONFIG_MAX_VALUES values
+    once aliases are expanded (a 400-byte "billion laughs" file expands to gigabytes when printed or merged).
+    Counts with a stack and stops at the limit, so the check itself stays small."""
+    stack, seen = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > CONFIG_MAX_VALUES:
+            raise HarnessError(f"config {path}: more than {CONFIG_MAX_VALUES:,} values once its YAML aliases are "
+                               "expanded; write the values out")
+        if depth > CONFIG_MAX_DEPTH:
+            raise HarnessError(f"config {path}: nested more than {CONFIG_MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+
+
 def read_yaml_with_bases(path: str, _seen: tuple[str, ...] = ()) -> dict:
     """Reads a YAML config, merging it over the file named by its `base:` key (relative paths allowed)."""
     path = os.path.abspath(path)
@@ -188,14 +213,20 @@ def read_yaml_with_bases(path: str, _seen: tuple[str, ...] = ()) -> dict:
     if not os.path.isfile(path):
         raise HarnessError(f"config file not found: {path}" if not _seen
                            else f"config {_seen[-1]}: base file not found: {path}")
+    size = os.path.getsize(path)
+    if size > CONFIG_MAX_BYTES:
+        raise HarnessError(f"config {path}: {size:,} bytes; a config is a few KB (at most {CONFIG_MAX_BYTES:,})")
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_LOADER) or {}
     except yaml.YAMLError as e:
         raise HarnessError(f"config {path}: invalid YAML: {str(e).splitlines()[0]}") from None
     except UnicodeDecodeError as e:
         raise HarnessError(f"config {path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
                            f"{e.start})") from None
+    except RecursionError:
+        raise HarnessError(f"config {path}: nested too deeply to read (a config nests a few levels)") from None
+    _check_expanded_size(path, data)
     if not isinstance(data, dict):
         raise HarnessError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)

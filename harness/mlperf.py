@@ -33,6 +33,24 @@ class Logged:
 INTERRUPTED_KEY = "harness_interrupted"
 
 
+class _LogFileHandler(logging.FileHandler):
+    """logging.FileHandler that stops the run at the first write that fails (a full or vanished disk): the
+    standard one prints a `--- Logging error ---` traceback per line and carries on, the run training into a
+    log cut mid-line. Raises the OSError with the log's path, which the CLI prints as its one `error:` line
+    (exit 2: a file the command cannot write); the log keeps its name, incomplete as it is."""
+
+    failed: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.failed = error
+        raise OSError(error.errno, f"{error.strerror} (writing the MLPerf log; the run stops)",
+                      self.baseFilename) from None
+
+
 class MLPerfLog:
     """One run's MLPerf log file; a no-op on non-chief hosts."""
 
@@ -40,7 +58,7 @@ class MLPerfLog:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self._handler: logging.Handler | None = None
+        self._handler: _LogFileHandler | None = None
         self._keys: set[str] = set()  # start/end keys written (has the timed run started, stopped?)
         self._closing = threading.Lock()  # the signal backstop thread may end the log too
         if path is None:
@@ -53,22 +71,27 @@ class MLPerfLog:
         logger = logging.getLogger(f"mlperf_harness.mllog.{MLPerfLog._count}")
         logger.propagate = False
         logger.setLevel(logging.INFO)
-        self._handler = logging.FileHandler(path, mode="x")
+        self._handler = _LogFileHandler(path, mode="x")
         logger.addHandler(self._handler)
         self._mllog = mllog.MLLogger(logger=logger, default_stack_offset=2,
                                      root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+    def _writable(self) -> bool:
+        """A log to write to: this host's, not closed, no write failed (after one, the run is stopping with
+        that error; its clean-up writes nothing more)."""
+        return bool(self._mllog) and not (self._handler is not None and self._handler.failed)
+
     def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
-        if self._mllog:
+        if self._writable():
             self._mllog.event(key=key, value=value, metadata=metadata)
 
     def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
-        if self._mllog:
+        if self._writable():
             self._mllog.start(key=key, value=value, metadata=metadata)
             self._keys.add(key)
 
     def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
-        if self._mllog:
+        if self._writable():
             self._mllog.end(key=key, value=value, metadata=metadata)
             self._keys.add(key)
 
@@ -90,9 +113,13 @@ class MLPerfLog:
 
     def _close(self) -> None:
         if self._handler:
-            self._handler.flush()
-            self._handler.close()
-            self._handler = None
+            handler, self._handler = self._handler, None
+            try:
+                handler.flush()
+                handler.close()
+            except OSError:
+                if not getattr(handler, "failed", None):  # a write already failed and was reported: quiet
+                    raise
 
 
 @dataclasses.dataclass

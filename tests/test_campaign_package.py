@@ -17,7 +17,7 @@ import pytest
 from harness.submission import campaign, package
 from harness.errors import HarnessError
 
-from conftest import REPO, cli_in_process, run_cli
+from conftest import REPO, cli_in_process, run_cli, stderr_error_lines
 
 CONFIG = os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml")
 # As short as a run can be while still reaching the real 0.759 target: half the train set, 16px crops of
@@ -229,6 +229,7 @@ def test_package_tree_passes_official_package_checker(packaged, campaign7):
     assert chosen == [start <= i + 1 < start + 5 for i in range(7)]
     scores = selection["window_scores_min"]
     assert sorted(scores)[1] == scores[start - 1] and "the median window" in selection["why"]
+    assert not os.path.exists(os.path.join(out, package.INCOMPLETE))   # finished: no incomplete marker
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["system_desc_checker"]["verdict"] == "PASS"
     assert checks["compliance_checker 4.0.0 (per log)"]["verdict"] == "PASS"
@@ -275,7 +276,7 @@ def test_package_ruleset_is_the_named_round(tmp_path, five_copies):
     with pytest.raises(HarnessError, match="ruleset 6.1.0 has no open resnet benchmark"):
         package.main(five_copies, str(tmp_path / "out"), ruleset=["6.1.0"])
     proc = cli_in_process("package", *five_copies, "--out", str(tmp_path / "out"), "--set", "seed=1")
-    assert proc.returncode == 2 and proc.stderr.strip() == "error: package does not read --set; drop it"
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --set goes with ") and "`package` does not read it" in proc.stderr
 
 
 def test_package_refuses_runs_whose_training_nodes_disagree(tmp_path, five_copies):
@@ -302,6 +303,23 @@ def test_package_refuses_synthetic_runs(tmp_path, five_copies, resumed):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: refusing to package: 1 of 3 run(s) trained on SYNTHETIC")
+
+
+def test_package_stopped_by_sigterm_is_one_line_and_marked_incomplete(tmp_path, five_copies, monkeypatch):
+    """Fault case: SIGTERM while the checkers ran ended `package` with 143 and no line, leaving a tree that
+    looked complete. The signal now gives one line (exit 143) and the tree keeps its incomplete marker."""
+    import signal
+
+    from harness.train import interrupt
+
+    def stopped(*args, **kwargs):
+        raise interrupt.Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(package, "run_package_checker", stopped)
+    out = tmp_path / "out"
+    proc = cli_in_process("package", *five_copies, "--out", str(out))
+    assert proc.returncode == 143 and len(stderr_error_lines(proc)) == 1 and "SIGTERM" in proc.stderr, proc.stderr
+    assert (out / package.INCOMPLETE).exists() and not (out / "package_report.json").exists()
 
 
 def test_package_refuses_duplicate_seeds(tmp_path, five_copies):

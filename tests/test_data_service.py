@@ -65,10 +65,18 @@ class Proc:
         raise AssertionError(f"no line with {text!r} within {timeout} s; stdout {self.stdout[-5:]}, "
                              f"stderr {self.stderr[-5:]}")
 
-    def stop(self) -> None:
+    def stop(self, interrupt: bool = False) -> int | None:
+        """Ends the process (Ctrl-C first when `interrupt`: a server ends quietly with 0 on it); its exit code."""
+        if interrupt and self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)
+            try:
+                return self.p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass  # still serving: killed below, and the caller sees None
         if self.p.poll() is None:
             self.p.kill()
         self.p.wait(timeout=30)
+        return None if interrupt else self.p.returncode
 
 
 class Fleet:
@@ -93,16 +101,17 @@ class Fleet:
     def dispatcher(self) -> str:
         return f"grpc://127.0.0.1:{self.port}"
 
-    def stop(self) -> None:
-        for p in self.procs:
-            p.stop()
+    def stop(self, interrupt: bool = False) -> list[int | None]:
+        return [p.stop(interrupt) for p in self.procs[::-1]][::-1]  # the workers first
 
 
 @pytest.fixture(scope="module")
 def fleet():
     f = Fleet()
     yield f
-    f.stop()
+    # Ctrl-C ends a dispatcher and its workers quietly with 0 (the servers' join() once blocked it in C++).
+    codes = f.stop(interrupt=True)
+    assert codes == [0] * len(codes), (codes, [p.stderr[-3:] for p in f.procs])
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,10 @@ from benchmarks.lm import config as lm
 from benchmarks.lm.config import DecoderModelConfig
 from benchmarks.lm.mla import DeepseekYarn, MlaShape
 
+# transformers' DeepseekV3TopkRouter scores a group by its top 2 experts whatever k and topk_group
+# (huggingface/transformers v5.24.0: src/transformers/models/deepseek_v3/modeling_deepseek_v3.py, `.topk(2`)
+TRANSFORMERS_GROUP_TOP = 2
+
 
 @dataclasses.dataclass
 class DataConfig(lm.DataConfig):
@@ -76,6 +80,11 @@ class ModelConfig(DecoderModelConfig):
     shared_experts: int = field(1, min=0, doc="shared experts (one SwiGLU of shared_experts x expert_hidden)")
     expert_groups: int = field(8, min=1, doc="n_group: experts in contiguous groups")
     groups_per_token: int = field(4, min=1, doc="topk_group: a token's experts come from this many groups")
+    group_score_experts: int = field(0, min=0, doc="a group's score sums its top this many expert scores; 0: "
+                                     "experts_per_token / groups_per_token (Megatron's group_limited_topk, the "
+                                     "MLPerf reference), or 2 with model.init_checkpoint (transformers' "
+                                     "DeepseekV3TopkRouter, the library that writes the checkpoint); the two "
+                                     "agree at DeepSeek-V3's 8 / 4")
     routed_scaling_factor: float = field(2.5, min=0.0, doc="the normalized gate weights x this")
     moe_dispatch: str = field("alltoall", choices=("alltoall", "dense"), doc="alltoall: each row's assignments "
                               "gathered into [experts, capacity] slots and sent to the devices that own their "
@@ -102,6 +111,14 @@ class ModelConfig(DecoderModelConfig):
             return None
         return DeepseekYarn(self.rope_scaling_factor, self.rope_original_context, self.rope_beta_fast,
                             self.rope_beta_slow, True, self.rope_mscale, self.rope_mscale_all_dim)
+
+    def group_score_top(self) -> int:
+        """The experts summed to score a group (model.group_score_experts, resolved)."""
+        if self.group_score_experts:
+            return self.group_score_experts
+        if self.init_checkpoint:
+            return TRANSFORMERS_GROUP_TOP
+        return max(1, self.experts_per_token // self.groups_per_token)
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_dense_layers

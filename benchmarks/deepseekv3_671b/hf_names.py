@@ -27,6 +27,7 @@ import numpy as np
 
 from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, direct, linear_out, same, transposed
 
+from benchmarks.deepseekv3_671b.config import TRANSFORMERS_GROUP_TOP
 from benchmarks.deepseekv3_671b.model import NAME
 from benchmarks.lm.hf_names import rope
 
@@ -88,6 +89,10 @@ def config_problems(hf: dict[str, Any], m: Any) -> list[str]:
             ("first_k_dense_replace", m.first_dense_layers, "first_dense_layers")):
         c.same(key, want, f"model.{model_key}")
     c.same("num_key_value_heads", m.num_kv_heads, "model.num_kv_heads", default=hf.get("num_attention_heads"))
+    if m.group_score_top() != TRANSFORMERS_GROUP_TOP:
+        c.problems.append(f"the model scores an expert group by its top {m.group_score_top()} experts "
+                          f"(model.group_score_experts={m.group_score_experts}), transformers by its top "
+                          f"{TRANSFORMERS_GROUP_TOP}: set model.group_score_experts={TRANSFORMERS_GROUP_TOP} (or 0)")
     c.same("routed_scaling_factor", m.routed_scaling_factor, "model.routed_scaling_factor", close=True)
     c.same("rms_norm_eps", m.norm_epsilon, "model.norm_epsilon", close=True)
     c.flag("norm_topk_prob", True, True, "the model normalizes the chosen experts' weights")

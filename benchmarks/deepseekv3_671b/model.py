@@ -38,7 +38,7 @@ class DeepseekV3(Decoder):
     def attention(self, path: str, layer: int) -> MLAttention:
         c = self.cfg
         return MLAttention(self.runtime, path, self.seed, c.hidden_size, c.mla(), c.rope_base, c.rope_scaling(),
-                           c.norm_epsilon, c.init_stddev, c.output_stddev())
+                           c.init_stddev, c.output_stddev())
 
     def ffn(self, path: str, layer: int) -> SwiGLU | DeepseekMoE:
         c = self.cfg

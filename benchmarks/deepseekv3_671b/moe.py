@@ -5,7 +5,8 @@ Routing of a token's hidden state h (NVIDIA/Megatron-LM@b0cc270:megatron/core/tr
 `group_limited_topk` and `topk_routing_with_score_function`, transformers `DeepseekV3TopkRouter`):
     s = sigmoid(h W_g)                      float32, one score per expert
     c = s + b                               b: the expert bias, used for the selection only
-    group score = sum of the top (k / groups_per_token) c in each of the expert_groups contiguous groups
+    group score = sum of the top n c in each of the expert_groups contiguous groups (n: model.group_score_top(),
+                  Megatron's k / groups_per_token, or transformers' 2 for a Hugging Face checkpoint)
     keep the groups_per_token best groups, other experts' c := -inf, choose the top-k of c
     w_j = s_j / (sum of the chosen s + 1e-20) * routed_scaling_factor     (the unbiased scores)
     y = sum_j w_j Expert_j(h) + SharedExpert(h)
@@ -66,14 +67,17 @@ class Routing:
         return Routing(tensors[0], tensors[1], self.rows, tensors[2])
 
 
-def group_limited_index(choice: tf.Tensor, k: int, groups: int, groups_per_token: int) -> tf.Tensor:
+def group_limited_index(choice: tf.Tensor, k: int, groups: int, groups_per_token: int,
+                        group_top: int | None = None) -> tf.Tensor:
     """Each token's k experts [..., k] (int32, best first) from selection scores `choice` [..., experts] (no
-    gradient): each group scored by the sum of its top k / groups_per_token scores, the best
+    gradient): each group scored by the sum of its top `group_top` scores (default k / groups_per_token,
+    Megatron's `group_limited_topk`; transformers' `DeepseekV3TopkRouter` sums the top 2), the best
     groups_per_token groups kept, the top k of their experts chosen."""
     *lead, e = choice.shape
     per_group = e // groups
     grouped = tf.reshape(choice, [-1, groups, per_group])
-    group_score = tf.reduce_sum(tf.math.top_k(grouped, max(1, k // groups_per_token)).values, -1)   # [t, G]
+    top = group_top or max(1, k // groups_per_token)
+    group_score = tf.reduce_sum(tf.math.top_k(grouped, top).values, -1)                              # [t, G]
     best = tf.math.top_k(group_score, groups_per_token).indices
     keep = tf.reduce_sum(tf.one_hot(best, groups, dtype=choice.dtype), -2)                           # [t, G]
     keep = tf.reshape(tf.repeat(keep, per_group, axis=-1), [-1, e])
@@ -81,9 +85,10 @@ def group_limited_index(choice: tf.Tensor, k: int, groups: int, groups_per_token
     return tf.reshape(tf.math.top_k(masked, k).indices, lead + [k])
 
 
-def group_limited_topk(choice: tf.Tensor, k: int, groups: int, groups_per_token: int) -> tf.Tensor:
+def group_limited_topk(choice: tf.Tensor, k: int, groups: int, groups_per_token: int,
+                       group_top: int | None = None) -> tf.Tensor:
     """One-hot [..., experts] of `group_limited_index`'s k experts."""
-    index = group_limited_index(choice, k, groups, groups_per_token)
+    index = group_limited_index(choice, k, groups, groups_per_token, group_top)
     return tf.reduce_sum(tf.one_hot(index, choice.shape[-1], dtype=choice.dtype), -2)
 
 
@@ -131,7 +136,7 @@ class DeepseekMoE(Block):
         scores = tf.sigmoid(tf.einsum("bsm,me->bse", tf.cast(x, tf.float32), tf.cast(self.router, tf.float32)))
         choice = tf.stop_gradient(scores) + tf.cast(self.expert_bias, tf.float32)
         index = tf.stop_gradient(group_limited_index(choice, c.experts_per_token, c.expert_groups,
-                                                     c.groups_per_token))
+                                                     c.groups_per_token, c.group_score_top()))
         chosen = tf.reduce_sum(tf.one_hot(index, c.num_experts, dtype=tf.float32), -2)
         return gate_weights(scores, chosen, c.routed_scaling_factor), index, scores
 

@@ -199,9 +199,9 @@ class DeepseekV3Workload(DecoderLMWorkload):
         if m.experts_per_token > m.groups_per_token * per_group:
             raise HarnessError(f"model.experts_per_token={m.experts_per_token} exceeds the experts of "
                                f"model.groups_per_token={m.groups_per_token} groups ({m.groups_per_token * per_group})")
-        if m.experts_per_token // m.groups_per_token > per_group:
-            raise HarnessError(f"a group is scored by its top experts_per_token / groups_per_token = "
-                               f"{m.experts_per_token // m.groups_per_token} experts, more than its {per_group}")
+        if m.group_score_top() > per_group:
+            raise HarnessError(f"a group is scored by its top {m.group_score_top()} experts (model.group_score_experts"
+                               f"={m.group_score_experts}), more than its {per_group}")
         if m.capacity_factor and m.moe_dispatch != "alltoall":
             raise HarnessError(f"model.capacity_factor={m.capacity_factor} needs model.moe_dispatch=alltoall (the "
                                f"{m.moe_dispatch} dispatch computes every expert on every token: it never drops)")

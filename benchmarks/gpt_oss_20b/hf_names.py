@@ -29,7 +29,7 @@ from harness.errors import HarnessError
 from harness.nn.hf_checkpoint import Entry, Layout, Neutral, Out, Part, direct, linear_out, same, sink_neutral, \
     transposed, zero_neutral
 
-from benchmarks.lm.hf_names import decoder_config_problems, decoder_entries
+from benchmarks.lm.hf_names import TIE, decoder_config_problems, decoder_entries
 
 ARCH = "GptOssForCausalLM"
 NO_CLAMP = 1e9   # a swiglu_limit this large clamps nothing
@@ -166,7 +166,7 @@ def layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> Layout:
                 outs.append(Out(name, shape, paths, same(shape)))
             else:
                 neutral.append((sink_neutral if suffix.endswith("sinks") else zero_neutral)(name, shape))
-    return Layout(entries, outs, neutral, ignore=lambda n: n.endswith("rotary_emb.inv_freq"))
+    return Layout(entries, outs, neutral, ignore=lambda n: n.endswith("rotary_emb.inv_freq"), tie=TIE)
 
 
 def hf_config(m: Any, seq_length: int, dtype: str) -> dict[str, Any]:

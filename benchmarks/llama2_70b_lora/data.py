@@ -272,7 +272,12 @@ class LoraData:
                 raise HarnessError(f"data.{key}={stated} but {path} holds {held} rows; set data.{key}={held}")
             if held < 1:
                 raise HarnessError(f"{path} holds no rows")
-            self.arrays(split)
+            _, labels = self.arrays(split)
+            # The model scores label p with the prediction at p - 1 (shifted): a first-position label never counts.
+            if not np.any(labels[:, 1:] != IGNORE):
+                use = "training has nothing to learn from" if split == "train" else "eval would score nothing"
+                raise HarnessError(f"{path}: every label past each row's first position is {IGNORE} (not scored): "
+                                   f"{use}")
 
     # ------------------------------------------------------------------------------------ rows
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:

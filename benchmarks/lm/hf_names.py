@@ -21,6 +21,7 @@ from typing import Any, Callable
 from harness.nn.hf_checkpoint import Checker, Entry, Layout, Out, Part, direct, linear_out, same, transposed
 
 LLAMA_ARCH = "LlamaForCausalLM"
+TIE = ("lm_head.weight", "model.embed_tokens.weight")  # the LM head read from the embedding when tied
 
 
 def rope(hf: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any]]:
@@ -138,7 +139,7 @@ def llama_layout(m: Any, ckpt_names: set[str], have: Callable[[str], bool]) -> L
                                     ("down", "down_proj", (f, h))):
             entries.append(transposed(f"{us}/{ours}/kernel", shape, Part(f"{hf}.{theirs}.weight", shape[::-1])))
             outs.append(Out(f"{hf}.{theirs}.weight", shape[::-1], (f"{us}/{ours}/kernel",), linear_out(shape[0])))
-    return Layout(entries, outs, ignore=lambda n: n.endswith("rotary_emb.inv_freq"))
+    return Layout(entries, outs, ignore=lambda n: n.endswith("rotary_emb.inv_freq"), tie=TIE)
 
 
 def llama_config(m: Any, seq_length: int, dtype: str) -> dict[str, Any]:

@@ -68,25 +68,32 @@ class MlaShape:
         return self.qk_nope_dim + self.qk_rope_dim
 
 
+# The q and kv latent norms' epsilon: transformers builds them as DeepseekV3RMSNorm(rank) at its default 1e-6
+# whatever rms_norm_eps says (huggingface/transformers v5.24.0, models/deepseek_v3/modeling_deepseek_v3.py,
+# q_a_layernorm / kv_a_layernorm); the MLPerf reference's (Megatron) takes layernorm_epsilon, 1e-6 in the
+# DeepSeek-V3 recipe. A checkpoint with rms_norm_eps 1e-5 thus keeps 1e-6 here.
+LATENT_NORM_EPSILON = 1e-6
+
+
 class MLAttention(Block):
     """Causal MLA over the whole row (`__call__(x, segments)`: segments must be None, the reference's
     attention crosses documents). Kernels [in, ...out] as the harness's other blocks: q_down [m, q_lora],
     q_up [q_lora, heads, nope + rope], kv_down [m, kv_lora + rope], kv_up [kv_lora, heads, nope + v],
-    output [heads, v, m]; norms q_norm [q_lora], kv_norm [kv_lora] with `epsilon`."""
+    output [heads, v, m]; norms q_norm [q_lora], kv_norm [kv_lora] with LATENT_NORM_EPSILON."""
 
     def __init__(self, runtime: Runtime, path: str, seed: int, hidden: int, shape: MlaShape, rope_base: float,
-                 rope_scaling: YarnScaling | None, epsilon: float, stddev: float, output_stddev: float) -> None:
+                 rope_scaling: YarnScaling | None, stddev: float, output_stddev: float) -> None:
         super().__init__(runtime, path, seed)
         s, m = shape, hidden
         self.shape, self.rope_base, self.rope_scaling = shape, rope_base, rope_scaling
         init = lambda name, sd=stddev: normal(sd, f"{path}/{name}/kernel", seed)  # noqa: E731
         self.w_q_down = self.var("q_down/kernel", (m, s.q_lora_rank), (None, None), init("q_down"))
-        self.q_norm = RMSNorm(runtime, f"{path}/q_norm", seed, s.q_lora_rank, epsilon)
+        self.q_norm = RMSNorm(runtime, f"{path}/q_norm", seed, s.q_lora_rank, LATENT_NORM_EPSILON)
         self.w_q_up = self.var("q_up/kernel", (s.q_lora_rank, s.heads, s.qk_dim), (None, "heads", None),
                                init("q_up"))
         self.w_kv_down = self.var("kv_down/kernel", (m, s.kv_lora_rank + s.qk_rope_dim), (None, None),
                                   init("kv_down"))
-        self.kv_norm = RMSNorm(runtime, f"{path}/kv_norm", seed, s.kv_lora_rank, epsilon)
+        self.kv_norm = RMSNorm(runtime, f"{path}/kv_norm", seed, s.kv_lora_rank, LATENT_NORM_EPSILON)
         self.w_kv_up = self.var("kv_up/kernel", (s.kv_lora_rank, s.heads, s.qk_nope_dim + s.v_dim),
                                 (None, "heads", None), init("kv_up"))
         self.w_out = self.var("output/kernel", (s.heads, s.v_dim, m), ("heads", None, None),

@@ -323,11 +323,19 @@ class TFRecordSource:
         return ds.enumerate().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_records(self) -> tf.data.Dataset:
-        return tf.data.TFRecordDataset(self.files(self.cfg.eval_pattern))
+        """The eval files' records in order, each with its file and number (a dict: the eval padding maps a
+        single element), so that a bad label or image met mid-run names its record and file."""
+        files = tf.data.Dataset.from_tensor_slices(self.files(self.cfg.eval_pattern))
+        return files.flat_map(lambda f: numbered_records(f).map(
+            lambda file, number, record: {"file": file, "number": number, "record": record}))
 
-    def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
-        encoded, label = self.parse(record, [f"an eval record ({self.cfg.eval_pattern} under {self.cfg.data_dir})"])
-        image = tf.image.decode_jpeg(encoded, channels=3)
+    def eval_parse(self, item: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        where = ["eval record", item["number"], "of", item["file"]]
+        encoded, label = self.parse(item["record"], where)
+        is_jpeg = tf.debugging.Assert(tf.io.is_jpeg(encoded), [BAD_DATA_MARK, *where,
+                                                               "has an image/encoded that is not a JPEG"])
+        with tf.control_dependencies([is_jpeg]):
+            image = tf.image.decode_jpeg(encoded, channels=3)
         image = normalize(eval_crop(image, self.cfg.image_size, self.prep), self.prep)
         return {"image": tf.cast(image, self.image_dtype), "label": label}
 

@@ -245,9 +245,13 @@ def serve_worker(dispatcher: str, port: int = 0, advertise: str = "", wait_s: fl
     _wait(server)
 
 
-def _wait(server: object) -> None:
-    """Serves until the process is stopped (Ctrl-C ends it quietly: stopping is how a server is used)."""
+def _wait(server: object, poll_s: float = 0.5) -> None:
+    """Serves until the process is stopped (Ctrl-C ends it quietly: stopping is how a server is used). The
+    server runs on its own threads; the main thread sleeps in Python rather than in the server's `join()`,
+    which blocks in C++ where a Ctrl-C is never delivered (it kept serving)."""
+    del server  # kept alive by the caller's frame; stopped with the process
     try:
-        server.join()  # type: ignore[attr-defined]
+        while True:
+            time.sleep(poll_s)
     except KeyboardInterrupt:
         pass

@@ -217,11 +217,14 @@ def load_manifest(workload: str, path: str | None = None) -> Manifest:
     path = path or manifest_path(workload)
     if not os.path.isfile(path):
         raise HarnessError(f"no data manifest for {workload} ({path} does not exist)")
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f)
         except yaml.YAMLError as e:
             raise HarnessError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except UnicodeDecodeError as e:
+            raise HarnessError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                               f"{e.start})") from None
     if isinstance(data, Mapping) and data.get("same_files_as"):
         # A benchmark that reads another's download (deepseekv3_671b: llama31_8b's C4) names it once
         other = data["same_files_as"]

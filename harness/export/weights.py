@@ -10,7 +10,11 @@ is made of (harness/nn/hf_checkpoint.py), sharded with an index json when the te
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -146,7 +150,22 @@ def main(args: list[str], out: str | None, max_shard: str, dtype: str, merged: b
     if os.path.isdir(out) and os.listdir(out):
         raise HarnessError(f"--out {out}: not empty; export writes a whole checkpoint into an empty or new "
                            f"directory")
-    files = export(args[0], out, max_shard, dtype, merged)
+    # Written into a private folder beside `out`, then renamed onto it in one step: rename(2) onto an empty
+    # or missing directory succeeds, onto one another export filled meanwhile fails (two exports started
+    # together never mix their files; the emptiness check above and the write are not one step).
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out.rstrip(os.sep))}.partial-", dir=os.path.dirname(out))
+    try:
+        files = export(args[0], staging, max_shard, dtype, merged)
+        try:
+            os.rename(staging, out)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise HarnessError(f"--out {out}: filled by another writer while this export ran; nothing "
+                                   "written there") from None
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     tokenizer = tokenizer_line(args[0])
     with open(os.path.join(out, "TOKENIZER.md"), "w") as f:
         f.write(f"# Tokenizer\n\nNot written by `mlperf-harness export`. Its source: {tokenizer}.\n")

@@ -29,6 +29,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors' num
 import numpy as np
 
 from harness.errors import HarnessError
+from harness.nn.safetensors_header import read_header
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -109,6 +110,11 @@ class Layout:
     outs: list[Out]
     neutral: list[Neutral] = dataclasses.field(default_factory=list)
     ignore: Callable[[str], bool] = lambda name: False
+    # (LM head tensor, embedding tensor) where the head may be the embedding: a checkpoint without the head
+    # is read tied only when its config.json says tie_word_embeddings (transformers' rule; these models'
+    # configs default to false), and one that says so while holding a head of its own is refused (transformers
+    # would use the embedding, the layout the head)
+    tie: tuple[str, str] | None = None
 
     def expected(self) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """Checkpoint tensor name -> (shape, accepted dtypes) for every tensor some variable reads."""
@@ -186,6 +192,11 @@ class Checker:
             self.problems.append(f"config.json has no {key} (the model has {model_key}={want})")
         elif close and (isinstance(got, bool) or not isinstance(got, (int, float))):
             self.problems.append(f"config.json {key}={got!r} is not a number (the model has {model_key}={want})")
+        elif type(got) is not type(want) and not (close and isinstance(want, (int, float))) and \
+                not (isinstance(got, int) and isinstance(want, float)):
+            # "64" is not 64: transformers would fail on (or misread) the string; name the type
+            self.problems.append(f"config.json {key}={got!r} is {type(got).__name__}, not {type(want).__name__} "
+                                 f"(the model has {model_key}={want!r})")
         elif (not math.isclose(float(got), float(want), rel_tol=1e-6)) if close else got != want:
             self.problems.append(f"config.json {key}={got}, the model has {model_key}={want}")
 
@@ -280,31 +291,19 @@ class Checkpoint:
             return f.get_slice(name)[index]
 
 
-def read_header(file: str) -> dict[str, Any]:
-    """A safetensors file's JSON header (8-byte little-endian length, then the JSON)."""
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError("shorter than a header")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100 * 2 ** 20:
-            raise ValueError(f"header of {n} bytes")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict):
-        raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
-                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])):
-            raise ValueError(f"its header entry {name!r} is not {{dtype, shape, data_offsets}}")
-    return header
-
-
 def check(ckpt: Checkpoint, layout: Layout, config_problems: list[str]) -> list[str]:
     """Every problem of loading `ckpt` into `layout`: config.json mismatches first, then per tensor."""
     problems = list(config_problems)
     expected = layout.expected()
+    if layout.tie:
+        head, embedding = layout.tie
+        tied = ckpt.config.get("tie_word_embeddings", False)
+        if head not in ckpt.meta and tied is not True:
+            problems.append(f"tensor {head} missing (config.json tie_word_embeddings={tied}: transformers does not "
+                            f"tie it to {embedding}, so the LM head has no weight)")
+        elif head in ckpt.meta and tied is True:
+            problems.append(f"tensor {head} present but config.json tie_word_embeddings=true: transformers ties "
+                            f"the LM head to {embedding} and ignores it")
     neutral = {n.name: n for n in layout.neutral}
     for name, (shape, dtypes) in expected.items():
         if name not in ckpt.meta:

@@ -19,7 +19,7 @@ import json
 import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import yaml
 
@@ -110,13 +110,31 @@ def parse_lines(lines: Iterable[str], bad: list[BadLine] | None = None) -> list[
     return events
 
 
+MAX_LINE_CHARS = 1_000_000  # far above any MLLOG line; the official checker's parser spins on a 50 MB one
+
+
+def _bounded_lines(f: Any, path: str) -> Iterator[str]:
+    """The lines of `f`, each read to at most MAX_LINE_CHARS: a longer one is a HarnessError naming it (read
+    whole, it would hold the checker for minutes and a parser's memory)."""
+    line_no = 0
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise HarnessError(f"{path}: line {line_no} is longer than {MAX_LINE_CHARS:,} characters; no MLPerf log "
+                               "line is (the official checker would spin on it)")
+        yield line
+
+
 def parse_log(path: str, bad: list[BadLine] | None = None) -> list[LogEvent]:
     """Parse one log file; HarnessError when it cannot be read or holds no MLLOG event. MLLOG lines that are
     not events are appended to `bad` (when given)."""
     found: list[BadLine] = []
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            events = parse_lines(f, found)
+            events = parse_lines(_bounded_lines(f, path), found)
     except OSError as e:
         raise HarnessError(f"cannot read MLPerf log {path}: {e.strerror or e}") from e
     if not events:

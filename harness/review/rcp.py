@@ -10,6 +10,7 @@ matching RCP entry next to the ones the logs (or a config) use.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
+from harness.review.rcp_reading import Reading, choose_reading
 
 USAGE = "training"
 
@@ -111,7 +113,9 @@ class RcpReport:
     olympic_mean: float | None
     verdict: str  # 'PASS' | 'FAIL' | 'n/a'
     detail: str
-    mismatches: list[str]
+    mismatches: list[str]  # against the entry the checker judges by, when one holds this batch
+    reading: Reading | None = None
+    neighbours: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # interpolated: name -> mismatches
 
     @property
     def unit(self) -> str:
@@ -120,8 +124,8 @@ class RcpReport:
 
 def result_logs(paths: list[str]) -> list[str]:
     """Result logs named by `paths`: files as given, directories searched for result_*.txt. One log reached
-    twice (the same file, a link to it, or a file and its directory) is refused: counted twice it would
-    weigh double in a set and in a spread."""
+    twice (the same file, a link to it, a file and its directory, or a copy of its bytes) is refused: counted
+    twice it would weigh double in a set and in a spread."""
     found: list[str] = []
     for p in paths:
         if os.path.isfile(p):
@@ -135,16 +139,35 @@ def result_logs(paths: list[str]) -> list[str]:
     if not found:
         raise HarnessError(f"no result_*.txt logs under {', '.join(paths)}")
     seen: dict[str, str] = {}
+    contents: dict[str, str] = {}
     for path in found:
         real = os.path.realpath(path)
         if real in seen:
             raise HarnessError(f"{path}: the same log as {seen[real]}; give each run once")
         seen[real] = path
+        digest = _digest(path)
+        if digest in contents:
+            raise HarnessError(f"{path}: a copy of {contents[digest]} (the same bytes); two runs never log the "
+                               "same lines, give each run once")
+        contents[digest] = path
     return found
 
 
-def read_run(path: str, ruleset: str) -> tuple[bool, float | None, int, str | None]:
-    """(converged, epochs or samples to converge, global batch, benchmark) from mlperf-logging's RCP reader.
+def _digest(path: str) -> str:
+    """SHA-256 of a log's bytes (copies of one run under other names weigh double as links do)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise HarnessError(f"{path}: cannot read ({e.strerror})") from None
+    return h.hexdigest()
+
+
+def read_run(path: str, ruleset: str, train_samples: bool = False) -> tuple[bool, float | None, int, str | None]:
+    """(converged, epochs or samples to converge, global batch, benchmark) from mlperf-logging's RCP reader
+    (`train_samples`: its --bert_train_samples reading).
     One HarnessError line naming the file for a log the reader cannot read (a truncated line, an eval
     without the key it counts, no passing eval before a successful run_stop) or a converged run at <= 0,
     which no RCP can judge (the spread and olympic mean need positive counts)."""
@@ -152,7 +175,7 @@ def read_run(path: str, ruleset: str) -> tuple[bool, float | None, int, str | No
 
     try:
         with _quiet_logging():
-            not_converged, value, bs, bench = official.read_submission_file(path, ruleset, False)
+            not_converged, value, bs, bench = official.read_submission_file(path, ruleset, train_samples)
     except (KeyError, ValueError, TypeError, IndexError, NameError) as e:  # JSONDecodeError is a ValueError
         what = (f"missing key {e}" if isinstance(e, KeyError) else
                 "a successful run_stop with no eval line before it" if isinstance(e, UnboundLocalError) else
@@ -214,22 +237,17 @@ def _olympic(values: list[float]) -> float:
 
 def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     """Reads the logs with mlperf-logging's RCP reader and runs its RCP test on them (pruned RCPs, as the
-    package checker does) under `ruleset` (default: the first log's, as `check` picks it). The test needs
-    at least 3 runs (MLPerf asks for the benchmark's result count); with fewer, only the positions are
-    reported."""
+    package checker does) under `ruleset` (default: the logs' own, `rcp_reading.choose_ruleset`), with the
+    checker's options the logs call for (`rcp_reading.choose_reading`). The test needs at least 3 runs
+    (MLPerf asks for the benchmark's result count); with fewer, only the positions are reported."""
     from mlperf_logging.rcp_checker import rcp_checker as official
 
-    from harness.review import logparse
-
-    logs = result_logs(paths)
-    first = logparse.parse_log(logs[0])
-    benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
+    logs, benchmark, reading, parsed = read_set(paths, ruleset)
     rec = rules.record(benchmark)
-    ruleset = ruleset or logparse.log_ruleset(logs[0], first)
-    require_rcps(logs[0], benchmark, ruleset)
-    runs, batches, logged = [], set(), {}
+    ruleset = reading.ruleset
+    runs, batches = [], set()
     for path in logs:
-        converged, value, bs, bench = read_run(path, ruleset)
+        converged, value, bs, bench = read_run(path, ruleset, reading.train_samples)
         if bench != benchmark:
             raise HarnessError(f"{path}: benchmark {bench!r}, but {logs[0]} is {benchmark!r}; "
                                "give the logs of one benchmark")
@@ -238,13 +256,16 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
     if len(batches) != 1 or -1 in batches:
         raise HarnessError(f"the logs must share one global_batch_size (found {sorted(batches)})")
     batch = batches.pop()
-    logged = {e.key: e.value for e in first if e.event_type == "POINT_IN_TIME"}
+    logged = {e.key: e.value for e in parsed[0] if e.event_type == "POINT_IN_TIME"}
 
     with _quiet_logging():
         checker = official.RCP_Checker(USAGE, ruleset, benchmark, False)
         name, record = checker_record(checker, batch)
-    exact = rcp_entry(benchmark, ruleset, batch)
-    mismatches = hparam_mismatches(exact[1], logged) if exact else []
+    mismatches, neighbours = [], {}
+    if record is not None and checker._find_rcp(batch, PRUNED) is record:
+        mismatches = hparam_mismatches(record, logged)
+    elif record is not None and name.startswith("interpolated"):
+        neighbours = {n: hparam_mismatches(r, logged) for n, r in interpolation_neighbours(checker, batch)}
     rcp_mean = float(record["RCP Mean"]) if record else None
     fastest = float(record["RCP Mean"] / record["Max Speedup"]) if record else None
     values = [r.value for r in runs if r.converged]
@@ -253,19 +274,41 @@ def rcp_report(paths: list[str], ruleset: str | None = None) -> RcpReport:
         verdict = "n/a"
         detail = f"the RCP test needs at least 3 runs (MLPerf: {rec.runs}); positions only"
     else:
-        verdict, detail = _official_verdict(logs, ruleset)
+        verdict, detail = _official_verdict(logs, ruleset, reading.train_samples)
     return RcpReport(benchmark, ruleset, batch, runs, name or "none at this batch", rcp_mean, fastest, olympic,
-                     verdict, detail, mismatches)
+                     verdict, detail, mismatches, reading, neighbours)
 
 
-def _official_verdict(logs: list[str], ruleset: str) -> tuple[str, str]:
+def read_set(paths: list[str], ruleset: str | None) -> tuple[list[str], str, Reading, list[list[Any]]]:
+    """(logs, benchmark, how to read them, parsed events per log) for the logs named by `paths`; one
+    HarnessError line for a benchmark or ruleset without RCPs."""
+    from harness.review import logparse
+
+    logs = result_logs(paths)
+    parsed = [logparse.parse_log(p) for p in logs]
+    benchmark = next((e.value for e in parsed[0] if e.key == "submission_benchmark"), None)
+    rules.record(benchmark)
+    reading = choose_reading(logs, parsed, benchmark, ruleset)
+    require_rcps(logs[0], benchmark, reading.ruleset)
+    return logs, benchmark, reading, parsed
+
+
+def interpolation_neighbours(checker: Any, batch: int) -> list[tuple[str, dict[str, Any]]]:
+    """The two pruned RCP entries the checker interpolates between at `batch`, as (name, entry)."""
+    low = checker._find_top_min_rcp(batch, PRUNED)
+    high = checker._find_bottom_max_rcp(batch, PRUNED)
+    by_id = {id(r): n for n, r in checker.pruned_rcp_data.items()}
+    return [(by_id.get(id(r), f"batch {r['BS']}"), r) for r in (low, high) if r is not None]
+
+
+def _official_verdict(logs: list[str], ruleset: str, train_samples: bool = False) -> tuple[str, str]:
     """`check_directory` on a scratch folder holding the logs as result_<i>.txt (the name it globs)."""
     from mlperf_logging.rcp_checker import rcp_checker as official
 
     with tempfile.TemporaryDirectory() as tmp, _quiet_logging():
         for i, path in enumerate(logs):
             os.symlink(os.path.abspath(path), os.path.join(tmp, f"result_{i}.txt"))
-        passed, message, _ = official.check_directory(tmp, USAGE, ruleset, False, False, rcp_pass=PRUNED)
+        passed, message, _ = official.check_directory(tmp, USAGE, ruleset, False, train_samples, rcp_pass=PRUNED)
     return ("PASS" if passed else "FAIL"), message
 
 
@@ -286,6 +329,8 @@ def format_report(r: RcpReport) -> list[str]:
         return f"{x:,.0f}" if unit == "samples" else f"{x:.2f}"
 
     lines = [f"RCP check: {r.benchmark}, ruleset {r.ruleset}, global batch {r.batch}, {len(r.runs)} log(s)"]
+    if r.reading is not None:
+        lines += r.reading.lines()
     if r.rcp_mean is None:
         lines.append(f"  no RCP at or around batch {r.batch} in mlperf-logging's {r.benchmark} RCPs")
     else:
@@ -307,6 +352,11 @@ def format_report(r: RcpReport) -> list[str]:
     if r.mismatches:
         lines.append("  hyperparameters differ from the RCP entry at this batch (the first log's values):")
         lines += [f"      {m}" for m in r.mismatches]
+    if r.neighbours:
+        lines.append("  the checker interpolates at this batch (no entry of its pruned RCPs holds it), so no RCP "
+                     "hyperparameters are this batch's; the first log's against both neighbours:")
+        for name, diffs in r.neighbours.items():
+            lines.append(f"    {name}: " + ("the same" if not diffs else "; ".join(diffs)))
     return lines
 
 

@@ -91,6 +91,7 @@ class Preflight:
     launch: int | None  # smallest M with valid[M] >= confidence (None: no M up to MAX_LAUNCH * n)
     confidence: float
     simulations: int
+    reading: rcp.Reading | None = None
 
     @property
     def pass_all(self) -> float:
@@ -106,24 +107,17 @@ class Preflight:
         return [p.value for p in self.pilots if p.value is not None]
 
 
-def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, list[Pilot]]:
-    """(benchmark, ruleset, batch, pilots) from the logs, read by mlperf-logging's RCP reader; one
-    HarnessError line for fewer than 2 logs, mixed benchmarks or batch sizes, or a benchmark/ruleset
-    without RCPs."""
-    from harness.review import logparse
-
-    logs = rcp.result_logs(paths)
+def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, rcp.Reading, int, list[Pilot]]:
+    """(benchmark, how the logs are read, batch, pilots) from the logs, read by mlperf-logging's RCP reader
+    with the checker's options the logs call for; one HarnessError line for fewer than 2 logs, copies of one
+    log, mixed benchmarks or batch sizes, or a benchmark/ruleset without RCPs."""
+    logs, benchmark, reading, _ = rcp.read_set(paths, ruleset)
     if len(logs) < 2:
         raise HarnessError(f"the RCP preflight needs at least 2 pilot runs' result logs (got {len(logs)}: "
                            f"{logs[0]}); one run shows no spread")
-    first = logparse.parse_log(logs[0])
-    benchmark = next((e.value for e in first if e.key == "submission_benchmark"), None)
-    rules.record(benchmark)
-    ruleset = ruleset or logparse.log_ruleset(logs[0], first)
-    rcp.require_rcps(logs[0], benchmark, ruleset)
     pilots, batches = [], {}
     for path in logs:
-        converged, value, bs, bench = rcp.read_run(path, ruleset)
+        converged, value, bs, bench = rcp.read_run(path, reading.ruleset, reading.train_samples)
         if bench != benchmark:
             raise HarnessError(f"{path}: a {bench!r} log, but {logs[0]} is {benchmark!r}; pilots must be "
                                "runs of one benchmark")
@@ -134,7 +128,7 @@ def read_pilots(paths: list[str], ruleset: str | None) -> tuple[str, str, int, l
     if len(batches) != 1:
         where = ", ".join(f"{b} ({p})" for b, p in sorted(batches.items()))
         raise HarnessError(f"pilots at different global batch sizes: {where}; run them at the batch to submit")
-    return benchmark, ruleset, next(iter(batches)), pilots
+    return benchmark, reading, next(iter(batches)), pilots
 
 
 @functools.lru_cache(maxsize=None)
@@ -294,8 +288,9 @@ def simulate(benchmark: str, ruleset: str, batch: int, pilots: list[Pilot], conf
 
 def preflight(paths: list[str], ruleset: str | None = None, confidence: float = 0.9,
               simulations: int = SIMULATIONS, seed: int = SEED) -> Preflight:
-    benchmark, ruleset, batch, pilots = read_pilots(paths, ruleset)
-    return simulate(benchmark, ruleset, batch, pilots, confidence, simulations, seed)
+    benchmark, reading, batch, pilots = read_pilots(paths, ruleset)
+    p = simulate(benchmark, reading.ruleset, batch, pilots, confidence, simulations, seed)
+    return dataclasses.replace(p, reading=reading)
 
 
 def verdict(p: Preflight) -> str:
@@ -319,6 +314,8 @@ def format_preflight(p: Preflight) -> list[str]:
              f"{len(p.pilots)} pilot run(s); a result set is {n} runs",
              f"  RCP {p.record}: mean {num(p.rcp_mean)} {unit} to converge, fastest allowed olympic mean "
              f"{num(p.fastest_allowed)} ({p.fastest_allowed / p.rcp_mean:.3f} x the mean)"]
+    if p.reading is not None:
+        lines[1:1] = p.reading.lines()
     for pilot in p.pilots:
         if pilot.value is None:
             lines.append(f"  {pilot.path}: did not converge (run_stop not a success); counted as a failed run")

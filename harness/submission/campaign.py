@@ -150,7 +150,23 @@ def _run_one(config_path: str, overrides: list[str], rec: RunRecord, campaign_di
     with open(console_path, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        return wait_passing_interrupts(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
+        return wait_passing_interrupts(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                                        preexec_fn=end_with_parent))
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_parent() -> None:
+    """In the forked run, before it starts: SIGTERM to it when the campaign dies, even by SIGKILL (which the
+    campaign cannot pass on), so no run trains on unwatched; it then ends its log as stopped by SIGTERM.
+    Linux's prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def wait_passing_interrupts(proc: subprocess.Popen, grace_s: float = 8.0) -> int:

@@ -36,6 +36,9 @@ def _print_table(checks: list[Check]) -> None:
         print(f"{c.name.ljust(width)}  {c.verdict:<8}  {c.detail}")
 
 
+INCOMPLETE = "PACKAGE_INCOMPLETE.txt"
+
+
 def _score_check(runs: list, benchmark: str, official_score: float | None) -> Check:
     score = scoring.olympic_score([r.summary for r in runs], benchmark=benchmark)
     text = (f"{score.score_min:.4f} min (mean of {len(score.used)}, fastest and slowest dropped)"
@@ -77,6 +80,13 @@ def main(inputs: list[str], out_dir: str, system: str | None = None, system_fiel
     verdicts = check_compliance(runs, ruleset_)
 
     os.makedirs(out_dir, exist_ok=True)
+    # Until package_report.json is written the tree is not a finished package: a run stopped halfway (a
+    # signal, a failed checker) leaves this file saying so beside the tree (outside <org>: the checkers
+    # never see it)
+    incomplete = os.path.join(out_dir, INCOMPLETE)
+    with open(incomplete, "w") as f:
+        f.write("packaging did not finish: this tree is incomplete (no package_report.json); package again into "
+                "a new --out\n")
     logs_dir = os.path.join(out_dir, "checker_logs")
     os.makedirs(logs_dir, exist_ok=True)
     mapping = tree.write_tree(runs, out_dir, org, system, benchmark, impl, ruleset_, desc, info, selection.why)
@@ -128,4 +138,5 @@ def main(inputs: list[str], out_dir: str, system: str | None = None, system_fiel
     with open(os.path.join(out_dir, "package_report.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(f"report: {os.path.join(out_dir, 'package_report.json')}")
+    os.remove(incomplete)
     return 0 if accepted else 1

@@ -59,7 +59,8 @@ def pipeline_config(data_cfg: Any) -> PipelineConfig:
 def train_options(cfg: PipelineConfig, synthetic: bool = False) -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = cfg.deterministic or synthetic
-    options.autotune.enabled = True
+    # autotune left unset (on by default): a pipeline that turns it off (loop.without_autotune) then merges
+    # these options without tf.data's "Changing the value of option enabled" warning
     if cfg.threads:
         options.threading.private_threadpool_size = cfg.threads
     return options

@@ -212,8 +212,12 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
     if changes:
         with open(os.path.join(run_dir, "harness_changes.diff"), "w") as f:
             f.write(changes)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    summary_path = os.path.join(run_dir, "summary.json")
+    try:
+        with open(summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+    except OSError as e:  # a write's error (a full disk) names no file: name it
+        raise OSError(e.errno, e.strerror, e.filename or summary_path) from None
     print_result(summary, result, verdicts, findings, log_path, os.path.join(run_dir, "summary.json"))
     if "size_bound" in summary:
         print(size_bound.describe(summary["size_bound"]))
