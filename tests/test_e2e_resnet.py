@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -40,6 +41,9 @@ def assert_event_order(keys: list[str]) -> None:
     assert body == cycle * (len(body) // len(cycle))
 
 
+ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # absl / glog's line prefix
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("smoke") / "runs")
@@ -68,6 +72,8 @@ def test_smoke_run_reaches_target_and_passes_official_checker(smoke_run):
     assert os.path.exists(os.path.join(run_dir(out), "config.yaml"))
     assert "time to train:" in proc.stdout and "SYNTHETIC" in proc.stdout
     assert "compliance (official checker, ruleset 4.0.0): PASS" in proc.stdout
+    # The quiet-output promise: no absl / TensorFlow line (tf.data's "Changing the value of option" once was).
+    assert not [line for line in (proc.stdout + proc.stderr).splitlines() if ABSL_LINE.match(line)]
     # Each eval counts the whole eval set exactly once.
     assert all(e["counted"] == 1001 for e in summary["evals"])
     # The report reads the harness's own blocks: train time and throughput match the summary.

@@ -113,14 +113,6 @@ class Source:
             raise HarnessError(f"data.train_samples={c.train_samples} but {self._path(c.train_prefix)} holds "
                                f"{train_rows} rows of {self.row} tokens")
 
-    def counts(self) -> dict[str, int]:
-        """`mlperf-harness data count`: the rows of seq_length + 1 tokens the indexed files hold, by data key
-        ({} for synthetic rows, generated to fit)."""
-        c = self.cfg
-        if c.source == "synthetic":
-            return {}
-        return {"train_samples": self.indexed_rows(c.train_prefix), "eval_samples": self.indexed_rows(c.eval_prefix)}
-
     def indexed_rows(self, prefix: str) -> int:
         return max(0, (indexed_dataset.open_index(self._path(prefix)).tokens - 1) // self.cfg.seq_length)
 

@@ -11,7 +11,6 @@ is made of (harness/nn/hf_checkpoint.py), sharded with an index json when the te
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile
