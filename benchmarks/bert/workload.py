@@ -193,7 +193,7 @@ class BertWorkload(Workload):
         return {"masked_lm": LossTerm(mlm_sum, w_sum, epsilon=1e-5),
                 "next_sentence": LossTerm(tf.reduce_sum(nsp_ce), tf.shape(nsp_ce)[0])}
 
-    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
         if self.cfg.optimizer.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
         return grads
