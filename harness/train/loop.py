@@ -28,6 +28,7 @@ from harness.train import data_service
 from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, train_options
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
+from harness.train.snapshot import host_snapshot, restore_snapshot
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import (COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload,
@@ -369,45 +370,6 @@ def first_call_errors_as_one_line(runtime: Runtime, workload: Workload, which: s
         if error is not None:
             raise error from None
         raise
-
-
-HostValue = Any  # np.ndarray, or for a DTensor (layout, {shard coordinates: np.ndarray}, [key per device])
-
-
-def host_snapshot(runtime: Runtime) -> list[HostValue]:
-    """Every variable's value (weights, optimizer slots, statistics) copied to host memory.
-
-    A mirrored or TPU variable read across replicas gives its primary copy; a DTensor variable gives
-    this host's shards, one numpy array per distinct shard (replicated copies are stored once)."""
-    from tensorflow.experimental import dtensor
-
-    saved: list[HostValue] = []
-    for info in runtime.variables():
-        value = info.variable.read_value()
-        if not dtensor.is_dtensor(value):
-            saved.append(np.asarray(value.numpy()))
-            continue
-        layout = dtensor.fetch_layout(value)
-        locations = layout.mesh.local_device_locations()
-        keys = [tuple(loc[d] for d in layout.sharding_specs if d != dtensor.UNSHARDED) for loc in locations]
-        shards: dict[tuple, np.ndarray] = {}
-        for key, part in zip(keys, dtensor.unpack(value)):
-            if key not in shards:
-                shards[key] = np.asarray(part.numpy())
-        saved.append((layout, shards, keys))
-    return saved
-
-
-def restore_snapshot(runtime: Runtime, saved: list[HostValue]) -> None:
-    """Assigns `host_snapshot`'s values back to the variables they came from."""
-    from tensorflow.experimental import dtensor
-
-    for info, value in zip(runtime.variables(), saved):
-        if isinstance(value, tuple):
-            layout, shards, keys = value
-            with tf.device(dtensor.device_name()):
-                value = dtensor.pack([tf.constant(shards[k]) for k in keys], layout)
-        info.variable.assign(value)
 
 
 class RunObserver:
