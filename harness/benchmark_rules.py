@@ -78,6 +78,22 @@ class Cadence:
         return f"{', '.join(f'{p:,g}' for p in grid)}, ... {unit}"
 
 
+def epoch_cadence(schedule: Any) -> Cadence:
+    """A config's own epoch cadence (its `schedule` section): every schedule.eval_every_epochs (0: 1) from
+    schedule.eval_offset_epochs (0: from the first spacing). The run's default `eval_schedule` and `plan` read it."""
+    every = schedule.eval_every_epochs or 1.0
+    return Cadence(EPOCH, schedule.eval_offset_epochs or every, every)
+
+
+def epoch_positions(schedule: Any, upto: float) -> list[float]:
+    """A config's eval epochs through the first at or past `upto`: schedule.eval_epochs when given, else its
+    cadence (`epoch_cadence`)."""
+    if schedule.eval_epochs:
+        listed = sorted(float(e) for e in schedule.eval_epochs)
+        return [e for e in listed if e < upto - 1e-9] + [e for e in listed if e >= upto - 1e-9][:1]
+    return epoch_cadence(schedule).through(upto)
+
+
 RESNET_EVAL_EVERY = 4  # epochs, first at epoch 1-4: "every 4 epochs with offset 0 or 1 or 2 or 3"
 BERT_V07_FIRST, BERT_V07_EVERY = 3_000_000, 500_000  # v0.7: "starting at 3M samples, then every 500K"
 SSD_FIRST, SSD_EVERY, SSD_V10_SKIP = 40, 5, 45  # 0.7.0/1.0.0: epochs 40, 50, 55, ...; 1.1.0: every 5

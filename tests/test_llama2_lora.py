@@ -179,7 +179,7 @@ def test_cost_counts_the_reference_model():
     # frozen base: forward + activation gradients, ~2/3 of a full training step; >= 4 N T
     assert 4 * base * 8192 < mc.train_flops_per_sample < 3 * 2 * macs * 0.7
     assert mc.params == 44_564_480
-    assert cost.eval_positions(cfg, 2000, 8) == [1536, 1920, 2304]
+    assert cost.COST.eval_positions(cfg, 2000, 8) == [1536, 1920, 2304]
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -16,7 +16,7 @@ from harness.nn.optim import LAMB
 from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.bert import tensor_names, checkpoint, config, data, hf_names
+from benchmarks.bert import checkpoint, config, cost, data, hf_names, tensor_names
 from benchmarks.bert.model import Bert
 
 
@@ -77,11 +77,8 @@ class BertWorkload(Workload):
         return self.cfg.optimizer.train_steps or self.total_steps()
 
     def eval_cadence_samples(self) -> tuple[int, int]:
-        """(first eval, spacing) in samples: `data.eval_every_samples`, else the ruleset's rule (the record's
-        cadence: 0.7.0 from 3M samples, every 500K; 1.0+ every FLOOR(0.05 * (230.23 * gbs + 3M), 25K))."""
-        if self.cfg.data.eval_every_samples:
-            return self.eval_every_samples, self.eval_every_samples
-        rule = rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, self.cfg.schedule.global_batch_size)
+        """(first eval, spacing) in samples: benchmarks/bert/cost.py `eval_cadence`, which `plan` reads too."""
+        rule = cost.eval_cadence(self.cfg, self.cfg.schedule.global_batch_size)
         return int(rule.first), int(rule.every)
 
     def eval_schedule(self) -> EvalSchedule:

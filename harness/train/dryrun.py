@@ -513,10 +513,10 @@ def host_memory_bytes() -> int:
 def _too_big_for_host(cfg: config_lib.Config) -> bool:
     from benchmarks import registry
 
-    module = registry.cost_module(cfg.workload)
-    if module is None:
+    declared = registry.cost_model(cfg.workload)
+    if declared is None:
         return False
-    cost = module.model_cost(cfg)
+    cost = declared.model_cost(cfg)
     # a frozen base (not in `params`: no gradients, no optimizer state) counts as the bytes it is held in
     return cost.params * 12 + cost.frozen_bytes > HOST_MEMORY_SHARE * host_memory_bytes()
 
@@ -841,8 +841,8 @@ def kept_activations(cfg: config_lib.Config, report: CompileReport) -> int:
     rows of one micro-batch of a replica; 0 where the workload states none."""
     from benchmarks import registry
 
-    module = registry.cost_module(cfg.workload)
-    floor = getattr(module, "kept_activation_bytes", None) if module is not None else None
+    declared = registry.cost_model(cfg.workload)
+    floor = declared.kept_activation_bytes if declared is not None else None
     if floor is None:
         return 0
     return int(floor(cfg, report.per_replica_batch // max(1, cfg.schedule.gradient_accumulation_steps)))

@@ -105,18 +105,12 @@ def sample_schedule(samples: Iterable[int], train_samples: int, global_batch: in
     return EvalSchedule(tuple(points), SAMPLE, train_samples, cadence)
 
 
-def cadence_epochs(every: float, offset: float, budget: float) -> list[float]:
-    """offset + k * every (k >= 0 when offset > 0, else k >= 1) up to the budget, which is added as a
-    last eval when it is off the cadence (closed workloads refuse such a budget in `validate`)."""
-    if every <= 0:
-        raise HarnessError(f"schedule.eval_every_epochs must be > 0, got {every}")
-    epochs, k = [], 0 if offset > 0 else 1
-    while offset + k * every <= budget + 1e-9:
-        epochs.append(offset + k * every)
-        k += 1
-    if budget > 0 and (not epochs or epochs[-1] < budget - 1e-9):
-        epochs.append(budget)
-    return epochs
+def cadence_epochs(schedule: Any) -> list[float]:
+    """The config's epoch cadence (harness/benchmark_rules.py `epoch_cadence`, which `plan` reads too) up to
+    schedule.max_epochs, which is added as a last eval when it is off the cadence (closed workloads refuse such
+    a budget in `validate`)."""
+    budget = schedule.max_epochs
+    return rules.epoch_cadence(schedule).marks(budget) if budget > 0 else []
 
 
 # ---------------------------------------------------------------------------------------- losses
@@ -236,7 +230,7 @@ class Workload(abc.ABC):
         """Default: `schedule.eval_epochs` if given, else offset + k * cadence epochs up to the budget."""
         s = self.cfg.schedule
         every = s.eval_every_epochs or 1.0
-        epochs = s.eval_epochs or cadence_epochs(every, s.eval_offset_epochs, s.max_epochs)
+        epochs = s.eval_epochs or cadence_epochs(s)
         if s.eval_epochs and max(epochs) > s.max_epochs + 1e-9:
             raise HarnessError(f"schedule.eval_epochs goes to {max(epochs):g}, past schedule.max_epochs="
                                f"{s.max_epochs:g}")
