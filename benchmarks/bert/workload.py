@@ -55,6 +55,7 @@ class BertWorkload(Workload):
     HF_FORMAT = hf_checkpoint.Format(hf_names.layout, hf_names.config_problems,
                                      lambda cfg, dtype: hf_names.hf_config(cfg.model, dtype))
     METRIC = "masked-LM accuracy"
+    SPLIT_DIMS = {"model.num_heads": "heads", "model.ff_size": "ff", "model.vocab_size": "vocab"}
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
@@ -89,7 +90,7 @@ class BertWorkload(Workload):
         budget = self.total_steps() * gbs
         return sample_schedule(list(range(first, budget, every)) + [budget], self.train_samples, gbs, None)
 
-    def check_closed_eval_schedule(self) -> None:
+    def validate_closed(self) -> None:
         """Closed BERT evaluates at the rules' cadence and its budget ends on it."""
         if self.cfg.data.eval_every_samples:
             raise HarnessError(f"closed BERT evaluates at the rules' cadence: set data.eval_every_samples=0 "
@@ -116,19 +117,13 @@ class BertWorkload(Workload):
             hf_checkpoint.check_config(m.init_checkpoint, self.HF_FORMAT, m)
         self.source.validate()
 
-    def validate_config(self) -> None:
-        """What `validate` checks of the config alone (shared with the dry run, which reads no file)."""
+    def validate_model(self) -> None:
         m = self.cfg.model
         if m.hidden_size % m.num_heads:
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
             raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds "
                                f"model.max_position={m.max_position}")
-        if self.cfg.submission.division == "closed":
-            self.check_closed_eval_schedule()
-        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
-                                ("model.vocab_size", m.vocab_size, "vocab")):
-            self.runtime.check_divides(what, size, dim)
 
     # --------------------------------------------------------------------------- model and inputs
     def build(self) -> None:

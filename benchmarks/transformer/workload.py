@@ -85,13 +85,13 @@ class TransformerWorkload(Workload):
     def validate(self) -> None:
         c, m = self.cfg, self.cfg.model
         if c.submission.division == "closed":
-            self.check_closed()
+            self.validate_closed()
         self.source.validate()
         if m.vocab_size and m.vocab_size != self.vocab_size:
             raise HarnessError(f"model.vocab_size={m.vocab_size} does not match the data's vocabulary of "
                                f"{self.vocab_size} entries ({c.data.vocab_file or c.data.source}); set it to "
                                f"{self.vocab_size} or 0")
-        self.validate_sizes()
+        self.validate_model()
         sources, references = self.source.eval_set
         if len(sources) != c.data.eval_samples:
             raise HarnessError(f"the eval set has {len(sources)} sentences but data.eval_samples="
@@ -99,7 +99,7 @@ class TransformerWorkload(Workload):
         if not self.train_samples:
             raise HarnessError("data.train_samples is 0 and the source cannot count its rows")
 
-    def validate_sizes(self) -> None:
+    def validate_model(self) -> None:
         """The model's sizes against the rows, the eval inputs and the layout (shared with the dry run,
         where the vocabulary and the eval length stand in for the files)."""
         c, m = self.cfg, self.cfg.model
@@ -120,7 +120,7 @@ class TransformerWorkload(Workload):
                                 ("vocab size", self.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)
 
-    def check_closed(self) -> None:
+    def validate_closed(self) -> None:
         """Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and epsilon."""
         s, e, o = self.cfg.schedule, self.eval_cfg, self.cfg.optimizer
         fix = "; or set submission.division=open"
@@ -169,9 +169,7 @@ class TransformerWorkload(Workload):
                                "reference's vocab.ende.32768)")
         length = int(math.ceil(c.data.max_sequence_length / 8) * 8)
         self._stand_in = {"vocab_size": m.vocab_size, "eval_length": length}
-        if c.submission.division == "closed":
-            self.check_closed()
-        self.validate_sizes()
+        self.validate_config()
         row = self.source.row_length
         notes = [f"vocabulary of model.vocab_size={m.vocab_size} (no vocab file read); eval inputs of {length} "
                  f"tokens (data.max_sequence_length rounded up to 8; a real run pads to its longest eval sentence)"]
