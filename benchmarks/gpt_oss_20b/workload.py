@@ -101,6 +101,11 @@ class GptOssWorkload(DecoderLMWorkload):
                                          tf.constant(float(routings[0].tokens)))
         return terms
 
+    def experts_stay_put(self) -> bool:
+        """The alltoall dispatch (benchmarks/lm/moe_dispatch.py) sends tokens to their experts' devices and never
+        gathers the experts' weights, as deepseekv3_671b's does."""
+        return self.cfg.model.moe_dispatch == "alltoall"
+
     def extra_hparams(self) -> dict[str, Any]:
         """The router options that are on, and expert parallelism as computed: the sorted dispatch keeps tokens on
         their device and gathers the (data-split) expert weights where used, so every device computes every
