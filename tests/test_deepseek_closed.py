@@ -24,7 +24,7 @@ CONVERGING = [3.85, 3.72, 3.64, 3.58]
 def at_batch(gbs: int, lr: float | None = None) -> list[str]:
     """Overrides for the reference at another global batch: 1-row micro-batches on its 256 devices and the
     rules' learning rate (or `lr`)."""
-    from benchmarks.deepseekv3_671b.workload import closed_learning_rate
+    from benchmarks.deepseekv3_671b.rules import closed_learning_rate
 
     return [f"schedule.global_batch_size={gbs}", f"schedule.gradient_accumulation_steps={gbs // 256}",
             f"optimizer.base_learning_rate={lr if lr is not None else closed_learning_rate(gbs)!r}"]
