@@ -226,7 +226,8 @@ def _lookup(cfg: Any, key: str) -> Any:
     """The config value at a dotted path (`optimizer.beta_1`)."""
     value = cfg
     for part in key.split("."):
-        value = getattr(value, part)
+        sections = getattr(value, "sections", None) or {}
+        value = sections[part] if part in sections else getattr(value, part)
     return value
 
 

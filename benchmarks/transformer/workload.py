@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from harness.benchmark_rules import ClosedRules
 from harness.errors import HarnessError
 from harness.train.workload import INDEX
 from harness.mlperf import Logged
@@ -33,11 +34,29 @@ REFERENCE_MODEL = ReferenceModel("Transformer-big", {
     "model.relu_dropout": 0.1, "model.label_smoothing": 0.1})
 
 
+def closed_checks(cfg: Any) -> str | None:
+    """Rules v0.7: an eval after every whole epoch (the cadence itself is fixed in CLOSED_RULES)."""
+    s = cfg.schedule
+    if s.eval_epochs:
+        return "closed Transformer evaluates after every epoch: use schedule.eval_every_epochs=1, not eval_epochs"
+    if s.max_epochs != int(s.max_epochs):
+        return f"closed Transformer: schedule.max_epochs={s.max_epochs:g} must be whole epochs"
+    return None
+
+
+# Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and Adam epsilon.
+CLOSED_RULES = ClosedRules(
+    fixed=(("schedule.eval_every_epochs", 1.0), ("schedule.eval_offset_epochs", 0.0), ("eval.beam_size", 4),
+           ("eval.alpha", 0.6), ("eval.extra_decode_length", 50), ("optimizer.epsilon", 1e-9)),
+    fixed_by="the reference fixes", checks=closed_checks)
+
+
 class TransformerWorkload(Workload):
     NAME = "transformer"
     MLPERF_KEY = "transformer"
     # 0.6.0 has transformer too, but its parser reads only the legacy line format (MLPERF_RULES.md).
     RULESETS = ("0.7.0",)
+    RULES = CLOSED_RULES
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig,
                 "eval": config.EvalConfig}
     METRIC = "bleu"
@@ -119,22 +138,6 @@ class TransformerWorkload(Workload):
                                 ("model.filter_size", m.filter_size, "ff"),
                                 ("vocab size", self.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)
-
-    def validate_closed(self) -> None:
-        """Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and epsilon."""
-        s, e, o = self.cfg.schedule, self.eval_cfg, self.cfg.optimizer
-        fix = "; or set submission.division=open"
-        if s.eval_epochs or s.eval_every_epochs != 1 or s.eval_offset_epochs:
-            raise HarnessError(f"closed Transformer evaluates after every epoch: use schedule.eval_every_epochs=1, "
-                               f"eval_offset_epochs=0 and no eval_epochs{fix}")
-        if s.max_epochs != int(s.max_epochs):
-            raise HarnessError(f"closed Transformer: schedule.max_epochs={s.max_epochs:g} must be whole epochs{fix}")
-        if (e.beam_size, e.alpha, e.extra_decode_length) != (4, 0.6, 50):
-            raise HarnessError(f"closed Transformer decodes as the reference: eval.beam_size=4, eval.alpha=0.6, "
-                               f"eval.extra_decode_length=50 (got {e.beam_size}, {e.alpha:g}, "
-                               f"{e.extra_decode_length}){fix}")
-        if o.epsilon != 1e-9:
-            raise HarnessError(f"closed Transformer: optimizer.epsilon must be 1e-9 (got {o.epsilon:g}){fix}")
 
     # ----------------------------------------------------------------------------- model and inputs
     def build(self) -> None:
