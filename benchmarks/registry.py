@@ -23,12 +23,13 @@ def names() -> list[str]:
     return sorted(_WORKLOADS)
 
 
-def cost_module(name: str):
-    """The workload's `cost` module (benchmarks/<name>/cost.py: FLOPs and sample counts for `plan` and the
-    dry run's useful FLOPs); None where it has none."""
+def cost_model(name: str):
+    """The workload's declared cost (`COST`, a harness.plan.cost.CostModel, in benchmarks/<name>/cost.py: FLOPs,
+    sample counts and eval positions for `plan`, the dry run and the host-memory estimate); None where it has
+    none. TensorFlow-free."""
     get_known(name)
     try:
-        return importlib.import_module(f"benchmarks.{name}.cost")
+        return importlib.import_module(f"benchmarks.{name}.cost").COST
     except ModuleNotFoundError:
         return None
 

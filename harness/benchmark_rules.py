@@ -54,6 +54,15 @@ class Cadence:
         out = [start + k * self.every for k in range(count)]
         return [int(p) if float(p).is_integer() else p for p in out if p not in self.skip]
 
+    def through(self, upto: float) -> list[float]:
+        """The eval positions up to and including the first at or past `upto` (a run stops only at an eval)."""
+        grid = self.positions(max(upto, self.first) + (len(self.skip) + 1) * self.every)
+        return [p for p in grid if p < upto - 1e-9] + [p for p in grid if p >= upto - 1e-9][:1]
+
+    def marks(self, budget: float) -> list[float]:
+        """The eval positions before `budget`, then `budget` itself (a run's last eval ends its budget)."""
+        return [p for p in self.positions(budget) if p < budget - 1e-9] + [budget]
+
     @property
     def largest_gap(self) -> float:
         """The widest spacing between two of the rules' evals (SSD 0.7.0: 10, from 40 to 50)."""
@@ -67,6 +76,22 @@ class Cadence:
             return f"every {self.every:,g} {unit}"
         grid = self.positions(self.first + (len(self.skip) + 2) * self.every)[:3]
         return f"{', '.join(f'{p:,g}' for p in grid)}, ... {unit}"
+
+
+def epoch_cadence(schedule: Any) -> Cadence:
+    """A config's own epoch cadence (its `schedule` section): every schedule.eval_every_epochs (0: 1) from
+    schedule.eval_offset_epochs (0: from the first spacing). The run's default `eval_schedule` and `plan` read it."""
+    every = schedule.eval_every_epochs or 1.0
+    return Cadence(EPOCH, schedule.eval_offset_epochs or every, every)
+
+
+def epoch_positions(schedule: Any, upto: float) -> list[float]:
+    """A config's eval epochs through the first at or past `upto`: schedule.eval_epochs when given, else its
+    cadence (`epoch_cadence`)."""
+    if schedule.eval_epochs:
+        listed = sorted(float(e) for e in schedule.eval_epochs)
+        return [e for e in listed if e < upto - 1e-9] + [e for e in listed if e >= upto - 1e-9][:1]
+    return epoch_cadence(schedule).through(upto)
 
 
 RESNET_EVAL_EVERY = 4  # epochs, first at epoch 1-4: "every 4 epochs with offset 0 or 1 or 2 or 3"
@@ -169,6 +194,68 @@ def _lm_cadence(ruleset: str, global_batch: int) -> Cadence:
     return Cadence(SAMPLE, every, every)
 
 
+# ------------------------------------------------------------------------------ a workload's closed rules
+
+@dataclasses.dataclass(frozen=True)
+class ClosedRules:
+    """What the closed division fixes of one workload's config, declared once and checked by one loop
+    (`Workload.validate_closed`); a workload without one checks nothing there.
+
+    `fixed`: (dotted config key, value) pairs, numbers compared within 1e-9 (`fixed_by` says whose rule);
+    `row_length` / `eval_rows`: data.seq_length and data.eval_samples; `data_source` (and `data_text`, what
+    it is): the data.source a closed run reads; `checkpoint`: None no rule, "" no model.init_checkpoint (a
+    run from the reference's initialization), else what the closed run starts from (then required);
+    `cadence(cfg, global_batch)`: where this config's run evaluates (the rules' cadence in the closed
+    division, the config's own in the open), TensorFlow-free so that `plan` counts the run's evals;
+    `checks(cfg)`: the rules no pair states (checked first), the first departure as one line's text (None:
+    none).
+    """
+    fixed: tuple[tuple[str, Any], ...] = ()
+    fixed_by: str = "the rules fix"
+    row_length: int | None = None
+    eval_rows: int | None = None
+    data_source: str = ""
+    data_text: str = ""
+    checkpoint: str | None = None
+    cadence: Callable[[Any, int], Cadence] | None = None
+    checks: Callable[[Any], str | None] | None = None
+
+    def departures(self, cfg: Any, name: str) -> str | None:
+        """The first rule `cfg` departs from, as one line's text (None: none)."""
+        d = cfg.data
+        problem = self.checks(cfg) if self.checks is not None else None
+        if problem:
+            return problem
+        if self.data_source and d.source != self.data_source:
+            return f"closed {name} {self.data_text}: set data.source={self.data_source} (got {d.source})"
+        if self.row_length is not None and d.seq_length != self.row_length:
+            return f"closed {name} trains on rows of {self.row_length} tokens (got data.seq_length={d.seq_length})"
+        if self.eval_rows is not None and d.eval_samples != self.eval_rows:
+            return f"closed {name} scores {self.eval_rows} eval rows (got data.eval_samples={d.eval_samples})"
+        for key, want in self.fixed:
+            got = _lookup(cfg, key)
+            same = (math.isclose(got, want, rel_tol=1e-9, abs_tol=0.0) if isinstance(want, (int, float))
+                    and not isinstance(want, bool) else got == want)
+            if not same:
+                return f"closed {name}: {self.fixed_by} {key}={want:g} (got {got:g})" if isinstance(want, (
+                    int, float)) else f"closed {name}: {self.fixed_by} {key}={want} (got {got})"
+        if self.checkpoint == "" and cfg.model.init_checkpoint:
+            return (f"closed {name} pretrains from the reference's random initialization: remove "
+                    f"model.init_checkpoint")
+        if self.checkpoint and not cfg.model.init_checkpoint:
+            return f"closed {name} {self.checkpoint}: set model.init_checkpoint to its Hugging Face directory"
+        return None
+
+
+def _lookup(cfg: Any, key: str) -> Any:
+    """The config value at a dotted path (`optimizer.beta_1`)."""
+    value = cfg
+    for part in key.split("."):
+        sections = getattr(value, "sections", None) or {}
+        value = sections[part] if part in sections else getattr(value, part)
+    return value
+
+
 # ------------------------------------------------------------------------------------------ records
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +289,9 @@ class Benchmark:
     unit: str = EPOCH  # what eval positions count: epochs or training samples
     cadence: Callable[[str, int], Cadence | None] | None = None  # (ruleset, gbs) -> where closed runs evaluate
     closed_fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # logged keys closed runs must hold
+    # Checker keys that bind the run's size in every division, with the smallest values the checker accepts: a
+    # log failing the checker is re-checked with them (harness/train/size_bound.py, a diagnosis only).
+    size_bound: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def closed(self) -> tuple[str, ...]:
@@ -273,8 +363,10 @@ _ALL = [
     _bench("flux1", _at(span("5.1.0", "6.1.0"), 0.586), False, 10, span("5.1.0", "6.1.0"), unit=SAMPLE),
     _bench("gpt_oss_20b", _at(span("6.0.0", "6.1.0"), 3.34), False, 10, span("6.0.0", "6.1.0"),
            unit=SAMPLE, cadence=_lm_cadence),
+    # No CPU-size run passes closed_deepseekv3_671b.yaml's bounds, which bind both divisions.
     _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
-           unit=SAMPLE, cadence=_dsv3_cadence),
+           unit=SAMPLE, cadence=_dsv3_cadence,
+           size_bound={"global_batch_size": 15360, "max_sequence_length": 4096, "eval_samples": 1024}),
     _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
     _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE, cadence=_dlrmv4_cadence,
            closed_fixed={"train_samples": DLRMV4_TRAIN_SAMPLES, "eval_samples": DLRMV4_EVAL_SAMPLES,

@@ -7,7 +7,7 @@ the expected type, and a value out of range names the bound. Workloads add their
 
 This module is harness/'s one way to the workloads (benchmarks/registry.py): `load_config` resolves the
 config's workload name once, and the Config carries its class (`Config.workload_class`) and cost module
-(`Config.cost_module`) to every command that needs them.
+(`Config.cost_model`) to every command that needs them.
 """
 from __future__ import annotations
 
@@ -161,10 +161,11 @@ class Config:
         return self.sections.get("data")
 
     @property
-    def cost_module(self) -> Any:
-        """The workload's cost module (benchmarks/<name>/cost.py: FLOPs, sample counts and memory figures for
-        `plan`, the dry run and the run's MFU line); None where it has none."""
-        return find_cost_module(self.workload)
+    def cost_model(self) -> Any:
+        """The workload's declared cost (`COST`, a harness.plan.cost.CostModel, in benchmarks/<name>/cost.py:
+        FLOPs, eval positions and memory figures for `plan`, the dry run and the run's MFU line); None where it
+        has none."""
+        return find_cost_model(self.workload)
 
     @property
     def model(self) -> Any:
@@ -394,9 +395,10 @@ def find_workload(name: str) -> type:
     return _registry().get(name)
 
 
-def find_cost_module(name: str) -> Any:
-    """benchmarks/<name>/cost.py of a known workload; None where it has none."""
-    return _registry().cost_module(name)
+def find_cost_model(name: str) -> Any:
+    """The declared CostModel of a known workload (`COST` in benchmarks/<name>/cost.py); None where it has
+    none."""
+    return _registry().cost_model(name)
 
 
 def workload_folder(name: str) -> str:

@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import registry  # noqa: E402
 from harness import config as config_lib  # noqa: E402
 from harness.train.loop import CompiledSteps, train_input  # noqa: E402
+from harness.train.workload import split_loss  # noqa: E402
 from harness.runtime import make_runtime  # noqa: E402
 
 
@@ -51,10 +52,10 @@ def measure(config: str, overrides: list[str], rounds: int, steps: int):
     def bare_train_step(batch):
         # The same model, loss, gradient hook and optimizer, with nothing of the harness around them.
         with tf.GradientTape() as tape:
-            loss = tf.add_n([t.total / (tf.cast(t.count, tf.float32) + t.epsilon)
-                             for t in workload.loss(batch, seed).values()])
+            terms, stats = split_loss(workload.loss(batch, seed))
+            loss = tf.add_n([t.total / (tf.cast(t.count, tf.float32) + t.epsilon) for t in terms.values()])
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]
-        workload.optimizer.apply(workload.process_gradients(grads))
+        workload.optimizer.apply(workload.process_gradients(grads, stats))
         return {"loss": loss}
 
     # Compiled the way the harness compiles its per-replica step: XLA when runtime.jit_compile is on.

@@ -20,8 +20,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.llama2_70b_lora.data import synthetic_rows, write_parquet  # noqa: E402
-from benchmarks.llama2_70b_lora.data_config import (REFERENCE_EVAL_ROWS, REFERENCE_TRAIN_ROWS,  # noqa: E402
-                                                    LoraDataConfig)
+from benchmarks.llama2_70b_lora.data_config import LoraDataConfig  # noqa: E402
+from benchmarks.llama2_70b_lora.rules import REFERENCE_EVAL_ROWS, REFERENCE_TRAIN_ROWS  # noqa: E402
 
 
 def write(out_dir: str, train_rows: int, eval_rows: int, seq: int, seed: int = 0, alphabet: int = 16,

@@ -4,7 +4,7 @@ rows after some training, re-slotted offline at several capacity factors and rou
 Trains CONFIG (default: the 1-device smoke, dropless) for --steps loops of schedule.steps_per_loop steps, then
 routes --rows eval rows and, for each layer, takes each token's top-k experts (what a dropless run computes).
 A capacity factor cf gives each expert ceil(cf x group x k / experts) slots per routing group
-(benchmarks/lm/moe_dispatch.py expert_capacity), filled in the router's priority order (first choices first,
+(benchmarks/lm/moe_capacity.py expert_capacity), filled in the router's priority order (first choices first,
 earlier tokens first); the rest are dropped. Prints, per group size, the dropped share at each cf and the
 largest load any expert took in any group relative to the mean (the cf a dropless capacity would need there).
 

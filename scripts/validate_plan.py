@@ -200,7 +200,7 @@ def validate_v5(path: str = V5_TABLE) -> tuple[list[dict], list[str]]:
     """The v5.0 LLM families (module docstring), as `validate` returns its points."""
     rows = v5_rows(path)
     cfg = v5_config()
-    module = costs.workload_cost_module(cfg.workload)
+    module = costs.workload_cost_model(cfg.workload)
     cost = costs.analytic(cfg)
     results, skipped = [], []
     for submitter, system_name, names in V5_FAMILIES:
@@ -218,7 +218,7 @@ def validate_v5(path: str = V5_TABLE) -> tuple[list[dict], list[str]]:
         for p in pts[1:]:
             n, b = int(p["chips"]), int(p["global_batch"])
             m, p_cost = v5_point(cost, p)[3:]
-            conv = converge.to_converge(cfg.workload, V5_RULESET, b, module.CONVERGE_UNIT, None)
+            conv = converge.to_converge(cfg.workload, V5_RULESET, b, module.converge_unit, None)
             conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, b))
             proj = project(p_cost, system, conv, n, b, cal.efficiency, m, cal)
             actual = float(p["olympic_minutes"])
@@ -355,12 +355,12 @@ def real_token_check(data_dir: str) -> list[str]:
         found.append((n, batch, float(r["mean_step_ms"]) / 1e3, float(r["olympic_score_minutes"]),
                       float(r["epochs_or_samples_to_converge"])))
     cfg = load_config(os.path.join(REPO, "configs", bench, "reference.yaml"), [f"ruleset={ROUND_RULESETS[rnd]}"])
-    module = costs.workload_cost_module(bench)
+    module = costs.workload_cost_model(bench)
     system = dataclasses.replace(load_system(system_name), allreduce_overlap=0.0)
     (n0, b0, step0, _, _), (n1, b1, step1, minutes1, conv1) = found
     lines = [f"  {rnd} {submitter} {system_name} {bench}, unpadded, calibrated at {n0} chips x {b0 / n0:g} "
              f"({step0 * 1e3:.1f} ms), projected at {n1} x {b1 / n1:g} ({step1 * 1e3:.1f} ms, {minutes1:.3f} min):"]
-    for fraction in (None, module.DATASET_REAL_TOKEN_FRACTION):
+    for fraction in (None, module.dataset_real_tokens[1]):
         cost = costs.with_real_tokens(cfg, module, fraction)
         cost = dataclasses.replace(cost, gradient_bytes=GRADIENT_BYTES_PER_PARAM * cost.params)
         label = "padded cost" if fraction is None else f"--real_token_fraction {fraction:g}"
@@ -369,7 +369,7 @@ def real_token_check(data_dir: str) -> list[str]:
         except HarnessError as e:
             lines.append(f"    {label:<28} {e}")
             continue
-        conv = converge.to_converge(cfg.workload, RCP_RULESET, b1, module.CONVERGE_UNIT, None)
+        conv = converge.to_converge(cfg.workload, RCP_RULESET, b1, module.converge_unit, None)
         conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, b1))
         proj = project(cost, system, conv, n1, b1, cal.efficiency, 1, cal)
         lines.append(f"    {label:<28} efficiency {cal.efficiency:.2f}: step {proj.step.total * 1e3:.1f} ms "
@@ -471,7 +471,7 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
         if (fam["round"], fam["submitter"], fam["benchmark"]) in POST_BACKWARD_ALLREDUCE:
             system = dataclasses.replace(system, allreduce_overlap=0.0)
         cfg = configs[(fam["benchmark"], fam["round"])]
-        module = costs.workload_cost_module(cfg.workload)
+        module = costs.workload_cost_model(cfg.workload)
         cost = costs.analytic(cfg)
         cost = dataclasses.replace(cost, gradient_bytes=GRADIENT_BYTES_PER_PARAM * cost.params)
         pts = sorted(points_of(fam, rows), key=lambda p: p.chips)
@@ -486,7 +486,7 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
         else:
             skipped.append(f"{name}: no step or epoch time at the smallest scale")
             continue
-        steps = cost.train_samples / base.batch * base.converge if module.CONVERGE_UNIT == "epochs" else \
+        steps = cost.train_samples / base.batch * base.converge if module.converge_unit == "epochs" else \
             base.converge / base.batch
         try:
             cal = calibrate(cost, system, base.chips, base.batch, step, base.eval_s if base.eval_mode != "untimed"
@@ -505,10 +505,10 @@ def validate(data_dir: str) -> tuple[list[dict], list[str]]:
 
         for p in pts[1:]:
             if schedule(base) and schedule(p):
-                conv = converge.by_schedule(base.converge, schedule(base), schedule(p), module.CONVERGE_UNIT)
+                conv = converge.by_schedule(base.converge, schedule(base), schedule(p), module.converge_unit)
             else:
-                conv = converge.to_converge(cfg.workload, ruleset, p.batch, module.CONVERGE_UNIT,
-                                            getattr(module, "CONVERGENCE", None))
+                conv = converge.to_converge(cfg.workload, ruleset, p.batch, module.converge_unit,
+                                            module.convergence)
             conv = converge.at_evals(conv, module.eval_positions(cfg, conv.value, p.batch))
             factor = 1.0
             if unpadded(base) is not None and unpadded(p) is not None and unpadded(base) != unpadded(p):

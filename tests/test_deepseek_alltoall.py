@@ -30,11 +30,12 @@ def forward_and_backward(wl, tokens: tf.Tensor) -> dict:
     and the gradient of the summed loss for every trainable variable (by path)."""
     infos = wl.runtime.variables(trainable=True)
     with tf.GradientTape() as tape:
-        terms = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
+        terms, _ = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
         loss = tf.add_n([t.total / t.count for t in terms.values()])
     grads = tape.gradient(loss, [v.variable for v in infos])
-    xent, _, (routings, mtp_xent) = wl.token_losses(tokens)
-    moe = [r for r in routings if r is not None]
+    xent, _, extras, targets = wl.position_losses({"tokens": tokens}, None)
+    mtp_xent = wl.mtp_xent(extras, targets)
+    moe = wl.routings(extras)
     return {"loss": float(loss), "terms": {k: float(t.total) for k, t in terms.items()}, "xent": xent.numpy(),
             "mtp_xent": mtp_xent.numpy(), "counts": [r.counts.numpy() for r in moe],
             "seq_aux": [float(r.seq_aux) for r in moe], "dropped": [r.dropped.numpy() for r in moe],

@@ -24,7 +24,7 @@ CONVERGING = [3.85, 3.72, 3.64, 3.58]
 def at_batch(gbs: int, lr: float | None = None) -> list[str]:
     """Overrides for the reference at another global batch: 1-row micro-batches on its 256 devices and the
     rules' learning rate (or `lr`)."""
-    from benchmarks.deepseekv3_671b.workload import closed_learning_rate
+    from benchmarks.deepseekv3_671b.rules import closed_learning_rate
 
     return [f"schedule.global_batch_size={gbs}", f"schedule.gradient_accumulation_steps={gbs // 256}",
             f"optimizer.base_learning_rate={lr if lr is not None else closed_learning_rate(gbs)!r}"]
@@ -248,10 +248,13 @@ def test_evals_that_dropped_expert_assignments_are_named_a_deviation():
 
     _, workload = checked_workload(REFERENCE, ["model.capacity_factor=2.0"])
     clean = [{"metrics": {"dropped assignments": 0.0}} for _ in range(3)]
-    assert workload.deviations(clean) == []
-    (line,) = workload.deviations(clean + [{"metrics": {"dropped assignments": 0.0004}}])
+    assert workload.deviations(clean, {"dropped": 0.0, "assigned": 1000.0}) == []
+    (line,) = workload.deviations(clean + [{"metrics": {"dropped assignments": 0.0004}}], {})
     assert "model.capacity_factor=2.0 dropped expert assignments in 1 of 4 evals (at most 0.040%)" in line
     assert "closed result is not its computation" in line
+    # training's drops (the step statistics the run totals) are named beside the evals'
+    (line,) = workload.deviations(clean, {"dropped": 3.0, "assigned": 1000.0})
+    assert "dropped expert assignments in training (0.300% of 1,000)" in line
 
 
 

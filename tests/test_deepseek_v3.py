@@ -270,11 +270,12 @@ def test_bad_configs_are_refused_in_one_line(overrides, message):
 
 @pytest.mark.parametrize("in_branch", [False, True])
 def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_model, in_branch):
-    """Two training micro-batches, an eval batch between them, then process_gradients, traced as one step:
-    each MoE layer's bias moves by 1e-3 * sign(mean - count) over both micro-batches' routing (counted from
-    the model's own routing before the step, numpy sign), the eval adds nothing, and a second trace of the
-    step moves it once more (nothing stale from the first). `in_branch`: process_gradients in a conditional
-    branch of the step, as float16's loss scaling applies gradients."""
+    """Two training micro-batches, an eval batch between them, then process_gradients with the step statistics
+    summed over both (as the loop sums them), traced as one step: each MoE layer's bias moves by
+    1e-3 * sign(mean - count) over both micro-batches' routing (counted from the model's own routing before
+    the step, numpy sign), the eval adds nothing, and a second trace of the step moves it once more.
+    `in_branch`: process_gradients in a conditional branch of the step, as float16's loss scaling applies
+    gradients."""
     import tensorflow as tf
     from safetensors.numpy import load_file
 
@@ -293,27 +294,28 @@ def test_bias_update_counts_every_training_micro_batch_once_and_no_eval(golden_m
 
     @tf.function
     def step():
-        grads = None
+        grads, stats = None, {}
         for i, batch in enumerate((rows, other)):
             with tf.GradientTape() as tape:
-                terms = wl.loss({"tokens": batch}, tf.constant([0, i]))
+                terms, batch_stats = wl.loss({"tokens": batch}, tf.constant([0, i]))
                 loss = tf.add_n([t.total / t.count for t in terms.values()])
             g = [tf.convert_to_tensor(x) for x in tape.gradient(loss, params)]   # embedding: IndexedSlices
             grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+            stats = {k: stats[k] + v if k in stats else v for k, v in batch_stats.items()}
             if i == 0:
                 wl.eval_step({"tokens": other}, tf.ones([rows.shape[0]]))
         if in_branch:
-            tf.cond(tf.constant(True), lambda: tf.add_n([tf.reduce_sum(g) for g in wl.process_gradients(grads)]),
+            tf.cond(tf.constant(True),
+                    lambda: tf.add_n([tf.reduce_sum(g) for g in wl.process_gradients(grads, stats)]),
                     lambda: tf.constant(0.0))
         else:
-            wl.process_gradients(grads)
+            wl.process_gradients(grads, stats)
 
     try:
         step()
         for b, w in zip(biases, want):
             np.testing.assert_allclose(b.numpy(), w, rtol=0, atol=1e-7)
         assert any(np.any(b.numpy() != b0) for b, b0 in zip(biases, before))
-        wl.loss({"tokens": rows}, tf.constant([0, 0]))   # an eager loss outside any step: never applied
         tf.function(step.python_function)()                # traced anew
         moved = np.concatenate([np.abs(b.numpy() - w) for b, w in zip(biases, want)])
         assert np.all(np.isclose(moved, 1e-3, atol=1e-7) | np.isclose(moved, 0, atol=1e-7)), moved
@@ -376,7 +378,7 @@ def test_mtp_block_and_loss_equal_the_numpy_composition():
     logp = logits - logits.max(-1, keepdims=True)
     logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
     xent = -np.take_along_axis(logp, targets[:, 1:, None], -1)[..., 0]
-    terms = wl.loss({"tokens": tf.constant(tokens)}, tf.constant([0, 0]))
+    terms, _ = wl.loss({"tokens": tf.constant(tokens)}, tf.constant([0, 0]))
     assert float(terms["mtp"].count) == 2 * 15
     assert float(terms["mtp"].total) == pytest.approx(0.1 * xent.sum(), rel=1e-4)
     assert len(wl.expert_biases()) == 3            # 2 MoE layers and the MTP layer's
@@ -484,11 +486,10 @@ def test_recomputed_layers_give_the_same_losses_and_routing_counts():
             wl.build()
         params = [v.variable for v in rt.variables(trainable=True)]
         with tf.GradientTape() as tape:
-            terms = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
+            terms, stats = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
             loss = tf.add_n([t.total / t.count for t in terms.values()])
         grads = tape.gradient(loss, params)
-        (_, counts), = wl._pending()
-        wl._pending().clear()
+        counts = stats["expert_counts"]
         out[remat] = ({k: float(t.total) for k, t in terms.items()}, counts.numpy(),
                       [tf.convert_to_tensor(g).numpy() for g in grads])
     assert set(out[False][0]) == {"cross_entropy", "mtp", "seq_aux"}

@@ -54,7 +54,7 @@ def test_every_hardware_config_compiles_at_reduced_width(config):
                                                       for dim, axis in rt.layout.items()))
     ways = r.model_axis * (r.replicas if over_data else 1)
     # A fine-tune's frozen base is held besides its parameters (ModelCost.frozen_bytes, whole at most).
-    frozen = registry.cost_module(cfg.workload).model_cost(cfg).frozen_bytes
+    frozen = registry.cost_model(cfg.workload).model_cost(cfg).frozen_bytes
     assert 4 * r.params / ways <= r.weight_bytes_per_device <= 4 * r.params * 1.1 + 2**20 + frozen
     assert r.optimizer_bytes_per_device > 0
     assert r.train_flops_per_replica_step > 2 * r.params * r.per_replica_batch  # at least a forward pass

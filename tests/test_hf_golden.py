@@ -62,6 +62,8 @@ def harness_outputs(case: str, golden: dict[str, np.ndarray], checkpoint: str,
     """(logits, loss) of the harness model loaded from `checkpoint` on the case's inputs."""
     import tensorflow as tf
 
+    from harness.train.workload import split_loss
+
     workload, overrides = CASES[case]
     wl = build(workload, overrides + [f"model.init_checkpoint={checkpoint}", *extra])
     if workload == "bert":
@@ -77,7 +79,7 @@ def harness_outputs(case: str, golden: dict[str, np.ndarray], checkpoint: str,
         return mlm.numpy(), loss
     tokens = tf.constant(golden["tokens"])
     hidden, _ = wl.model(tokens[:, :-1])
-    terms = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
+    terms = split_loss(wl.loss({"tokens": tokens}, tf.constant([0, 0])))[0]
     loss = float(tf.add_n([t.total / (t.count + t.epsilon) for t in terms.values()]))
     return wl.model.logits(hidden).numpy(), loss
 

@@ -263,7 +263,7 @@ def test_eod_inputs_are_scored_as_each_reference_scores_them(name, masked):
 
     wl.model = Zeros()
     tokens = tf.constant([[5, eod, 7, 9, eod, 3]])
-    _, weights, _ = wl.token_losses(tokens)
+    _, weights, _, _ = wl.position_losses({"tokens": tokens}, None)
     want = [0.0 if (masked and t == eod) else 1.0 for t in tokens.numpy()[0, :-1]]
     assert weights.numpy()[0].tolist() == want
 

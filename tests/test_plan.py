@@ -72,8 +72,7 @@ def test_a_run_stops_at_the_first_eval_past_the_table_value():
     from harness.config import load_config
 
     cfg = load_config(os.path.join(REPO, "configs", "resnet", "reference.yaml"))
-    module = costs.workload_cost_module("resnet")
-    positions = module.eval_positions(cfg, 35.2, 3264)  # evals at 3, 7, ..., 35, 39
+    positions = costs.workload_cost_model("resnet").eval_positions(cfg, 35.2, 3264)  # evals at 3, 7, ..., 35, 39
     assert positions[0] == 3 and positions[-1] == 39 and len(positions) == 10
     c = converge.at_evals(converge.Convergence(35.2, "epochs", "t", True), positions)
     assert (c.stop, c.evals) == (39, 10)

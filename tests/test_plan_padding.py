@@ -39,7 +39,10 @@ HELD_OUT_TOLERANCE = 0.15
 
 
 def bert_module():
-    return costs.workload_cost_module("bert")
+    """benchmarks/bert/cost.py (its counts and dataset figures; `COST` is what plan reads)."""
+    from benchmarks.bert import cost
+
+    return cost
 
 
 def bert_cfg():
@@ -70,10 +73,10 @@ def test_real_token_cost_scales_the_token_parts_and_attention_apart():
     module, cfg = bert_module(), bert_cfg()
     kinds = module.forward_macs_by_kind(cfg)
     padded = costs.analytic(cfg)
-    assert costs.with_real_tokens(cfg, module, 1.0).train_flops_per_sample == pytest.approx(
+    assert costs.with_real_tokens(cfg, module.COST, 1.0).train_flops_per_sample == pytest.approx(
         padded.train_flops_per_sample, rel=1e-12)
     f = module.DATASET_REAL_TOKEN_FRACTION
-    real = costs.with_real_tokens(cfg, module, f)
+    real = costs.with_real_tokens(cfg, module.COST, f)
     expected = 6.0 * (kinds["tokens"] * f + kinds["attention"] * module.DATASET_SQUARED_LENGTH_FRACTION
                       + kinds["sequence"])
     assert real.train_flops_per_sample == pytest.approx(expected, rel=1e-12)
@@ -171,11 +174,11 @@ def test_a_fraction_still_too_large_for_the_logs_says_which_fit():
                               evals=0.0, steps=0.0)
     system = planner.load_system("dgx-a100")
     with pytest.raises(HarnessError) as e:
-        planner.calibrate_from(costs.with_real_tokens(cfg, module, 0.5), system, m)
-    text = planner.faster_than_peak(e.value, cfg, module, system, m, 0.5)
-    fits = planner.largest_fitting_fraction(cfg, module, system, m)
+        planner.calibrate_from(costs.with_real_tokens(cfg, module.COST, 0.5), system, m)
+    text = planner.faster_than_peak(e.value, cfg, module.COST, system, m, 0.5)
+    fits = planner.largest_fitting_fraction(cfg, module.COST, system, m)
     assert 0 < fits < 0.5 and f"only a fraction up to {fits:.3f} fits these logs" in text
-    assert planner.efficiency_at(fits * 0.99, cfg, module, system, m) is not None
+    assert planner.efficiency_at(fits * 0.99, cfg, module.COST, system, m) is not None
 
 
 def test_trimming_keeps_the_mllog_lines_of_one_rank():
@@ -193,10 +196,10 @@ def test_trimming_keeps_the_mllog_lines_of_one_rank():
 
 def test_a_measured_cost_is_scaled_by_the_counts_real_to_padded_ratio():
     module, cfg = bert_module(), bert_cfg()
-    padded, real = costs.analytic(cfg), costs.with_real_tokens(cfg, module, 0.6)
+    padded, real = costs.analytic(cfg), costs.with_real_tokens(cfg, module.COST, 0.6)
     measured = costs.ModelCost.from_dict(dict(padded.to_dict(), source="file x.json",
                                               train_flops_per_sample=2 * padded.train_flops_per_sample))
-    scaled = planner.real_tokens(cfg, module, measured, 0.6, True)
+    scaled = planner.real_tokens(cfg, module.COST, measured, 0.6, True)
     assert scaled.train_flops_per_sample == pytest.approx(2 * real.train_flops_per_sample, rel=1e-12)
     assert scaled.source.startswith("file x.json; x ") and "real/padded ratio" in scaled.source
     # at 0.6, away from the dataset's own fraction, the squared term is the stated approximation

@@ -81,7 +81,7 @@ def test_a_device_side_eval_stays_a_small_share_512x_past_its_calibration():
     from harness.config import load_config
 
     cfg = load_config(os.path.join(REPO, "configs", "resnet", "reference.yaml"))
-    module = costs.workload_cost_module("resnet")
+    module = costs.workload_cost_model("resnet")
     cost, system = costs.analytic(cfg), load_system("dgx-a100")
     cal = calibrate(cost, system, 8, 3264, 0.1466, 2.284, "sync", 11, 11 * 392.5)
     conv = converge.to_converge("resnet", cfg.ruleset, 65536, "epochs", None)
@@ -220,9 +220,9 @@ def test_the_decoder_lms_share_one_cost_and_the_rules_eval_cadence():
         cfg = load_config(os.path.join(REPO, "configs", name, "reference.yaml"),
                           ["runtime.fsdp=true", "data.eval_every_samples=0"])
         c = module.model_cost(cfg)
-        assert module.eval_positions is lm_cost.eval_positions and module.CONVERGE_UNIT == "samples"
+        assert module.COST.converge_unit == "samples"
         assert c.gradient_bytes == 4.0 * c.params and c.fsdp_gather_bytes == lm_cost.FSDP_WEIGHT_BYTES * c.params
         assert c.fsdp_gathers_per_step == 2 and c.train_flops_per_sample == pytest.approx(3 * c.eval_flops_per_sample)
         # the rules' cadence: ceil(12288 / gbs) * gbs samples, through the first eval at or past the value
-        assert module.eval_positions(cfg, 40000, 5000) == [15000, 30000, 45000]
-        assert module.eval_positions(cfg, 24576, 16) == [12288, 24576]
+        assert module.COST.eval_positions(cfg, 40000, 5000) == [15000, 30000, 45000]
+        assert module.COST.eval_positions(cfg, 24576, 16) == [12288, 24576]

@@ -15,10 +15,9 @@ sequence) alone.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from harness import benchmark_rules as rules
-from harness.plan.cost import ModelCost
+from harness.plan.cost import CostModel, ModelCost
 
 CONVERGE_UNIT = "samples"
 # Where the eval runs: masked-LM accuracy is counted on the devices (split over the chips); nothing per sample
@@ -105,19 +104,20 @@ def real_token_cost(cfg, fraction: float) -> ModelCost:
         notes=how)
 
 
-def eval_every_samples(cfg, global_batch: int) -> int:
+def eval_cadence(cfg, global_batch: int) -> rules.Cadence:
+    """Where the run evaluates, in samples (its `eval_schedule` and `plan` read this): every
+    `data.eval_every_samples`, else the ruleset's rule (the record's cadence: 0.7.0 from 3M samples, every 500K;
+    1.0+ every FLOOR(0.05 * (230.23 * gbs + 3M), 25K))."""
     if cfg.data.eval_every_samples:
-        return cfg.data.eval_every_samples
-    return rules.bert_eval_every(global_batch)
+        return rules.Cadence(rules.SAMPLE, cfg.data.eval_every_samples, cfg.data.eval_every_samples)
+    rule = rules.cadence("bert", cfg.ruleset, global_batch)
+    return rules.Cadence(rules.SAMPLE, int(rule.first), int(rule.every))
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """Eval points in samples through the first at or past `upto`: 0.7.0 evaluates from 3M samples every
-    500K, later rulesets every eval_every_samples (the MLPerf formula)."""
-    if cfg.ruleset.startswith("0.7"):
-        rule = rules.cadence("bert", cfg.ruleset, global_batch)
-        first, every = int(rule.first), int(rule.every)
-    else:
-        first = every = eval_every_samples(cfg, global_batch)
-    n = max(0, int(math.ceil((upto - first) / every - 1e-9))) + 1
-    return [first + i * every for i in range(n)]
+    """Eval points in samples through the first at or past `upto`."""
+    return eval_cadence(cfg, global_batch).through(upto)
+
+
+COST = CostModel(model_cost, eval_positions, CONVERGE_UNIT, real_token_cost=real_token_cost,
+                 dataset_real_tokens=(DATASET_SEQ_LENGTH, DATASET_REAL_TOKEN_FRACTION, DATASET_SOURCE))

@@ -16,7 +16,7 @@ from harness.nn.optim import LAMB
 from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.bert import tensor_names, checkpoint, config, data, hf_names
+from benchmarks.bert import checkpoint, config, cost, data, hf_names, tensor_names
 from benchmarks.bert.model import Bert
 
 
@@ -55,6 +55,7 @@ class BertWorkload(Workload):
     HF_FORMAT = hf_checkpoint.Format(hf_names.layout, hf_names.config_problems,
                                      lambda cfg, dtype: hf_names.hf_config(cfg.model, dtype))
     METRIC = "masked-LM accuracy"
+    SPLIT_DIMS = {"model.num_heads": "heads", "model.ff_size": "ff", "model.vocab_size": "vocab"}
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
@@ -77,11 +78,8 @@ class BertWorkload(Workload):
         return self.cfg.optimizer.train_steps or self.total_steps()
 
     def eval_cadence_samples(self) -> tuple[int, int]:
-        """(first eval, spacing) in samples: `data.eval_every_samples`, else the ruleset's rule (the record's
-        cadence: 0.7.0 from 3M samples, every 500K; 1.0+ every FLOOR(0.05 * (230.23 * gbs + 3M), 25K))."""
-        if self.cfg.data.eval_every_samples:
-            return self.eval_every_samples, self.eval_every_samples
-        rule = rules.cadence(self.MLPERF_KEY, self.cfg.ruleset, self.cfg.schedule.global_batch_size)
+        """(first eval, spacing) in samples: benchmarks/bert/cost.py `eval_cadence`, which `plan` reads too."""
+        rule = cost.eval_cadence(self.cfg, self.cfg.schedule.global_batch_size)
         return int(rule.first), int(rule.every)
 
     def eval_schedule(self) -> EvalSchedule:
@@ -92,7 +90,7 @@ class BertWorkload(Workload):
         budget = self.total_steps() * gbs
         return sample_schedule(list(range(first, budget, every)) + [budget], self.train_samples, gbs, None)
 
-    def check_closed_eval_schedule(self) -> None:
+    def validate_closed(self) -> None:
         """Closed BERT evaluates at the rules' cadence and its budget ends on it."""
         if self.cfg.data.eval_every_samples:
             raise HarnessError(f"closed BERT evaluates at the rules' cadence: set data.eval_every_samples=0 "
@@ -119,19 +117,13 @@ class BertWorkload(Workload):
             hf_checkpoint.check_config(m.init_checkpoint, self.HF_FORMAT, m)
         self.source.validate()
 
-    def validate_config(self) -> None:
-        """What `validate` checks of the config alone (shared with the dry run, which reads no file)."""
+    def validate_model(self) -> None:
         m = self.cfg.model
         if m.hidden_size % m.num_heads:
             raise HarnessError(f"model.hidden_size={m.hidden_size} is not a multiple of model.num_heads={m.num_heads}")
         if self.cfg.data.seq_length > m.max_position:
             raise HarnessError(f"data.seq_length={self.cfg.data.seq_length} exceeds "
                                f"model.max_position={m.max_position}")
-        if self.cfg.submission.division == "closed":
-            self.check_closed_eval_schedule()
-        for what, size, dim in (("model.num_heads", m.num_heads, "heads"), ("model.ff_size", m.ff_size, "ff"),
-                                ("model.vocab_size", m.vocab_size, "vocab")):
-            self.runtime.check_divides(what, size, dim)
 
     # --------------------------------------------------------------------------- model and inputs
     def build(self) -> None:
@@ -193,7 +185,7 @@ class BertWorkload(Workload):
         return {"masked_lm": LossTerm(mlm_sum, w_sum, epsilon=1e-5),
                 "next_sentence": LossTerm(tf.reduce_sum(nsp_ce), tf.shape(nsp_ce)[0])}
 
-    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
         if self.cfg.optimizer.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
         return grads

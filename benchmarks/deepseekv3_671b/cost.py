@@ -16,14 +16,12 @@ the full size (the checkpoint's config.json) 671,026,404,352 and 11,610,067,968.
 """
 from __future__ import annotations
 
-import math
+from harness.plan.cost import CostModel, ModelCost
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                decoder_activation_bytes, decoder_model_cost, eval_positions)
-from harness.plan.cost import ModelCost
-
-__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
+from benchmarks.deepseekv3_671b.rules import RULES
+from benchmarks.lm.cost import (CONVERGE_UNIT, decoder_activation_bytes, decoder_model_cost, kept_activation_bytes,
+                                rules_eval_positions)
+from benchmarks.lm.moe_capacity import expert_capacity
 
 
 def attention_macs_and_params(m) -> tuple[int, int]:
@@ -58,11 +56,11 @@ def forward_macs_and_params(cfg) -> tuple[float, int]:
 def routed_slots(cfg) -> float:
     """Routed-expert rows computed per token: every expert under the dense dispatch, else the all-to-all
     buffer's experts x capacity per row over its tokens (dropless: every expert; cf: about cf x k). The
-    capacity is benchmarks/lm/moe_dispatch.py's expert_capacity, spelled out here: plan imports no TensorFlow."""
+    capacity is the dispatch's (benchmarks/lm/moe_capacity.py, TensorFlow-free)."""
     m, s = cfg.model, cfg.data.seq_length
     if m.moe_dispatch == "dense" or m.capacity_factor <= 0:
         return float(m.num_experts)
-    capacity = max(1, min(s, math.ceil(m.capacity_factor * s * m.experts_per_token / m.num_experts)))
+    capacity = expert_capacity(s, m.num_experts, m.experts_per_token, m.capacity_factor)
     return m.num_experts * capacity / s
 
 
@@ -89,3 +87,7 @@ def train_activation_bytes(cfg, rows: int) -> int:
     buffers = 2 * slots * m.hidden_size if m.moe_dispatch == "alltoall" else 0
     return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, units,
                                     extra_units=latents + buffers)
+
+
+COST = CostModel(model_cost, rules_eval_positions(RULES), CONVERGE_UNIT, train_activation_bytes=train_activation_bytes,
+                 kept_activation_bytes=kept_activation_bytes, routed_slots=routed_slots)

@@ -46,7 +46,8 @@ from harness.runtime.base import Runtime
 
 from benchmarks.deepseekv3_671b.config import ModelConfig
 from benchmarks.lm.ffn import SwiGLU, swiglu
-from benchmarks.lm.moe_dispatch import alltoall_experts, expert_capacity, slot_positions
+from benchmarks.lm.moe_capacity import expert_capacity
+from benchmarks.lm.moe_dispatch import alltoall_experts, slot_positions
 
 
 @dataclasses.dataclass

@@ -19,14 +19,11 @@ device, each way: experts x groups x capacity x hidden values per row, `moe.MoE.
 """
 from __future__ import annotations
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
-                                eval_positions)
-from harness.plan.cost import ModelCost
+from harness.plan.cost import CostModel, ModelCost
 
-# the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
-__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes"]
+from benchmarks.lm.cost import (CONVERGE_UNIT, decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
+                                kept_activation_bytes, rules_eval_positions)
+from benchmarks.lm.rules import PRETRAINING
 
 
 def option_params(m) -> int:
@@ -87,3 +84,7 @@ def train_activation_bytes(cfg, rows: int) -> int:
     return decoder_activation_bytes(cfg, rows, keys, m.experts_per_token * m.expert_hidden + m.num_experts,
                                     extra_units=m.head_dim * (m.num_heads + m.num_kv_heads) if m.qk_norm else 0,
                                     score_copies=3 + m.attention_sinks, ffn_copies=glu_copies)
+
+
+COST = CostModel(model_cost, rules_eval_positions(PRETRAINING), CONVERGE_UNIT,
+                 train_activation_bytes=train_activation_bytes, kept_activation_bytes=kept_activation_bytes)

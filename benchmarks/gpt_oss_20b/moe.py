@@ -13,8 +13,8 @@ from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.config import ModelConfig
 from benchmarks.lm.ffn import SWIGLU, Glu, swiglu, swiglu_hidden
-from benchmarks.lm.moe_dispatch import (alltoall_experts, combine_rows, dispatch_rows, expert_capacity,
-                                        slot_positions)
+from benchmarks.lm.moe_capacity import expert_capacity
+from benchmarks.lm.moe_dispatch import alltoall_experts, combine_rows, dispatch_rows, slot_positions
 
 
 # ------------------------------------------------------------------------------ mixture of experts

@@ -1,9 +1,9 @@
 """GPT-OSS 20B pretraining (MLPerf gpt_oss_20b, rulesets 6.0.0 and 6.1.0) as a workload.
 
-The decoder LMs' common workload (benchmarks/lm/workload.py: AdamW with cosine-with-linear-warmup, token
-cross-entropy, eval log perplexity, LOWER is better, closed cadence and keys), target 3.34, plus the MoE's
-optional router losses (load balancing, z-loss), the eval's share of dropped expert assignments, and the
-router options in the log when they are on.
+The decoder benchmarks' mechanism (benchmarks/lm/workload.py: AdamW with cosine-with-linear-warmup, token
+cross-entropy, eval log perplexity, LOWER is better) under the pretraining rules (benchmarks/lm/rules.py),
+target 3.34, plus the MoE's optional router losses (load balancing, z-loss), the share of dropped expert
+assignments in training and in every eval, and the router options in the log when they are on.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from harness.train.workload import LossTerm
 
 from benchmarks.gpt_oss_20b import config, hf_names
 from benchmarks.gpt_oss_20b.model import GptOss
-from benchmarks.lm.moe_dispatch import DROPPED_METRIC
-from benchmarks.lm.workload import DecoderLMWorkload
+from benchmarks.lm.rules import PRETRAINING
+from benchmarks.lm.workload import MOE_TOTALS, DecoderLMWorkload
 
 # GPT-OSS 20B as the MLPerf reference implementation (Primus/Megatron, which produced the RCPs) builds it:
 # dropless top-4 of 32 plain SwiGLU experts, q/k norm, a 129-key window, plain RoPE, none of the published
@@ -41,7 +41,9 @@ class GptOssWorkload(DecoderLMWorkload):
     RULESETS = ("6.0.0", "6.1.0")
     RULESET_NOTE = "gpt_oss_20b is a benchmark from MLPerf Training 6.0 on"
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    RULES = PRETRAINING
     REFERENCE_MODEL = REFERENCE_MODEL
+    STEP_TOTALS = MOE_TOTALS
     # The dry run of a model too big for the host compiles 2 and 4 layers, expert hidden sizes of 8 and 16 and
     # vocabularies of 512 and 1024 at full width otherwise (all 32 experts), and extrapolates
     # (harness.dryrun.extrapolate.linear_stand_in). Every shape is static, so the compiled work and bytes are linear
@@ -57,6 +59,7 @@ class GptOssWorkload(DecoderLMWorkload):
                        lambda cfg, dtype: hf_names.hf_config(cfg.model, cfg.data.seq_length, dtype))
 
     def validate_model(self) -> None:
+        super().validate_model()
         m, d = self.cfg.model, self.cfg.data
         if m.experts_per_token > m.num_experts:
             raise HarnessError(f"model.experts_per_token={m.experts_per_token} exceeds model.num_experts="
@@ -83,7 +86,10 @@ class GptOssWorkload(DecoderLMWorkload):
         c = self.cfg
         return GptOss(self.runtime, c.seed, c.model, c.data.seq_length, c.data.eod_id)
 
-    def extra_losses(self, routings) -> dict[str, LossTerm]:
+    def routings(self, extras: Any) -> list[Any]:
+        return list(extras)
+
+    def extra_losses(self, routings, targets: tf.Tensor) -> dict[str, LossTerm]:
         """With their coefficients on: the load-balancing loss (mean over routing groups, summed over
         layers) and the router z-loss (mean over tokens, summed over layers)."""
         m, terms = self.cfg.model, {}
@@ -95,14 +101,10 @@ class GptOssWorkload(DecoderLMWorkload):
                                          tf.constant(float(routings[0].tokens)))
         return terms
 
-    def extra_eval_sums(self, routings, mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        # Health metric (ST-MoE): expert assignments dropped for capacity, real rows only.
-        return {"dropped": tf.add_n([tf.reduce_sum(r.dropped * mask) for r in routings])}
-
-    def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
-        m = self.cfg.model
-        assignments = max(state["rows"], 1.0) * self.cfg.data.seq_length * m.experts_per_token * m.num_layers
-        return {DROPPED_METRIC: state["dropped"] / assignments}
+    def experts_stay_put(self) -> bool:
+        """The alltoall dispatch (benchmarks/lm/moe_dispatch.py) sends tokens to their experts' devices and never
+        gathers the experts' weights, as deepseekv3_671b's does."""
+        return self.cfg.model.moe_dispatch == "alltoall"
 
     def extra_hparams(self) -> dict[str, Any]:
         """The router options that are on, and expert parallelism as computed: the sorted dispatch keeps tokens on

@@ -7,19 +7,13 @@ Llama 2 70B at 8192 tokens: 2,260 TFLOP of weight matmuls per row (4 x N x T) pl
 uses MODEL_TFLOP_PER_SAMPLE=2598."""
 from __future__ import annotations
 
-import math
+from harness.plan.cost import CostModel, ModelCost
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                OPTIMIZER_BYTES_PER_PARAM, decoder_activation_bytes, decoder_macs_and_params,
-                                decoder_model_cost, kept_activation_bytes)
-from harness import benchmark_rules as rules
-from harness.plan.cost import ModelCost
+from benchmarks.llama2_70b_lora.rules import REFERENCE_TRAIN_ROWS, RULES
+from benchmarks.lm.cost import (CONVERGE_UNIT, OPTIMIZER_BYTES_PER_PARAM, decoder_activation_bytes,
+                                decoder_macs_and_params, decoder_model_cost, kept_activation_bytes,
+                                rules_eval_positions)
 
-__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes", "adapter_params",
-           "kept_activation_bytes"]
-
-eval_every, eval_skip = rules.lora_eval_every, rules.lora_eval_skip  # the rules' cadence
 
 
 def adapter_params(cfg) -> int:
@@ -50,7 +44,7 @@ def model_cost(cfg) -> ModelCost:
         notes=f"frozen base of {base:,} parameters: no weight gradients, no optimizer state, gathered never reduced")
     cost.train_flops_per_sample = 2 * 2.0 * macs + 2.0 * adapter_macs
     if not cfg.data.train_samples and cfg.data.source == "parquet":
-        cost.train_samples = 3901  # the reference's train file
+        cost.train_samples = REFERENCE_TRAIN_ROWS  # the reference's train file
     cost.optimizer_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM
     # FSDP moves the bf16 (or float32) base twice a step, and the float32 adapters
     width = 2 if cfg.model.frozen_dtype == "bfloat16" else 4
@@ -59,15 +53,10 @@ def model_cost(cfg) -> ModelCost:
     return cost
 
 
-def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """Eval points in samples through the first at or past `upto`: every `eval_every` from the first the rules
-    do not skip."""
-    every = cfg.data.eval_every_samples or eval_every(global_batch)
-    skip = eval_skip(global_batch) if cfg.data.eval_skip < 0 else cfg.data.eval_skip
-    n = max(1, int(math.ceil(upto / every - 1e-9)))
-    return [every * (i + 1) for i in range(skip, max(n, skip + 1))]
-
-
 def train_activation_bytes(cfg, rows: int) -> int:
     m = cfg.model
     return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, m.ffn_hidden)
+
+
+COST = CostModel(model_cost, rules_eval_positions(RULES), CONVERGE_UNIT,
+                 train_activation_bytes=train_activation_bytes, kept_activation_bytes=kept_activation_bytes)

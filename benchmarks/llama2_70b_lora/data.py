@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,8 @@ from harness.errors import HarnessError
 from harness.runtime.base import InputContext
 from harness.train.workload import INDEX, MASK
 
-from benchmarks.llama2_70b_lora.data_config import REFERENCE_EVAL_ROWS, REFERENCE_TRAIN_ROWS, LoraDataConfig
+from benchmarks.llama2_70b_lora.data_config import LoraDataConfig
+from benchmarks.llama2_70b_lora.rules import REFERENCE_EVAL_ROWS, REFERENCE_TRAIN_ROWS
 
 __all__ = ["LoraData", "LoraDataConfig", "read_parquet", "write_parquet", "synthetic_rows", "IGNORE"]
 
@@ -243,6 +245,10 @@ class LoraData:
     def example_spec(self) -> dict[str, tf.TensorSpec]:
         """One unbatched example, as `train_examples` and `eval_parse` give it."""
         return {k: tf.TensorSpec([self.seq_length], tf.int32) for k in COLUMNS}
+
+    def stand_in_rows(self, cfg: Any) -> tuple[int, str]:
+        """A dry run's training rows where the parquet files are not read: the reference's train file's."""
+        return REFERENCE_TRAIN_ROWS, "the reference's train file's"
 
     # ------------------------------------------------------------------------------- checking
     def validate(self, closed: bool = False) -> None:

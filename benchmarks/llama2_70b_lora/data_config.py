@@ -8,9 +8,7 @@ import dataclasses
 from harness.config import field
 from harness.train.input_pipeline import PipelineConfig
 
-# The MLPerf dataset (SCROLLS GovReport, tokenized and packed by the reference): rows in each split.
-REFERENCE_TRAIN_ROWS = 3901
-REFERENCE_EVAL_ROWS = 173
+from benchmarks.llama2_70b_lora.rules import REFERENCE_EVAL_ROWS
 
 
 @dataclasses.dataclass

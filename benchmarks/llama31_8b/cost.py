@@ -9,14 +9,11 @@ v5.1 code uses MODEL_TFLOP_PER_SAMPLE=421.59), 8,030,261,248 parameters.
 """
 from __future__ import annotations
 
-from benchmarks.lm.cost import (CONVERGE_UNIT, EVAL_FIXED_SECONDS, EVAL_HOST_SECONDS_PER_SAMPLE,
-                                decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
-                                eval_positions, kept_activation_bytes)
-from harness.plan.cost import ModelCost
+from harness.plan.cost import CostModel, ModelCost
 
-# the cost-module interface plan reads: the count here, the rest the decoder LMs' shared one
-__all__ = ["CONVERGE_UNIT", "EVAL_FIXED_SECONDS", "EVAL_HOST_SECONDS_PER_SAMPLE", "eval_positions",
-           "forward_macs_and_params", "model_cost", "train_activation_bytes", "kept_activation_bytes"]
+from benchmarks.lm.cost import (CONVERGE_UNIT, decoder_activation_bytes, decoder_macs_and_params, decoder_model_cost,
+                                kept_activation_bytes, rules_eval_positions)
+from benchmarks.lm.rules import PRETRAINING
 
 
 def forward_macs_and_params(cfg) -> tuple[float, int]:
@@ -38,3 +35,7 @@ def train_activation_bytes(cfg, rows: int) -> int:
     the whole row (exact up to 1024 tokens; longer rows go in query chunks that keep about (n + 1) / 2n of it)."""
     m = cfg.model
     return decoder_activation_bytes(cfg, rows, m.num_layers * cfg.data.seq_length, m.ffn_hidden)
+
+
+COST = CostModel(model_cost, rules_eval_positions(PRETRAINING), CONVERGE_UNIT,
+                 train_activation_bytes=train_activation_bytes, kept_activation_bytes=kept_activation_bytes)

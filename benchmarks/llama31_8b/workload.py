@@ -10,6 +10,7 @@ from harness.train.reference import ReferenceModel
 from benchmarks.llama31_8b import config
 from benchmarks.lm import hf_names
 from benchmarks.lm.llama import LLAMA_SPLIT_DIMS, Llama
+from benchmarks.lm.rules import PRETRAINING
 from benchmarks.lm.workload import DecoderLMWorkload
 
 # Llama 3.1 8B as the MLPerf reference builds it (NeMo's Llama31Config8B).
@@ -27,6 +28,7 @@ class LlamaWorkload(DecoderLMWorkload):
     RULESETS = ("5.1.0", "6.0.0", "6.1.0")
     RULESET_NOTE = "llama31_8b is a benchmark from MLPerf Training 5.1 on"
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig}
+    RULES = PRETRAINING
     EOD_MASK_LOSS = False  # the reference trains and scores every position (eod_mask_loss=False)
     REFERENCE_MODEL = REFERENCE_MODEL
     # The dry run of a model too big for the host compiles 1 and 2 layers and vocabularies of 512 and 1024
@@ -37,6 +39,7 @@ class LlamaWorkload(DecoderLMWorkload):
                        lambda cfg, dtype: hf_names.llama_config(cfg.model, cfg.data.seq_length, dtype))
 
     def validate_model(self) -> None:
+        super().validate_model()
         self.cfg.model.validate()
 
     def make_model(self) -> Llama:

@@ -75,3 +75,7 @@ class OptimizerConfig:
     exclude_from_decay: list[str] = field(default_factory=lambda: [r"norm", r"/bias$", r"/sinks$"],
                                           doc="regexes of variable paths without weight decay (Megatron decays "
                                           "no bias and no 1-D weight: norms, gpt_oss_20b's attention sinks)")
+
+    def applied_decay(self) -> float:
+        """The weight decay AdamW applies: the logged one (deepseekv3_671b's reference applies another)."""
+        return self.weight_decay

@@ -1,7 +1,7 @@
 """What the decoder LMs (llama31_8b, gpt_oss_20b) share in their `mlperf-harness plan` cost: everything but
 their blocks' counts. Each workload's cost.py counts its attention and feed-forward, `decoder_macs_and_params`
-the rest, and calls `decoder_model_cost`; both evaluate on the rules' cadence (`eval_positions`, on
-`harness/benchmark_rules.py:lm_eval_every`).
+the rest, calls `decoder_model_cost` and declares its `COST`, whose eval positions are its rules record's
+cadence (`rules_eval_positions`: the run's own, benchmarks/lm/rules.py).
 
 Bytes, stated once: gradients are all-reduced (reduce-scattered under FSDP) in float32, the variables' dtype;
 tensor parallelism all-reduces bfloat16 activations; FSDP all-gathers the float32 variables (the mesh runtime
@@ -13,10 +13,11 @@ traffic by one gather; set `fsdp_gathers_per_step: 1` in a --model_cost file to 
 """
 from __future__ import annotations
 
-import math
+from typing import Any, Callable
 
-from harness import benchmark_rules as rules
 from harness.plan.cost import ModelCost
+
+from benchmarks.lm.rules import DecoderRules
 
 CONVERGE_UNIT = "samples"  # the RCP tables count rows (samples) to converge
 # Where the eval runs (harness/plan/project.py): the eval loss is summed on the devices (the forward pass split
@@ -68,12 +69,12 @@ def decoder_model_cost(cfg, workload: str, macs_per_row: float, params: int, sou
         notes=notes)
 
 
-def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """Eval points in samples (every `data.eval_every_samples`, else the rules' cadence) through the first at
-    or past `upto`."""
-    every = cfg.data.eval_every_samples or rules.lm_eval_every(global_batch)
-    n = max(1, int(math.ceil(upto / every - 1e-9)))
-    return [every * (i + 1) for i in range(n)]
+def rules_eval_positions(record: DecoderRules) -> Callable[[Any, float, int], list[float]]:
+    """The eval positions `plan` counts for a decoder benchmark: its record's cadence (the run's
+    `eval_schedule`'s) through the first at or past `upto`, in samples."""
+    def eval_positions(cfg: Any, upto: float, global_batch: int) -> list[float]:
+        return record.cadence(cfg, global_batch).through(upto)
+    return eval_positions
 
 
 # Host memory of a CPU run's train step (harness/train/host_memory.py). Counted per token in elements of the

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -88,7 +89,9 @@ class Source:
     def _path(self, prefix: str) -> str:
         return os.path.join(self.cfg.data_dir, prefix)
 
-    def validate(self) -> None:
+    def validate(self, closed: bool = False) -> None:
+        """Checks the source before any log exists (one HarnessError line); `closed`: a stated
+        data.train_samples must be the files' rows."""
         c = self.cfg
         if c.eod_id >= self.vocab:
             raise HarnessError(f"data.eod_id={c.eod_id} is outside the vocabulary of {self.vocab}")
@@ -112,6 +115,21 @@ class Source:
         if c.train_samples > train_rows:
             raise HarnessError(f"data.train_samples={c.train_samples} but {self._path(c.train_prefix)} holds "
                                f"{train_rows} rows of {self.row} tokens")
+        if closed and c.train_samples and c.train_samples != train_rows:
+            raise HarnessError(f"closed run: data.train_samples={c.train_samples} but {self._path(c.train_prefix)} "
+                               f"holds {train_rows} rows of {self.row} tokens; set data.train_samples=0 (counted "
+                               "from the files)")
+
+    def example_spec(self) -> dict[str, tf.TensorSpec]:
+        """One unbatched example, as `train` and `eval_parse` give it: a row of seq_length + 1 tokens."""
+        return {"tokens": tf.TensorSpec([self.row], tf.int32)}
+
+    def eval_parse(self, record: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"tokens": record}
+
+    def stand_in_rows(self, cfg: Any) -> tuple[int, str]:
+        """A dry run's training rows where the index files are not read, and how they were stood in."""
+        return cfg.optimizer.max_steps * cfg.schedule.global_batch_size, "optimizer.max_steps x global batch"
 
     def indexed_rows(self, prefix: str) -> int:
         return max(0, (indexed_dataset.open_index(self._path(prefix)).tokens - 1) // self.cfg.seq_length)

@@ -10,25 +10,11 @@ with a group-limited sigmoid top-k; any router giving these tensors can use them
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Protocol
 
 import tensorflow as tf
 
 from harness.runtime.base import Runtime
-
-# The eval metric of the share of expert assignments a capacity factor dropped (workloads report it, the run
-# names it a deviation from the dropless references).
-DROPPED_METRIC = "dropped assignments"
-
-
-def expert_capacity(group: int, experts: int, k: int, capacity_factor: float) -> int:
-    """Slots per expert per group: the whole group when dropless (no expert can receive a token twice, so
-    nothing overflows), else ceil(cf * group * k / experts) (Switch eq. 3 for top-k), at most the group."""
-    if capacity_factor <= 0:
-        return group
-    return max(1, min(group, math.ceil(capacity_factor * group * k / experts)))
-
 
 def slot_positions(choice: tf.Tensor) -> tf.Tensor:
     """choice [b, groups, s, k, experts] (one-hot of each assignment's expert) -> position [b, groups, s, k]

@@ -1,59 +1,64 @@
-"""The decoder LM pretraining workloads' common part (MLPerf gpt_oss_20b, llama31_8b): their closed rules are
-one checker file but for the target.
+"""The decoder benchmarks' mechanism (gpt_oss_20b, llama31_8b, llama2_70b_lora, deepseekv3_671b): build, checkpoint
+load, the one cross-entropy entry point, the split-dims check, the disclosure keys and the dry-run stand-ins. What
+a benchmark's rules fix (closed values, row length, eval rows, data source, cadence, the loss's mean, the metric,
+the run's length, its log keys) is its `RULES` record (benchmarks/lm/rules.py), read here and never re-spelled.
 
-AdamW with a cosine-with-linear-warmup schedule over `max_steps` (decay steps = max_steps - warmup), global
-norm clipping, next-token cross-entropy over every position, or over every position whose input is not EOD
-where the workload's reference sets Megatron's `eod_mask_loss` (`EOD_MASK_LOSS`: gpt_oss_20b yes, llama31_8b
-no). The quality metric is the token-weighted mean cross-entropy in nats over the fixed eval
-rows (Megatron's `lm loss`, numerators and denominators summed over the whole eval set before dividing):
-LOWER is better. Evals fall every ceil(12288 / gbs) * gbs samples in the closed division; positions are
-training samples. `global_batch_size` counts rows of `data.seq_length` tokens. A subclass builds the model
-(`make_model`, whose call returns the final hidden states and anything else its loss needs; the loss
-applies the LM head blockwise, harness/nn/cross_entropy.py) and adds its own checks,
-loss terms, eval metrics and log keys through the hooks below.
+AdamW with a cosine-with-linear-warmup schedule over `max_steps` (decay steps = max_steps - warmup), global norm
+clipping, next-token cross-entropy at every position the data scores (`scored_rows`: every position, or every
+position whose input is not EOD where the reference sets Megatron's `eod_mask_loss`, `EOD_MASK_LOSS`; a
+fine-tune's answer tokens). The metric, LOWER is better, averages the eval rows' cross-entropy in nats as the loss
+does (numerators and denominators summed over the whole eval set before dividing). A subclass chooses its model
+(`make_model`, `forward`, `validate_model`, `extra_losses`, `routings`, `model_stats`, `model_updates`,
+`extra_hparams`) and its data (`make_source`, `scored_rows`); a mixture of experts' dropped assignments are
+counted in training (step statistics) and in every eval.
 """
 from __future__ import annotations
 
 import abc
-import math
-import os
 from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 from harness.nn import cross_entropy, hf_checkpoint
 from harness.nn.cross_entropy import token_cross_entropy
 from harness.nn.optim import AdamW, cosine_warmup_schedule
-from harness.train.reference import ReferenceModel, lookup
+from harness.train.reference import ReferenceModel
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
 from benchmarks.lm import data
-from benchmarks.lm.moe_dispatch import DROPPED_METRIC
+from benchmarks.lm.moe_capacity import DROPPED_METRIC
+from benchmarks.lm.rules import PRECISION_NAMES, ROW_MEAN, TOKEN_MEAN, DecoderRules
 
-CLOSED_SEQ_LENGTH, CLOSED_EVAL_SAMPLES = 8192, 1024
-PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
-# What the closed checker (and, for the end learning rate, the rules) fix: (config key, value).
-CLOSED_OPTIMIZER = (("max_steps", 1_200_000), ("beta_1", 0.9), ("beta_2", 0.95), ("epsilon", 1e-5),
-                    ("weight_decay", 0.1), ("clip_norm", 1.0))
+MOE_TOTALS = ("dropped", "assigned")  # a mixture of experts' step statistics the run totals (STEP_TOTALS)
+
+
+def row_mean_losses(xent: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Each row's mean cross-entropy over its scored positions [b] and whether it has any [b] (float 0/1);
+    `weights` [b, s'] scores the first s' positions of `xent` [b, s]."""
+    tokens = tf.reduce_sum(weights, 1)
+    has = tf.cast(tokens > 0, tf.float32)
+    return tf.reduce_sum(xent[:, :weights.shape[1]] * weights, 1) / tf.maximum(tokens, 1.0), has
 
 
 class DecoderLMWorkload(Workload):
-    """What gpt_oss_20b and llama31_8b share; a subclass sets NAME, MLPERF_KEY, RULESETS, SECTIONS and
+    """What the decoder benchmarks share; a subclass sets NAME, MLPERF_KEY, RULESETS, SECTIONS, RULES and
     REFERENCE_MODEL and implements `make_model` (the closed target and its direction come from the benchmark's
-    record in harness/benchmark_rules.py)."""
+    record in harness/benchmark_rules.py, METRIC from RULES)."""
 
-    METRIC = "log perplexity"
+    RULES: ClassVar[DecoderRules]
     EOD_MASK_LOSS: ClassVar[bool] = True   # no loss where the input is EOD (Megatron's eod_mask_loss)
     REFERENCE_MODEL: ClassVar[ReferenceModel]
-    # Model sizes a runtime layout may split over devices: config key -> named dimension. Each must divide
-    # evenly (checked with the config, before the log); a subclass extends it with its blocks' sizes.
-    SPLIT_DIMS: ClassVar[dict[str, str]] = {"model.num_kv_heads": "heads", "model.vocab_size": "vocab"}
+    SPLIT_DIMS = {"model.num_kv_heads": "heads", "model.vocab_size": "vocab"}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "RULES" in cls.__dict__:
+            cls.METRIC = cls.RULES.metric
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
-        self.source = data.Source(cfg.data, cfg.model.vocab_size)
+        self.source = self.make_source()
         self.model: Any = None
         self.loss_budget_scale = 1.0  # the cross-entropy's block budgets x this (a dry run's stand-in vocabulary)
 
@@ -66,102 +71,90 @@ class DecoderLMWorkload(Workload):
     def train_samples(self) -> int:
         return self.source.train_samples
 
-    @property
-    def data_source(self) -> str:
-        return self.cfg.data.source
-
     # ------------------------------------------------------------------------------------ schedule
-    @property
-    def eval_every_samples(self) -> int:
-        return self.cfg.data.eval_every_samples or rules.lm_eval_every(self.cfg.schedule.global_batch_size)
-
     def eval_schedule(self) -> EvalSchedule:
-        """An eval every `eval_every_samples` up to the budget (and at the budget)."""
+        """The rules' cadence (RULES.cadence, which `plan` reads too) up to the budget, and at the budget."""
         gbs = self.cfg.schedule.global_batch_size
-        budget = max(1, math.ceil(self.cfg.schedule.max_epochs * self.train_samples / gbs - 1e-9)) * gbs
-        every = self.eval_every_samples
-        marks = list(range(every, budget, every)) + [budget]
+        budget = self.RULES.budget(self.cfg, self.train_samples) * gbs
+        marks = self.RULES.cadence(self.cfg, gbs).marks(budget)
         return sample_schedule(marks, self.train_samples, gbs, None)
 
     def reference_model(self) -> ReferenceModel:
         return self.REFERENCE_MODEL
 
+    # ---------------------------------------------------------------------------------- validation
     def validate(self) -> None:
         self.validate_config()
-        self.source.validate()
+        self.source.validate(closed=self.cfg.submission.division == "closed")
         if self.cfg.model.init_checkpoint:
             hf_checkpoint.check_config(self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
-        d = self.cfg.data
-        if self.cfg.submission.division == "closed" and d.source == "indexed" and d.train_samples:
-            rows = self.source.indexed_rows(d.train_prefix)
-            if d.train_samples != rows:
-                path = os.path.join(d.data_dir, d.train_prefix)
-                raise HarnessError(f"closed {self.NAME}: data.train_samples={d.train_samples} but {path} holds "
-                                   f"{rows} rows of {d.seq_length + 1} tokens; set data.train_samples=0 (counted "
-                                   "from the files)")
 
-    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
-        self.validate_config()
-        d, notes = self.cfg.data, []
-        if d.source != "synthetic" and not d.train_samples:
-            d.train_samples = self.cfg.optimizer.max_steps * self.cfg.schedule.global_batch_size
-            notes.append(f"data.train_samples stood in as optimizer.max_steps x global batch = {d.train_samples} "
-                         f"rows (the index files are not read)")
-        if self.cfg.model.init_checkpoint:
-            notes.append(f"model.init_checkpoint {self.cfg.model.init_checkpoint} not read: weights from the "
-                         f"initializers")
-            self.cfg.model.init_checkpoint = ""  # the dry run's own config: build() then reads no file
-        row = {"tokens": tf.TensorSpec([d.seq_length + 1], tf.int32)}
-        return row, dict(row), notes
-
-    def validate_config(self) -> None:
-        """What `validate` checks of the config alone (no data file is read); then `validate_model`, then that
-        every size in SPLIT_DIMS divides over its devices."""
-        c, m = self.cfg, self.cfg.model
-        if c.submission.division == "closed":
-            self.validate_closed()
+    def validate_model(self) -> None:
+        """The attention heads' shape; a subclass adds its block's checks."""
+        m = self.cfg.model
         if m.num_heads % m.num_kv_heads:
             raise HarnessError(f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
                                f"{m.num_kv_heads}")
         if m.head_dim % 2:
             raise HarnessError(f"model.head_dim={m.head_dim} must be even (RoPE turns pairs)")
-        self.validate_model()
-        for key, dim in self.SPLIT_DIMS.items():
-            self.runtime.check_divides(key, lookup(self.cfg, key), dim)
 
-    def validate_closed(self) -> None:
-        """What the closed division fixes of the config (HarnessError): gpt_oss_20b's and llama31_8b's rules."""
-        c, m, d = self.cfg, self.cfg.model, self.cfg.data
-        fix = "; or set submission.division=open"
-        if d.eval_every_samples:
-            raise HarnessError(f"closed {self.NAME} evaluates every ceil(12288/gbs)*gbs samples: set "
-                               f"data.eval_every_samples=0{fix}")
-        if d.seq_length != CLOSED_SEQ_LENGTH or d.eval_samples != CLOSED_EVAL_SAMPLES:
-            raise HarnessError(f"closed {self.NAME} trains on rows of {CLOSED_SEQ_LENGTH} tokens and scores "
-                               f"{CLOSED_EVAL_SAMPLES} eval rows (got data.seq_length={d.seq_length}, "
-                               f"data.eval_samples={d.eval_samples}){fix}")
-        o = c.optimizer
-        for key, want in CLOSED_OPTIMIZER:
-            if not math.isclose(getattr(o, key), want, rel_tol=1e-9):
-                raise HarnessError(f"closed {self.NAME}: the checker fixes optimizer.{key}={want:g} (got "
-                                   f"{getattr(o, key):g}){fix}")
-        if not math.isclose(o.end_learning_rate, 0.1 * o.base_learning_rate, rel_tol=1e-6):
-            raise HarnessError(f"closed {self.NAME}: the rules fix optimizer.end_learning_rate at 0.1 x "
-                               f"base_learning_rate = {0.1 * o.base_learning_rate:g} (got "
-                               f"{o.end_learning_rate:g}){fix}")
-        if m.init_checkpoint:
-            raise HarnessError(f"closed {self.NAME} pretrains from the reference's random initialization: "
-                               f"remove model.init_checkpoint{fix}")
+    def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
+        self.validate_config()
+        d, notes = self.cfg.data, []
+        if d.source != "synthetic" and not d.train_samples:
+            d.train_samples, how = self.source.stand_in_rows(self.cfg)
+            notes.append(f"data.train_samples stood in as {how} = {d.train_samples} rows (the data files are not "
+                         f"read)")
+        if self.cfg.model.init_checkpoint:
+            notes.append(f"model.init_checkpoint {self.cfg.model.init_checkpoint} not read: weights from the "
+                         f"initializers")
+            self.cfg.model.init_checkpoint = ""  # the dry run's own config: build() then reads no file
+        row = self.source.example_spec()
+        return row, dict(row), notes
 
-    def validate_model(self) -> None:
-        """The model's own config checks (HarnessError)."""
+    # ------------------------------------------------------------------------ model and data choices
+    def make_source(self) -> Any:
+        """The data (benchmarks/lm/data.py's Source protocol: train, eval_records, eval_parse, validate,
+        example_spec, stand_in_rows, train_samples)."""
+        return data.Source(self.cfg.data, self.cfg.model.vocab_size)
 
-    # ----------------------------------------------------------------------------- model and inputs
     @abc.abstractmethod
     def make_model(self) -> Any:
         """The model: called on inputs [b, s], it returns (hidden states [b, s, hidden], extras); `head()` gives
         the LM head's kernel [hidden, vocab] in the compute dtype."""
 
+    def scored_rows(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(inputs [b, s], targets [b, s], weights [b, s'] of the first s' positions: 1 scored, 0 not) of a batch
+        of token rows [b, s + 1]: every position, but where the input is EOD under EOD_MASK_LOSS."""
+        tokens = batch["tokens"]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        if self.EOD_MASK_LOSS:
+            return inputs, targets, tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
+        return inputs, targets, tf.ones(targets.shape, tf.float32)
+
+    def forward(self, inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+        """(final hidden states, extras) of the model on `inputs`; `seed`: training's dropout seed (None: eval)."""
+        return self.model(inputs)
+
+    def routings(self, extras: Any) -> list[Any]:
+        """A mixture of experts' routing results (each with `dropped` [b]: assignments dropped per row), one per
+        MoE layer; [] for a dense model."""
+        return []
+
+    def model_stats(self, extras: Any) -> dict[str, tf.Tensor]:
+        """Step statistics of the model's own (summed over micro-batches and replicas for `model_updates`)."""
+        return {}
+
+    def model_updates(self, stats: dict[str, tf.Tensor]) -> None:
+        """Updates of the model's own once per step, after the gradients are complete (e.g. an expert bias)."""
+
+    def extra_losses(self, extras: Any, targets: tf.Tensor) -> dict[str, LossTerm]:
+        return {}
+
+    def extra_hparams(self) -> dict[str, Any]:
+        return {}
+
+    # ---------------------------------------------------------------------------------------- build
     def build(self) -> None:
         o = self.cfg.optimizer
         self.model = self.make_model()
@@ -169,8 +162,9 @@ class DecoderLMWorkload(Workload):
             hf_checkpoint.load_into(self.runtime, self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
         schedule = cosine_warmup_schedule(o.base_learning_rate, o.end_learning_rate, o.warmup_steps,
                                           self.decay_steps)
+        # the decay applied, whatever opt_adamw_weight_decay logs (deepseekv3_671b's reference applies another)
         self.optimizer = AdamW(self.runtime, self.runtime.variables(trainable=True), schedule,
-                               weight_decay=o.weight_decay, exclude_from_decay=o.exclude_from_decay,
+                               weight_decay=o.applied_decay(), exclude_from_decay=o.exclude_from_decay,
                                beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
         self.optimizer.build()
 
@@ -182,93 +176,105 @@ class DecoderLMWorkload(Workload):
         return self.source.train(ctx)
 
     def train_epoch_dataset(self, ctx) -> tf.data.Dataset:
-        """One epoch of rows for the tf.data service: both sources are TensorFlow ops alone."""
+        """One epoch of rows for the tf.data service: every source is TensorFlow ops alone."""
         return self.source.train(ctx, repeat=False)
 
     def eval_records(self, ctx) -> tf.data.Dataset:
         return self.source.eval_records()
 
     def eval_parse(self, record: Any) -> dict[str, tf.Tensor]:
-        return {"tokens": record}
+        return self.source.eval_parse(record)
 
     # ------------------------------------------------------------------------------- computation
-    def token_losses(self, tokens: tf.Tensor):
-        """Cross-entropy per position [b, s], its weights (0 where the input is EOD under EOD_MASK_LOSS, else 1)
-        and the model's extras."""
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        hidden, extras = self.model(inputs)
+    def xent(self, hidden: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        """The cross-entropy [b, s] of the LM head on `hidden` against `targets`, applied blockwise
+        (harness/nn/cross_entropy.py): the one place every loss and metric here computes it."""
         scale = self.loss_budget_scale
-        xent = token_cross_entropy(self.runtime, hidden, self.model.head(), targets,
+        return token_cross_entropy(self.runtime, hidden, self.model.head(), targets,
                                    budget=max(1, int(cross_entropy.BLOCK_ELEMENTS * scale)),
                                    keep=int(cross_entropy.KEEP_ELEMENTS * scale))
-        if self.EOD_MASK_LOSS:
-            weights = tf.cast(tf.not_equal(inputs, self.cfg.data.eod_id), tf.float32)
+
+    def position_losses(self, batch: dict[str, tf.Tensor], seed: tf.Tensor | None):
+        """(cross-entropy [b, s], weights [b, s'], the model's extras, targets [b, s])."""
+        inputs, targets, weights = self.scored_rows(batch)
+        hidden, extras = self.forward(inputs, targets, seed)
+        return self.xent(hidden, targets), weights, extras, targets
+
+    def moe_sums(self, extras: Any, mask: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A mixture of experts' assignments dropped for capacity (model.capacity_factor) in real rows and the
+        assignments routed, over its MoE layers: the ST-MoE health metric, in training and eval."""
+        moe = self.routings(extras)
+        if not moe:
+            return {name: tf.constant(0.0) for name in self.STEP_TOTALS}
+        per_row = float(self.cfg.data.seq_length * self.cfg.model.experts_per_token * len(moe))
+        return {"dropped": tf.add_n([tf.reduce_sum(r.dropped * mask) for r in moe]),
+                "assigned": per_row * tf.reduce_sum(mask)}
+
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> Any:
+        """The cross-entropy averaged as RULES.loss says, the subclass's `extra_losses`; step statistics: the
+        dropped assignments and the model's own."""
+        xent, weights, extras, targets = self.position_losses(batch, seed)
+        if self.RULES.loss == ROW_MEAN:
+            rows, has = row_mean_losses(xent, weights)
+            terms = {"cross_entropy": LossTerm(tf.reduce_sum(rows * has), tf.reduce_sum(has))}
         else:
-            weights = tf.ones_like(xent)
-        return xent, weights, extras
+            terms = {"cross_entropy": LossTerm(tf.reduce_sum(xent * weights), tf.reduce_sum(weights))}
+        terms.update(self.extra_losses(extras, targets))
+        stats = {**self.moe_sums(extras, tf.ones([xent.shape[0]])), **self.model_stats(extras)}
+        return (terms, stats) if stats else terms
 
-    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        """Mean cross-entropy over scored tokens, plus the subclass's `extra_losses`."""
-        xent, weights, extras = self.token_losses(batch["tokens"])
-        terms = {"cross_entropy": LossTerm(tf.reduce_sum(xent * weights), tf.reduce_sum(weights))}
-        terms.update(self.extra_losses(extras))
-        return terms
-
-    def extra_losses(self, extras: Any) -> dict[str, LossTerm]:
-        return {}
-
-    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
+        """The global-norm clip, then the model's own updates from the step's statistics."""
         if self.cfg.optimizer.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.cfg.optimizer.clip_norm)
+        self.model_updates(stats)
         return grads
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        xent, weights, extras = self.token_losses(batch["tokens"])
-        w = weights * tf.expand_dims(mask, 1)
-        return {"nll": tf.reduce_sum(xent * w), "tokens": tf.reduce_sum(w), "rows": tf.reduce_sum(mask),
-                **self.extra_eval_sums(extras, mask)}
-
-    def extra_eval_sums(self, extras: Any, mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {}
+        xent, weights, extras, _ = self.position_losses(batch, None)
+        if self.RULES.loss == ROW_MEAN:
+            rows, has = row_mean_losses(xent, weights)
+            w = has * mask
+            sums = {"row_loss": tf.reduce_sum(rows * w), "rows": tf.reduce_sum(w)}
+        else:
+            w = weights * tf.expand_dims(mask, 1)
+            sums = {"nll": tf.reduce_sum(xent[:, :w.shape[1]] * w), "tokens": tf.reduce_sum(w),
+                    "rows": tf.reduce_sum(mask)}
+        return {**sums, **self.moe_sums(extras, mask)}
 
     def eval_finalize(self, state: dict[str, float]) -> dict[str, float]:
-        return {self.METRIC: state["nll"] / max(state["tokens"], 1e-9), **self.extra_eval_metrics(state)}
+        num, den = ("nll", "tokens") if self.RULES.loss == TOKEN_MEAN else ("row_loss", "rows")
+        metrics = {self.METRIC: state[num] / max(state[den], 1e-9)}
+        if "dropped" in state:
+            metrics[DROPPED_METRIC] = state["dropped"] / max(state["assigned"], 1.0)
+        return metrics
 
-    def extra_eval_metrics(self, state: dict[str, float]) -> dict[str, float]:
-        return {}
-
-    def deviations(self, evals: list[dict[str, Any]]) -> list[str]:
-        """A mixture of experts under a capacity factor that dropped assignments: the references' MoEs are
-        dropless, so a closed run's result is then not their computation (the eval shows the share dropped)."""
+    def deviations(self, evals: list[dict[str, Any]], train_totals: dict[str, float]) -> list[str]:
+        """A mixture of experts under a capacity factor that dropped assignments in training or in an eval: the
+        references' MoEs are dropless, so a closed run's result is then not their computation."""
         shares = [e["metrics"].get(DROPPED_METRIC, 0.0) for e in evals]
         worst = max(shares, default=0.0)
-        if worst <= 0:
+        dropped, assigned = train_totals.get("dropped", 0.0), train_totals.get("assigned", 0.0)
+        where = []
+        if worst > 0:
+            where.append(f"in {sum(v > 0 for v in shares)} of {len(shares)} evals (at most {worst:.3%})")
+        if dropped > 0:
+            where.append(f"in training ({dropped / max(assigned, 1.0):.3%} of {assigned:,.0f})")
+        if not where:
             return []
-        return [f"model.capacity_factor={self.cfg.model.capacity_factor} dropped expert assignments in "
-                f"{sum(v > 0 for v in shares)} of {len(shares)} evals (at most {worst:.3%}); the reference's "
-                f"MoE drops none, so this {self.cfg.submission.division} result is not its computation"]
+        return [f"model.capacity_factor={self.cfg.model.capacity_factor} dropped expert assignments "
+                f"{' and '.join(where)}; the reference's MoE drops none, so this {self.cfg.submission.division} "
+                f"result is not its computation"]
 
     # ------------------------------------------------------------------------------------ logging
     def mllog_hparams(self) -> dict[str, Any]:
-        """The closed keys (warmup logged before decay steps: the checker reads them in log order), 6.1.0's
-        precision/parallelism disclosure (the older rulesets ignore keys they do not know), then the
-        subclass's `extra_hparams`."""
-        o, rt = self.cfg.optimizer, self.runtime
+        """The benchmark's keys (RULES.keys) and its target, 6.1.0's precision/parallelism disclosure (the older
+        rulesets ignore keys they do not know), then the subclass's `extra_hparams` (a key already named keeps
+        its place)."""
+        rt = self.runtime
         precision = PRECISION_NAMES[rt.precision]
         keys = {
-            "max_sequence_length": self.cfg.data.seq_length,
-            "opt_name": "adamw",
-            "opt_base_learning_rate": o.base_learning_rate,
-            "opt_end_learning_rate": o.end_learning_rate,
-            "opt_learning_rate_warmup_steps": o.warmup_steps,
-            "opt_learning_rate_decay_steps": self.decay_steps,
-            "opt_learning_rate_decay_schedule": "cosine with linear warmup",
-            "opt_adamw_beta_1": o.beta_1,
-            "opt_adamw_beta_2": o.beta_2,
-            "opt_adamw_epsilon": o.epsilon,
-            "opt_adamw_weight_decay": o.weight_decay,
-            "opt_gradient_clip_norm": o.clip_norm,
-            "max_steps": o.max_steps,
+            **self.RULES.keys(self),
             "target_accuracy": self.target,
             "lowest_numerical_precision_in_linear": precision,
             "lowest_numerical_precision_in_attn": precision,
@@ -282,6 +288,3 @@ class DecoderLMWorkload(Workload):
         }
         keys.update(self.extra_hparams())
         return keys
-
-    def extra_hparams(self) -> dict[str, Any]:
-        return {}

@@ -5,9 +5,8 @@ v1.5) and 25.56 M parameters; training = 3 x forward. Eval: the forward pass ove
 """
 from __future__ import annotations
 
-import math
-
-from harness.plan.cost import ModelCost, conv_macs
+from harness import benchmark_rules as rules
+from harness.plan.cost import CostModel, ModelCost, conv_macs
 
 CONVERGE_UNIT = "epochs"
 # Where the eval runs: top-1 is counted on the devices (the forward pass and its input pipeline split over
@@ -61,12 +60,9 @@ def model_cost(cfg) -> ModelCost:
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """The config's eval epochs (every eval_every_epochs from eval_offset_epochs) through the first one at
-    or past `upto`: a run stops only at an eval."""
-    s = cfg.schedule
-    if s.eval_epochs:
-        return [e for e in s.eval_epochs if e <= upto + 1e-9] + [e for e in s.eval_epochs if e > upto + 1e-9][:1]
-    every = s.eval_every_epochs or 4
-    first = s.eval_offset_epochs or every
-    n = max(0, int(math.ceil((upto - first) / every - 1e-9))) + 1
-    return [first + i * every for i in range(n)]
+    """The config's eval epochs (schedule.eval_epochs, else every eval_every_epochs from eval_offset_epochs: the
+    run's default `eval_schedule`) through the first at or past `upto`: a run stops only at an eval."""
+    return rules.epoch_positions(cfg.schedule, upto)
+
+
+COST = CostModel(model_cost, eval_positions, CONVERGE_UNIT)

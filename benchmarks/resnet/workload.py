@@ -53,11 +53,10 @@ class ResNetWorkload(Workload):
         return config.strided_padding(self.cfg.model, self.cfg.ruleset)
 
     def validate(self) -> None:
-        if self.cfg.submission.division == "closed":
-            self.check_closed_eval_schedule()
+        self.validate_config()
         self.source.validate()
 
-    def check_closed_eval_schedule(self) -> None:
+    def validate_closed(self) -> None:
         """Training rules for closed ResNet (the record's cadence): an eval every 4 epochs, the first after 1,
         2, 3 or 4 epochs (offset 1-3, or 0 for 4), and a budget that ends on that cadence (as the reference
         rounds it)."""
@@ -124,8 +123,7 @@ class ResNetWorkload(Workload):
         return self.source.eval_parse(record)
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
-        if self.cfg.submission.division == "closed":
-            self.check_closed_eval_schedule()
+        self.validate_config()
         size = self.cfg.data.image_size
         dtype = getattr(self.source, "image_dtype", tf.float32)  # what the real run's host would send
         example = {"image": tf.TensorSpec([size, size, 3], dtype), "label": tf.TensorSpec([], tf.int32)}

@@ -4,7 +4,8 @@ forward. Eval: the forward pass over the eval images; COCOeval on the host is EV
 """
 from __future__ import annotations
 
-from harness.plan.cost import ModelCost, conv_macs
+from harness import benchmark_rules as rules
+from harness.plan.cost import CostModel, ModelCost, conv_macs
 
 CONVERGE_UNIT = "epochs"
 # Where the eval runs: the forward pass and box decoding on the devices (split over the chips); COCO mAP
@@ -64,8 +65,11 @@ def model_cost(cfg) -> ModelCost:
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """The rules' eval epochs (1.0.0: 40, 50, 55, ...) through the first at or past `upto`."""
-    from harness import benchmark_rules as rules
+    """The run's eval epochs through the first at or past `upto`: closed, the rules' (1.0.0: 40, 50, 55, ...;
+    the workload's `rules_epochs`), open the config's own (the default `eval_schedule`)."""
+    if cfg.submission.division == "closed":
+        return rules.cadence("ssd", cfg.ruleset, global_batch).through(upto)
+    return rules.epoch_positions(cfg.schedule, upto)
 
-    every = rules.cadence("ssd", cfg.ruleset, global_batch).positions(max(upto, 40) + 20)
-    return [e for e in every if e < upto - 1e-9] + [e for e in every if e >= upto - 1e-9][:1]
+
+COST = CostModel(model_cost, eval_positions, CONVERGE_UNIT)

@@ -106,15 +106,11 @@ class SSDWorkload(Workload):
             raise HarnessError(f"model.num_classes={m.num_classes} but the data has {categories} categories "
                                f"(+1 background = {categories + 1})")
 
-    def validate_config(self) -> None:
-        """What `validate` checks of the config alone (shared with the dry run, which reads no file)."""
-        c, m = self.cfg, self.cfg.model
-        check_layout(m)
-        if c.submission.division == "closed":
-            self.check_closed()
-        check_spatial_partition(m, c.runtime.spatial_partition)
+    def validate_model(self) -> None:
+        check_layout(self.cfg.model)
+        check_spatial_partition(self.cfg.model, self.cfg.runtime.spatial_partition)
 
-    def check_closed(self) -> None:
+    def validate_closed(self) -> None:
         """Closed SSD: the rules' eval epochs, decay boundaries [40, 50] * (1 + k/10), a logged warmup."""
         s, o = self.cfg.schedule, self.cfg.optimizer
         fix = "; or set submission.division=open"

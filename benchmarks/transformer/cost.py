@@ -12,9 +12,8 @@ gx_V100x8 81,920 tokens), 5.06 epochs at 2,048 rows (Google tpu-v3-8192 TF 5.625
 """
 from __future__ import annotations
 
-import math
-
-from harness.plan.cost import ModelCost
+from harness import benchmark_rules as rules
+from harness.plan.cost import CostModel, ModelCost
 
 CONVERGE_UNIT = "epochs"
 CONVERGENCE = {"batch_unit": "rows of 256 tokens", "points": [(256, 3.0), (2048, 5.06)],
@@ -70,8 +69,9 @@ def model_cost(cfg) -> ModelCost:
 
 
 def eval_positions(cfg, upto: float, global_batch: int) -> list[float]:
-    """Evals every eval_every_epochs up to `upto`; the last one AT `upto`, not rounded up: CONVERGENCE holds
-    logged eval positions already (public runs evaluate at fractional epochs)."""
-    every = cfg.schedule.eval_every_epochs or 1
-    n = int(math.floor(upto / every + 1e-9))
-    return [every * (i + 1) for i in range(n) if every * (i + 1) < upto - 1e-9] + [upto]
+    """The config's evals (the run's default `eval_schedule`) before `upto`, and one AT `upto`, not rounded up:
+    CONVERGENCE holds logged eval positions already (public runs evaluate at fractional epochs)."""
+    return [e for e in rules.epoch_positions(cfg.schedule, upto) if e < upto - 1e-9] + [upto]
+
+
+COST = CostModel(model_cost, eval_positions, CONVERGE_UNIT, convergence=CONVERGENCE)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from harness.benchmark_rules import ClosedRules
 from harness.errors import HarnessError
 from harness.train.workload import INDEX
 from harness.mlperf import Logged
@@ -33,11 +34,29 @@ REFERENCE_MODEL = ReferenceModel("Transformer-big", {
     "model.relu_dropout": 0.1, "model.label_smoothing": 0.1})
 
 
+def closed_checks(cfg: Any) -> str | None:
+    """Rules v0.7: an eval after every whole epoch (the cadence itself is fixed in CLOSED_RULES)."""
+    s = cfg.schedule
+    if s.eval_epochs:
+        return "closed Transformer evaluates after every epoch: use schedule.eval_every_epochs=1, not eval_epochs"
+    if s.max_epochs != int(s.max_epochs):
+        return f"closed Transformer: schedule.max_epochs={s.max_epochs:g} must be whole epochs"
+    return None
+
+
+# Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and Adam epsilon.
+CLOSED_RULES = ClosedRules(
+    fixed=(("schedule.eval_every_epochs", 1.0), ("schedule.eval_offset_epochs", 0.0), ("eval.beam_size", 4),
+           ("eval.alpha", 0.6), ("eval.extra_decode_length", 50), ("optimizer.epsilon", 1e-9)),
+    fixed_by="the reference fixes", checks=closed_checks)
+
+
 class TransformerWorkload(Workload):
     NAME = "transformer"
     MLPERF_KEY = "transformer"
     # 0.6.0 has transformer too, but its parser reads only the legacy line format (MLPERF_RULES.md).
     RULESETS = ("0.7.0",)
+    RULES = CLOSED_RULES
     SECTIONS = {"data": config.DataConfig, "model": config.ModelConfig, "optimizer": config.OptimizerConfig,
                 "eval": config.EvalConfig}
     METRIC = "bleu"
@@ -85,13 +104,13 @@ class TransformerWorkload(Workload):
     def validate(self) -> None:
         c, m = self.cfg, self.cfg.model
         if c.submission.division == "closed":
-            self.check_closed()
+            self.validate_closed()
         self.source.validate()
         if m.vocab_size and m.vocab_size != self.vocab_size:
             raise HarnessError(f"model.vocab_size={m.vocab_size} does not match the data's vocabulary of "
                                f"{self.vocab_size} entries ({c.data.vocab_file or c.data.source}); set it to "
                                f"{self.vocab_size} or 0")
-        self.validate_sizes()
+        self.validate_model()
         sources, references = self.source.eval_set
         if len(sources) != c.data.eval_samples:
             raise HarnessError(f"the eval set has {len(sources)} sentences but data.eval_samples="
@@ -99,7 +118,7 @@ class TransformerWorkload(Workload):
         if not self.train_samples:
             raise HarnessError("data.train_samples is 0 and the source cannot count its rows")
 
-    def validate_sizes(self) -> None:
+    def validate_model(self) -> None:
         """The model's sizes against the rows, the eval inputs and the layout (shared with the dry run,
         where the vocabulary and the eval length stand in for the files)."""
         c, m = self.cfg, self.cfg.model
@@ -119,22 +138,6 @@ class TransformerWorkload(Workload):
                                 ("model.filter_size", m.filter_size, "ff"),
                                 ("vocab size", self.vocab_size, "vocab")):
             self.runtime.check_divides(what, size, dim)
-
-    def check_closed(self) -> None:
-        """Closed Transformer: an eval every epoch (rules v0.7), the reference's decode and epsilon."""
-        s, e, o = self.cfg.schedule, self.eval_cfg, self.cfg.optimizer
-        fix = "; or set submission.division=open"
-        if s.eval_epochs or s.eval_every_epochs != 1 or s.eval_offset_epochs:
-            raise HarnessError(f"closed Transformer evaluates after every epoch: use schedule.eval_every_epochs=1, "
-                               f"eval_offset_epochs=0 and no eval_epochs{fix}")
-        if s.max_epochs != int(s.max_epochs):
-            raise HarnessError(f"closed Transformer: schedule.max_epochs={s.max_epochs:g} must be whole epochs{fix}")
-        if (e.beam_size, e.alpha, e.extra_decode_length) != (4, 0.6, 50):
-            raise HarnessError(f"closed Transformer decodes as the reference: eval.beam_size=4, eval.alpha=0.6, "
-                               f"eval.extra_decode_length=50 (got {e.beam_size}, {e.alpha:g}, "
-                               f"{e.extra_decode_length}){fix}")
-        if o.epsilon != 1e-9:
-            raise HarnessError(f"closed Transformer: optimizer.epsilon must be 1e-9 (got {o.epsilon:g}){fix}")
 
     # ----------------------------------------------------------------------------- model and inputs
     def build(self) -> None:
@@ -169,9 +172,7 @@ class TransformerWorkload(Workload):
                                "reference's vocab.ende.32768)")
         length = int(math.ceil(c.data.max_sequence_length / 8) * 8)
         self._stand_in = {"vocab_size": m.vocab_size, "eval_length": length}
-        if c.submission.division == "closed":
-            self.check_closed()
-        self.validate_sizes()
+        self.validate_config()
         row = self.source.row_length
         notes = [f"vocabulary of model.vocab_size={m.vocab_size} (no vocab file read); eval inputs of {length} "
                  f"tokens (data.max_sequence_length rounded up to 8; a real run pads to its longest eval sentence)"]

@@ -21,11 +21,11 @@ def host_memory_bytes() -> int:
 
 def too_big_for_host(cfg: config_lib.Config) -> bool:
     """Whether the config's model (float32 weights and two optimizer slots, a frozen base as held) would take
-    more than HOST_MEMORY_SHARE of this host's memory, from its cost module (False where it has none)."""
-    module = cfg.cost_module
-    if module is None:
+    more than HOST_MEMORY_SHARE of this host's memory, from its declared cost (False where it has none)."""
+    declared = cfg.cost_model
+    if declared is None:
         return False
-    cost = module.model_cost(cfg)
+    cost = declared.model_cost(cfg)
     # a frozen base (not in `params`: no gradients, no optimizer state) counts as the bytes it is held in
     return cost.params * 12 + cost.frozen_bytes > HOST_MEMORY_SHARE * host_memory_bytes()
 
@@ -68,10 +68,10 @@ def memory_per_device(peak: int | None, eval_peak: int | None, devices: int, sta
 
 def kept_activations(cfg: config_lib.Config, report: CompileReport) -> int:
     """The workload's lower bound of what its train step keeps for the backward pass per device
-    (`kept_activation_bytes(cfg, rows)` of its cost module, the decoder LMs: each layer's input), for the
+    (`kept_activation_bytes(cfg, rows)` of its declared cost, the decoder LMs: each layer's input), for the
     rows of one micro-batch of a replica; 0 where the workload states none."""
-    module = cfg.cost_module
-    floor = getattr(module, "kept_activation_bytes", None) if module is not None else None
+    declared = cfg.cost_model
+    floor = declared.kept_activation_bytes if declared is not None else None
     if floor is None:
         return 0
     return int(floor(cfg, report.per_replica_batch // max(1, cfg.schedule.gradient_accumulation_steps)))

@@ -1,5 +1,5 @@
 """Epochs (samples for BERT) to converge at a global batch: the checker's RCP tables where they exist,
-otherwise the workload's documented table (`CONVERGENCE` in benchmarks/<name>/cost.py). For runs whose
+otherwise the workload's documented table (`COST.convergence` in benchmarks/<name>/cost.py). For runs whose
 target no RCP table measures (MLPerf v0.7 BERT: 0.712, the RCPs' 0.720) `by_schedule` scales what the
 calibration runs needed by the learning-rate schedule each run sets itself (see there).
 

@@ -1,7 +1,12 @@
 """What one sample costs: the small source of truth the planner projects from.
 
+Each workload declares what `plan` (and the dry run and the host-memory estimate) reads of it once, as the
+`COST` CostModel of its `benchmarks/<name>/cost.py`: the model cost, the eval positions (from the same
+TensorFlow-free cadence its run's `eval_schedule` uses), the convergence unit and table, and the optional facts
+(activation and kept bytes, a real-token cost).
+
 A ModelCost comes from one of three places, named in `source`:
-- the workload's own analytic count (`benchmarks/<name>/cost.py`, `model_cost(cfg)`), the default: layer by
+- the workload's own analytic count (`benchmarks/<name>/cost.py`, `COST.model_cost(cfg)`), the default: layer by
   layer multiply-adds from the config, 2 FLOPs each, training = 3 x forward (forward + the two backward
   matmuls), cross-checked against TensorFlow's graph count on a small model in tests/test_plan.py;
 - the dry-run compile (`harness.dryrun.command.compile_report`, XLA's cost analysis, handed in by the command
@@ -9,16 +14,16 @@ A ModelCost comes from one of three places, named in `source`:
 - a JSON file of either (`--model_cost FILE`).
 
 Every one of them costs a sample at its full length. A workload whose samples vary in length (BERT) may
-also state what a sample costs when an implementation skips the padding: `real_token_cost(cfg, fraction)`
-in its cost module, the fraction being the mean share of real tokens; `with_real_tokens` applies it
-(`plan --real_token_fraction F`).
+also state what a sample costs when an implementation skips the padding: `CostModel.real_token_cost(cfg,
+fraction)`, the fraction being the mean share of real tokens; `with_real_tokens` applies it (`plan
+--real_token_fraction F`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from harness.errors import HarnessError
 
@@ -84,18 +89,42 @@ class ModelCost:
             raise HarnessError(f"{where}: {e}") from None
 
 
-def workload_cost_module(workload: str) -> Any:
-    """`cost` beside the workload's registered module (benchmarks/<name>/cost.py)."""
-    from harness.config import find_cost_module
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """What `plan`, the dry run and the host-memory estimate read of one workload: `COST` in its
+    benchmarks/<name>/cost.py, TensorFlow-free.
 
-    module = find_cost_module(workload)
-    if module is None:
+    `model_cost(cfg)`; `eval_positions(cfg, upto, global_batch)`: the run's eval positions through the first
+    at or past `upto` (a run stops only at an eval), from the cadence its `eval_schedule` uses;
+    `converge_unit` ("epochs" or "samples": what the RCP tables count) and `convergence` (a documented table
+    where no RCP ships); `train_activation_bytes(cfg, rows)` (the train step's peak beyond its variables) and
+    `kept_activation_bytes(cfg, rows)` (what it keeps for the backward pass, at least), None where not
+    estimated; `real_token_cost(cfg, fraction)` for samples whose padding an implementation may skip, and
+    `dataset_real_tokens` (sequence length, mean real share, source) the MLPerf data measures;
+    `routed_slots(cfg)`: an MoE's routed-expert rows computed per token, where the dispatch pads them."""
+    model_cost: Callable[[Any], ModelCost]
+    eval_positions: Callable[[Any, float, int], list[float]]
+    converge_unit: str
+    convergence: Mapping[str, Any] | None = None
+    train_activation_bytes: Callable[[Any, int], int] | None = None
+    kept_activation_bytes: Callable[[Any, int], int] | None = None
+    real_token_cost: Callable[[Any, float], ModelCost] | None = None
+    dataset_real_tokens: tuple[int, float, str] | None = None
+    routed_slots: Callable[[Any], float] | None = None
+
+
+def workload_cost_model(workload: str) -> CostModel:
+    """The workload's declared CostModel (`COST` in benchmarks/<name>/cost.py)."""
+    from harness.config import find_cost_model
+
+    declared = find_cost_model(workload)
+    if declared is None:
         raise HarnessError(f"workload {workload!r} has no cost model (benchmarks/{workload}/cost.py)")
-    return module
+    return declared
 
 
 def analytic(cfg: Any) -> ModelCost:
-    return workload_cost_module(cfg.workload).model_cost(cfg)
+    return workload_cost_model(cfg.workload).model_cost(cfg)
 
 
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
@@ -151,22 +180,22 @@ def from_compile_report(config_path: str, overrides: list[str], cfg: Any,
     return from_compile_report_dict(report.to_dict(), analytic(cfg))
 
 
-def skips_padding(module: Any) -> bool:
+def skips_padding(declared: CostModel) -> bool:
     """Whether the workload's samples vary in length, so that an implementation may skip their padding."""
-    return hasattr(module, "real_token_cost")
+    return declared.real_token_cost is not None
 
 
-def with_real_tokens(cfg: Any, module: Any, fraction: float | None) -> ModelCost:
+def with_real_tokens(cfg: Any, declared: CostModel, fraction: float | None) -> ModelCost:
     """The analytic cost of one sample when `fraction` of its tokens are real (None: the padded cost)."""
     if fraction is None:
         return analytic(cfg)
-    if not skips_padding(module):
+    if not skips_padding(declared):
         raise HarnessError(f"--real_token_fraction: {cfg.workload}'s samples have no padding to skip (its cost "
                            f"module states no real_token_cost)")
     if not 0.0 < fraction <= 1.0:
         raise HarnessError(f"--real_token_fraction {fraction:g}: give the mean share of real (non-padding) "
                            "tokens, above 0 and at most 1")
-    return module.real_token_cost(cfg, fraction)
+    return declared.real_token_cost(cfg, fraction)
 
 
 def conv_macs(size: int, k: int, cin: int, cout: int, stride: int = 1, pad: bool = True) -> tuple[int, int]:

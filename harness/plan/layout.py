@@ -171,20 +171,11 @@ def memory(cfg: Any, module: Any, cost: ModelCost, system: System, layout: Layou
     if experts and not layout.alltoall:  # one MoE layer's experts gathered where used, and the next one's
         gathered += experts * width / layout.model_axis * min(1.0, 2.0 / max(1, moe_layers(cfg)))
     rows = max(1, math.ceil(global_batch / layout.replicas / layout.micro_batches))
-    kept, whole = kept_activations(cfg, module), getattr(module, "train_activation_bytes", None)
+    kept, whole = module.kept_activation_bytes, module.train_activation_bytes
     lay_cfg = _with_remat(cfg, layout.remat)
     return Memory(trained * width, trained * width, trained * 4.0 * optimizer_slots(cost), frozen, gathered,
                   None if kept is None else kept(lay_cfg, rows) / layout.model_axis, system.hbm_bytes,
                   None if whole is None else whole(lay_cfg, rows) / layout.model_axis)
-
-
-def kept_activations(cfg: Any, module: Any) -> Any:
-    """The workload's count of what a train step keeps for its backward pass (`kept_activation_bytes`); for
-    a decoder whose module states only the whole step's, the decoders' shared one (each layer's input)."""
-    fn = getattr(module, "kept_activation_bytes", None)
-    if fn is None and hasattr(module, "train_activation_bytes") and hasattr(_model(cfg), "num_layers"):
-        from benchmarks.lm.cost import kept_activation_bytes as fn
-    return fn
 
 
 def _expert_axis_is_model(cfg: Any) -> bool:
@@ -212,12 +203,12 @@ class _Overlay:
 
 def alltoall_bytes(cfg: Any, module: Any, layout: Layout, global_batch: float) -> float:
     """Bytes one chip sends in a step's all-to-alls: per MoE layer and token it owns, its routed slots
-    (the cost module's `routed_slots`, else the k experts it picks) x hidden in bf16, dispatched and
+    (the declared cost's `routed_slots`, else the k experts it picks) x hidden in bf16, dispatched and
     combined, forward and backward (and the recomputed forward with remat)."""
     if layout.expert_axis <= 1 or not layout.alltoall:
         return 0.0
     m = _model(cfg)
-    slots = module.routed_slots(cfg) if hasattr(module, "routed_slots") else float(m.experts_per_token)
+    slots = module.routed_slots(cfg) if module.routed_slots is not None else float(m.experts_per_token)
     tokens = global_batch / layout.replicas * cfg.data.seq_length / layout.model_axis
     passes = 6 if layout.remat else 4
     return passes * moe_layers(cfg) * tokens * slots * m.hidden_size * ACTIVATION_BYTES

@@ -17,8 +17,8 @@ from harness.plan import system as systems
 
 def train_flops_per_sample(cfg: Any) -> float:
     """The useful FLOPs of training on one sample (benchmarks/<name>/cost.py); 0 without a cost module."""
-    module = cfg.cost_module
-    return 0.0 if module is None else module.model_cost(cfg).train_flops_per_sample
+    declared = cfg.cost_model
+    return 0.0 if declared is None else declared.model_cost(cfg).train_flops_per_sample
 
 
 def device_peak(peak_tflops: float, device_type: str, device_name: str) -> tuple[float, str]:

@@ -32,7 +32,7 @@ class Plan:
     cfg: Any
     system: System
     cost: costs.ModelCost
-    module: Any                      # benchmarks.<workload>.cost
+    module: costs.CostModel          # COST of benchmarks/<workload>/cost.py
     efficiency: float
     efficiency_note: str
     measurement: Measurement | None
@@ -44,8 +44,8 @@ class Plan:
     useful_flops_per_sample: float | None = None  # the analytic count when the cost is a dry run's compiled one
 
     def converge_at(self, global_batch: int) -> converge.Convergence:
-        conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.CONVERGE_UNIT,
-                                    getattr(self.module, "CONVERGENCE", None))
+        conv = converge.to_converge(self.cfg.workload, self.cfg.ruleset, global_batch, self.module.converge_unit,
+                                    self.module.convergence)
         return converge.at_evals(conv, self.module.eval_positions(self.cfg, conv.value, global_batch))
 
     def layout_at(self, chips: int, model_axis: int | None = None) -> layouts.Layout:
@@ -88,7 +88,7 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
     # every step, calibration and MFU below divides by peak_flops: the chosen precision's
     system = dataclasses.replace(system, peak_flops=system.peak(precision))
     cfg = load_config(config_path, overrides)
-    module = costs.workload_cost_module(cfg.workload)
+    module = costs.workload_cost_model(cfg.workload)
     if model_cost:
         cost = costs.from_file(model_cost)
         if cost.workload != cfg.workload:
@@ -110,7 +110,7 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
     mesh_axis = cfg.runtime.mesh.get("model", 1) if cfg.runtime.kind == "mesh" else 1
     measurement, calibration, cautions = None, None, []
     if calibrate:
-        measurement = measure(calibrate, module.CONVERGE_UNIT, cost.train_samples, system.chips_per_host,
+        measurement = measure(calibrate, module.converge_unit, cost.train_samples, system.chips_per_host,
                               system.cores_per_chip, calibrate_chips)
         if measurement.benchmark != cfg.workload:
             raise HarnessError(f"--calibrate: the logs are {measurement.benchmark}, the config is {cfg.workload}")
@@ -131,7 +131,8 @@ def build(config_path: str, overrides: list[str], system_name: str, calibrate: l
                 real_token_fraction, cautions, precision, useful)
 
 
-def real_tokens(cfg: Any, module: Any, cost: costs.ModelCost, fraction: float, measured: bool) -> costs.ModelCost:
+def real_tokens(cfg: Any, module: costs.CostModel, cost: costs.ModelCost, fraction: float,
+                measured: bool) -> costs.ModelCost:
     """`cost` at `fraction` real tokens a sample: the workload's count, or, for a cost from a file or the
     dry-run compile (which count every position), that cost scaled by the count's real/padded ratio."""
     real = costs.with_real_tokens(cfg, module, fraction)
@@ -152,22 +153,22 @@ def calibrate_from(cost: costs.ModelCost, system: System, m: Measurement) -> Cal
                           m.evals, m.steps)
 
 
-def suggested_fraction(cfg: Any, module: Any) -> tuple[float, str] | None:
+def suggested_fraction(cfg: Any, module: costs.CostModel) -> tuple[float, str] | None:
     """The workload's published real-token fraction for the config's sequence length, with its source."""
-    fraction = getattr(module, "DATASET_REAL_TOKEN_FRACTION", None)
-    if fraction is None or getattr(module, "DATASET_SEQ_LENGTH", None) != cfg.data.seq_length:
+    if module.dataset_real_tokens is None:
         return None
-    return fraction, module.DATASET_SOURCE
+    seq_length, fraction, source = module.dataset_real_tokens
+    return (fraction, source) if seq_length == cfg.data.seq_length else None
 
 
-def efficiency_at(fraction: float, cfg: Any, module: Any, system: System, m: Measurement) -> float | None:
+def efficiency_at(fraction: float, cfg: Any, module: costs.CostModel, system: System, m: Measurement) -> float | None:
     try:
         return calibrate_from(costs.with_real_tokens(cfg, module, fraction), system, m).efficiency
     except FasterThanPeak:
         return None
 
 
-def largest_fitting_fraction(cfg: Any, module: Any, system: System, m: Measurement) -> float | None:
+def largest_fitting_fraction(cfg: Any, module: costs.CostModel, system: System, m: Measurement) -> float | None:
     """The largest real-token fraction at which the logs' step fits under 100% of peak (bisection)."""
     lo, hi = 1e-3, 1.0
     if efficiency_at(lo, cfg, module, system, m) is None:
@@ -178,7 +179,7 @@ def largest_fitting_fraction(cfg: Any, module: Any, system: System, m: Measureme
     return lo
 
 
-def faster_than_peak(e: FasterThanPeak, cfg: Any, module: Any, system: System, m: Measurement,
+def faster_than_peak(e: FasterThanPeak, cfg: Any, module: costs.CostModel, system: System, m: Measurement,
                      fraction: float | None) -> str:
     """The one-line refusal, naming skipped padding as the likely reason where the workload has padding."""
     if not costs.skips_padding(module):
@@ -204,7 +205,7 @@ def faster_than_peak(e: FasterThanPeak, cfg: Any, module: Any, system: System, m
     return out + (f" (any fraction up to {fits:.3f} fits them)" if fits else "")
 
 
-def high_efficiency(efficiency: float, cfg: Any, module: Any, system: System, m: Measurement) -> str:
+def high_efficiency(efficiency: float, cfg: Any, module: costs.CostModel, system: System, m: Measurement) -> str:
     suggestion = suggested_fraction(cfg, module)
     out = (f"caution: calibrated at {efficiency:.2f} of peak with every sequence padded to {cfg.data.seq_length} "
            f"tokens, above the {HIGH_EFFICIENCY:g} no validated calibration reaches; if these logs skip padding "
@@ -355,7 +356,7 @@ def sweep_points(plan: Plan, chips: int, global_batch: int) -> list[tuple[int, i
 def _table_points(plan: Plan) -> list[tuple[float, float]]:
     if converge.has_rcps(plan.cfg.workload, plan.cfg.ruleset):
         return converge.rcp_points(plan.cfg.workload, plan.cfg.ruleset)
-    table = getattr(plan.module, "CONVERGENCE", None)
+    table = plan.module.convergence
     return [tuple(p) for p in table["points"]] if table else []
 
 

@@ -100,10 +100,10 @@ def whole_copies(cfg: Any, runtime: Any) -> int:
 
 def estimate(cfg: Any, runtime: Any) -> Estimate | None:
     """The train step's peak host memory on this host; None for a workload without a cost module."""
-    module = cfg.cost_module
-    if module is None:
+    declared = cfg.cost_model
+    if declared is None:
         return None
-    cost = module.model_cost(cfg)
+    cost = declared.model_cost(cfg)
     params = cost.params
     copies = whole_copies(cfg, runtime)
     parts = {
@@ -115,7 +115,7 @@ def estimate(cfg: Any, runtime: Any) -> Estimate | None:
     }
     s = cfg.schedule
     rows = s.global_batch_size // max(1, s.gradient_accumulation_steps) // runtime.num_hosts
-    activations = getattr(module, "train_activation_bytes", None)
+    activations = declared.train_activation_bytes
     if activations is None:
         return Estimate(parts, unknown=f"activations ({cfg.workload} does not estimate them)")
     parts["activations"] = int(activations(cfg, rows))

@@ -28,9 +28,11 @@ from harness.data import service as data_service
 from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, train_options
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
+from harness.train.snapshot import host_snapshot, restore_snapshot
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
-from harness.train.workload import COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload, tidy
+from harness.train.workload import (COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload,
+                                    split_loss, tidy)
 from harness.train.xla_errors import out_of_memory_error, xla_compile_error
 
 
@@ -52,6 +54,7 @@ class RunResult:
     converged_key: str = "epochs_to_converge"
     loss_scale: dict[str, float] | None = None  # precision=float16: final scale, skipped steps
     input_wait_s: float = 0.0        # training time spent waiting for batches (the pipeline's InputWait)
+    train_totals: dict[str, float] = dataclasses.field(default_factory=dict)  # STEP_TOTALS over all steps
 
     @property
     def converged_at(self) -> float | None:
@@ -162,9 +165,10 @@ def training_seed(run_seed: int, step: tf.Tensor, replica: tf.Tensor, micro_batc
     return tf.random.experimental.stateless_fold_in(seed, micro_batch)
 
 
-def _no_step_yet() -> dict[str, tf.Tensor]:
+def _no_step_yet(totals: tuple[str, ...]) -> dict[str, Any]:
     """Per replica, the outputs a train call carries before its first step (same structure as a step's)."""
-    return {"loss": tf.constant(0.0), "lr": tf.constant(0.0), "nonfinite": tf.constant(0.0)}
+    return {"loss": tf.constant(0.0), "lr": tf.constant(0.0), "nonfinite": tf.constant(0.0),
+            "totals": {name: tf.constant(0.0) for name in totals}}
 
 
 class CompiledSteps:
@@ -203,15 +207,15 @@ class CompiledSteps:
         clock inside the loop would make every step wait for its predecessor on the host.
         """
         self.traces["train"] += 1
-        out = self.runtime.run(_no_step_yet, ())
+        out = self.runtime.run(lambda: _no_step_yet(self.workload.STEP_TOTALS), ())
         for _ in tf.range(steps):
-            out = self.runtime.run(self._train_replica, (next(iterator), out["nonfinite"]))
+            out = self.runtime.run(self._train_replica, (next(iterator), out["nonfinite"], out["totals"]))
         # Each replica returns its share of the global loss, so the sum is the global loss.
         loss = tf.cast(self.runtime.sum(out["loss"]), tf.float32)
         lr = tf.cast(self.runtime.mean(out["lr"]), tf.float32)
         nonfinite = self.runtime.sum(out["nonfinite"])
         finite = tf.logical_and(tf.equal(nonfinite, 0.0), tf.math.is_finite(loss))
-        return {"loss": loss, "lr": lr, "finite": finite}
+        return {"loss": loss, "lr": lr, "finite": finite, "totals": self.runtime.sum(out["totals"])}
 
     def loss_scale_state(self) -> dict[str, float] | None:
         """float16 only: the current loss scale and the steps skipped so far (for logs and summary)."""
@@ -228,10 +232,11 @@ class CompiledSteps:
         return tf.add_n([tf.cast(t.total, tf.float32) / (c + t.epsilon)
                          for t, c in zip(terms.values(), counts)])
 
-    def train_step(self, batch: dict[str, tf.Tensor],
-                   nonfinite: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    def train_step(self, batch: dict[str, tf.Tensor], nonfinite: tf.Tensor | None = None,
+                   totals: dict[str, tf.Tensor] | None = None) -> dict[str, Any]:
         """One optimizer step on this replica's batch, split into `accumulation` micro-batches; `nonfinite`
-        (this replica's non-finite losses earlier in the host call) comes back counting this one's too.
+        (this replica's non-finite losses earlier in the host call) comes back counting this one's too, and
+        `totals` (this replica's sums of the workload's STEP_TOTALS statistics) adding this step's.
 
         Each micro-batch's loss is normalized by its own global counts and the gradients are averaged
         over micro-batches, then summed over replicas once: k micro-batches of B/k give the update of
@@ -243,13 +248,17 @@ class CompiledSteps:
         scale = self.loss_scale.scale.read_value() if self.loss_scale else None
         micro = tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0)),
                                       batch) if k > 1 else None
-        total_loss, total_grads = tf.constant(0.0), None
+        total_loss, total_grads, local = tf.constant(0.0), None, {}
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
             micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
             seed = training_seed(w.cfg.seed, step, self.runtime.replica_id(), m)
             with self.runtime.batched_mean_updates(), tf.GradientTape() as tape:
-                loss = self._normalized(w.loss(micro_batch, seed)) / k
+                terms, stats = split_loss(w.loss(micro_batch, seed))
+                loss = self._normalized(terms) / k
                 scaled = loss * scale if scale is not None else loss
+            for name, value in stats.items():
+                value = tf.stop_gradient(tf.cast(value, tf.float32))
+                local[name] = local[name] + value if name in local else value
             grads = tape.gradient(scaled, params)
             missing = [p.path for p, g in zip(w.optimizer.params, grads) if g is None]
             if missing:
@@ -259,17 +268,25 @@ class CompiledSteps:
             total_loss += loss
             total_grads = grads if total_grads is None else [a + g for a, g in zip(total_grads, grads)]
         grads = self.runtime.all_reduce_gradients(total_grads)
+        names = sorted(local)
+        stats = dict(zip(names, self.runtime.replica_all_sum([local[n] for n in names], self.runtime.num_replicas)
+                         if names else []))
         if self.loss_scale is None:
-            lr = w.optimizer.apply(w.process_gradients(grads))
+            lr = w.optimizer.apply(w.process_gradients(grads, stats))
         else:
             # Every replica sees the same all-reduced gradients, so all skip (or apply) together.
             grads, finite = self.loss_scale.unscale(grads, scale)
-            lr = tf.cond(finite, lambda: w.optimizer.apply(w.process_gradients(grads)),
+            lr = tf.cond(finite, lambda: w.optimizer.apply(w.process_gradients(grads, stats)),
                          lambda: tf.cast(w.optimizer.learning_rate(), tf.float32))
             self.loss_scale.update(finite, scale)
         bad = tf.cast(tf.logical_not(tf.math.is_finite(total_loss)), tf.float32)
+        missing = [n for n in w.STEP_TOTALS if n not in local or local[n].shape.rank != 0]
+        if missing:
+            raise HarnessError(f"{w.NAME}.loss returns no scalar statistic {', '.join(missing)} (STEP_TOTALS)")
+        totals = totals or {n: tf.constant(0.0) for n in w.STEP_TOTALS}
         return {"loss": total_loss, "lr": tf.cast(lr, tf.float32),
-                "nonfinite": bad if nonfinite is None else nonfinite + bad}
+                "nonfinite": bad if nonfinite is None else nonfinite + bad,
+                "totals": {n: totals[n] + local[n] for n in w.STEP_TOTALS}}
 
     # ------------------------------------------------------------------------------------- eval
     def eval_replica_step(self, batch: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor],
@@ -355,45 +372,6 @@ def first_call_errors_as_one_line(runtime: Runtime, workload: Workload, which: s
         raise
 
 
-HostValue = Any  # np.ndarray, or for a DTensor (layout, {shard coordinates: np.ndarray}, [key per device])
-
-
-def host_snapshot(runtime: Runtime) -> list[HostValue]:
-    """Every variable's value (weights, optimizer slots, statistics) copied to host memory.
-
-    A mirrored or TPU variable read across replicas gives its primary copy; a DTensor variable gives
-    this host's shards, one numpy array per distinct shard (replicated copies are stored once)."""
-    from tensorflow.experimental import dtensor
-
-    saved: list[HostValue] = []
-    for info in runtime.variables():
-        value = info.variable.read_value()
-        if not dtensor.is_dtensor(value):
-            saved.append(np.asarray(value.numpy()))
-            continue
-        layout = dtensor.fetch_layout(value)
-        locations = layout.mesh.local_device_locations()
-        keys = [tuple(loc[d] for d in layout.sharding_specs if d != dtensor.UNSHARDED) for loc in locations]
-        shards: dict[tuple, np.ndarray] = {}
-        for key, part in zip(keys, dtensor.unpack(value)):
-            if key not in shards:
-                shards[key] = np.asarray(part.numpy())
-        saved.append((layout, shards, keys))
-    return saved
-
-
-def restore_snapshot(runtime: Runtime, saved: list[HostValue]) -> None:
-    """Assigns `host_snapshot`'s values back to the variables they came from."""
-    from tensorflow.experimental import dtensor
-
-    for info, value in zip(runtime.variables(), saved):
-        if isinstance(value, tuple):
-            layout, shards, keys = value
-            with tf.device(dtensor.device_name()):
-                value = dtensor.pack([tf.constant(shards[k]) for k in keys], layout)
-        info.variable.assign(value)
-
-
 class RunObserver:
     """What the timed run reports as it goes, from values already on the host: the progress lines and
     TensorBoard scalars, loss-scale changes (float16) and the input-wait meter."""
@@ -446,6 +424,7 @@ class BlockResult:
     loss: float      # the global loss of its last step
     finite: bool     # every step's loss was finite
     seconds: float
+    totals: dict[str, float]  # the workload's STEP_TOTALS summed over the block's steps
 
 
 def warm_up_and_restore(steps: CompiledSteps) -> None:
@@ -476,7 +455,7 @@ def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: R
                                        "epoch_count": tidy(point.epoch_num - prev.epoch_num),
                                        "samples_count": prev.samples})
     t0 = time.time()
-    finite, loss = True, float("nan")
+    finite, loss, totals = True, float("nan"), {}
     while done_steps < point.step:
         n = min(s.steps_per_loop, point.step - done_steps)
         if s.log_every_steps:
@@ -484,6 +463,8 @@ def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: R
         t_chunk = time.time()
         out = steps.train_loop(iterator, tf.constant(n))
         loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
+        for name, value in out["totals"].items():
+            totals[name] = totals.get(name, 0.0) + float(value)
         done_steps += n
         observer.train_chunk(done_steps, n, max(time.time() - t_chunk, 1e-9), loss, lr, point.step)
         if not finite:
@@ -492,7 +473,7 @@ def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: R
     samples = done_steps * s.global_batch_size
     end = point if finite else EvalPoint(done_steps, schedule.position(samples), samples)
     log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": end.samples})
-    return BlockResult(end, loss, finite, seconds)
+    return BlockResult(end, loss, finite, seconds, totals)
 
 
 def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, schedule: EvalSchedule,
@@ -559,10 +540,11 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     observer.run_started()
     evals: list[dict[str, Any]] = []
     train_time = eval_time = 0.0
-    prev, done_steps, stop = EvalPoint(0, 0, 0), 0, None
+    prev, done_steps, stop, totals = EvalPoint(0, 0, 0), 0, None, dict.fromkeys(workload.STEP_TOTALS, 0.0)
     for point in schedule.points:
         block = train_block(steps, iterator, log, observer, prev, point, done_steps)
         here, done_steps, train_time = block.end, block.end.step, train_time + block.seconds
+        totals = {name: totals[name] + block.totals.get(name, 0.0) for name in totals}
         t1 = time.time()
         score, reached, metrics, counted = evaluate_and_judge(steps, eval_data, log, schedule, here)
         eval_time += time.time() - t1
@@ -591,4 +573,4 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                      samples=samples, epochs_done=samples / workload.train_samples,
                      samples_per_s=samples / train_time if train_time > 0 else 0.0,
                      traces=dict(steps.traces), converged_key=schedule.converged_key,
-                     loss_scale=steps.loss_scale_state(), input_wait_s=observer.input_wait)
+                     loss_scale=steps.loss_scale_state(), input_wait_s=observer.input_wait, train_totals=totals)

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from harness import config as config_lib
 from harness.review import integrity, logparse
+from harness import benchmark_rules as rules
 from harness import platforms, sysinfo
 from harness.plan import mfu
 from harness.data import service as data_service
@@ -200,8 +201,9 @@ def finish(cfg: config_lib.Config, checked: Checked, runtime: Any, result: RunRe
     workload = checked.workload
     verdicts, findings = check_log(log_path, run_rulesets(cfg), eval_every=checked.schedule.cadence)
     summary = build_summary(cfg, workload, runtime, result, run_dir, log_path, verdicts, findings)
-    if workload.SIZE_BOUND and not all(v.passed for v in verdicts.values()):
-        diagnosis = size_bound.diagnose(log_path, list(verdicts), workload.SIZE_BOUND)
+    bound = rules.record(workload.MLPERF_KEY).size_bound
+    if bound and not all(v.passed for v in verdicts.values()):
+        diagnosis = size_bound.diagnose(log_path, list(verdicts), bound)
         if diagnosis is not None:
             summary["size_bound"] = diagnosis
     # The implementation as it ran: pinned environment, and the uncommitted changes of a dirty checkout.
@@ -271,7 +273,9 @@ def build_summary(cfg: config_lib.Config, workload: Any, runtime: Any, result: R
     }
     summary.update(mfu.model_flops(cfg, result.samples_per_s, platforms.devices_used(runtime),
                                    runtime.device_type, device_name(cfg, runtime)))
-    deviations = workload.deviations(result.evals)
+    if result.train_totals:
+        summary["train_totals"] = result.train_totals
+    deviations = workload.deviations(result.evals, result.train_totals)
     if deviations:
         summary["deviations"] = deviations
         # a closed result must be the reference's computation, whatever the checker (which cannot see it) says

@@ -1,11 +1,11 @@
 """Checker rules that bind a run's size, for benchmarks whose checker no small run can pass in either division
 (deepseekv3_671b's binds the global batch, the row length and the eval rows, open division included).
 
-Such a workload names those keys and the smallest values its checker accepts (`Workload.SIZE_BOUND`). A run
-whose log fails the official checker is then checked once more on a copy of its log with those keys' values
-set to the named ones: when that copy passes, the run failed on size-bound rules only, and the harness says
-so. It stays non-compliant (the exit code and summary.json's `compliant` do not change): the copy is a
-diagnosis, never a result.
+Such a benchmark's record (harness/benchmark_rules.py, `size_bound`) names those keys and the smallest values
+its checker accepts. A run whose log fails the official checker is then checked once more on a copy of its
+log with those keys' values set to the named ones: when that copy passes, the run failed on size-bound rules
+only, and the harness says so. It stays non-compliant (the exit code and summary.json's `compliant` do not
+change): the copy is a diagnosis, never a result.
 """
 from __future__ import annotations
 

@@ -4,9 +4,12 @@ A workload says *what* to compute; the harness owns *how* it is distributed, so 
 forgets) a gradient all-reduce, and no workload branches on the runtime's kind:
 
 - Training: `loss(batch, seed)` returns named `LossTerm`s, each a per-replica sum and the per-replica
-  count it is divided by (examples, tokens, matched boxes). The loop sums every count over all replicas,
-  differentiates, sums gradients over replicas, accumulates `gradient_accumulation_steps` micro-batches,
-  calls `process_gradients` (e.g. a global-norm clip) and then the workload's optimizer.
+  count it is divided by (examples, tokens, matched boxes), and optionally named step statistics
+  (`return terms, stats`: per-replica sums that are no loss, e.g. a mixture of experts' routing counts).
+  The loop sums every count over all replicas, differentiates, sums gradients over replicas, accumulates
+  `gradient_accumulation_steps` micro-batches, sums the statistics over micro-batches and replicas, calls
+  `process_gradients(grads, stats)` (a global-norm clip, an expert-bias update) and then the optimizer; the
+  scalar statistics named in `STEP_TOTALS` are also totalled over the run (`RunResult.train_totals`).
 - Evaluation, in three steps: `eval_step` on device returns per-replica outputs (a scalar is a partial
   sum, added over replicas; an array with a leading batch axis is per-example output, gathered from
   every replica and host to the chief with padding dropped, in eval-set order); `eval_accumulate` folds
@@ -102,18 +105,12 @@ def sample_schedule(samples: Iterable[int], train_samples: int, global_batch: in
     return EvalSchedule(tuple(points), SAMPLE, train_samples, cadence)
 
 
-def cadence_epochs(every: float, offset: float, budget: float) -> list[float]:
-    """offset + k * every (k >= 0 when offset > 0, else k >= 1) up to the budget, which is added as a
-    last eval when it is off the cadence (closed workloads refuse such a budget in `validate`)."""
-    if every <= 0:
-        raise HarnessError(f"schedule.eval_every_epochs must be > 0, got {every}")
-    epochs, k = [], 0 if offset > 0 else 1
-    while offset + k * every <= budget + 1e-9:
-        epochs.append(offset + k * every)
-        k += 1
-    if budget > 0 and (not epochs or epochs[-1] < budget - 1e-9):
-        epochs.append(budget)
-    return epochs
+def cadence_epochs(schedule: Any) -> list[float]:
+    """The config's epoch cadence (harness/benchmark_rules.py `epoch_cadence`, which `plan` reads too) up to
+    schedule.max_epochs, which is added as a last eval when it is off the cadence (closed workloads refuse such
+    a budget in `validate`)."""
+    budget = schedule.max_epochs
+    return rules.epoch_cadence(schedule).marks(budget) if budget > 0 else []
 
 
 # ---------------------------------------------------------------------------------------- losses
@@ -129,6 +126,11 @@ class LossTerm:
     total: tf.Tensor
     count: tf.Tensor
     epsilon: float = 0.0
+
+
+def split_loss(out: Any) -> tuple[dict[str, LossTerm], dict[str, tf.Tensor]]:
+    """`loss()`'s result as (terms, step statistics): it returns the terms alone or `(terms, stats)`."""
+    return out if isinstance(out, tuple) else (out, {})
 
 
 # ------------------------------------------------------------------------------------- workloads
@@ -151,9 +153,15 @@ class Workload(abc.ABC):
     # The model in Hugging Face layout (a harness.nn.hf_checkpoint.Format): what `model.init_checkpoint`
     # reads from a checkpoint directory and `mlperf-harness export` writes; None: the workload has none.
     HF_FORMAT: ClassVar[Any] = None
-    # Checker keys that bind the run's size in every division, with the smallest values the checker accepts:
-    # a log failing the checker is re-checked with them (harness/train/size_bound.py, a diagnosis only).
-    SIZE_BOUND: ClassVar[dict[str, Any]] = {}
+    # The benchmark's rules record (harness/benchmark_rules.py ClosedRules): what its closed division fixes of
+    # the config and where a run evaluates; None: a workload without closed rules of that shape.
+    RULES: ClassVar[rules.ClosedRules | None] = None
+    # Model sizes a runtime layout may split over devices: config key -> named dimension. Each must divide
+    # evenly (checked with the config, before the log).
+    SPLIT_DIMS: ClassVar[dict[str, str]] = {}
+    # Scalar step statistics `loss` returns that the run totals over its steps (summary.json `train_totals`,
+    # `deviations`): each must be in every training step's statistics.
+    STEP_TOTALS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -222,15 +230,37 @@ class Workload(abc.ABC):
         """Default: `schedule.eval_epochs` if given, else offset + k * cadence epochs up to the budget."""
         s = self.cfg.schedule
         every = s.eval_every_epochs or 1.0
-        epochs = s.eval_epochs or cadence_epochs(every, s.eval_offset_epochs, s.max_epochs)
+        epochs = s.eval_epochs or cadence_epochs(s)
         if s.eval_epochs and max(epochs) > s.max_epochs + 1e-9:
             raise HarnessError(f"schedule.eval_epochs goes to {max(epochs):g}, past schedule.max_epochs="
                                f"{s.max_epochs:g}")
         return epoch_schedule(epochs, self.train_samples, s.global_batch_size,
                               None if s.eval_epochs else every)
 
+    # Validation, in phases each named once: `validate` (everything, data files included, before the log),
+    # `validate_config` (the config alone: what a dry run checks too), within it `validate_closed` (the closed
+    # division's rules) and `validate_model` (the model section's own checks).
     def validate(self) -> None:
         """Checks inputs (data paths, sizes, rules) before the log is created; raise HarnessError."""
+        self.validate_config()
+
+    def validate_config(self) -> None:
+        """What `validate` checks of the config alone (no data file is read): the closed rules in the closed
+        division, the model's own checks, then that every size in SPLIT_DIMS divides over its devices."""
+        if self.cfg.submission.division == "closed":
+            self.validate_closed()
+        self.validate_model()
+        for key, dim in self.SPLIT_DIMS.items():
+            self.runtime.check_divides(key, lookup(self.cfg, key), dim)
+
+    def validate_closed(self) -> None:
+        """The closed division's rules: RULES's, checked in one loop (HarnessError, one line)."""
+        problem = self.RULES.departures(self.cfg, self.NAME) if self.RULES is not None else None
+        if problem:
+            raise HarnessError(f"{problem}; or set submission.division=open")
+
+    def validate_model(self) -> None:
+        """The model section's own checks (HarnessError)."""
 
     def data_counts(self) -> dict[str, int]:
         """The sample counts the data files hold, by the `data.` key each belongs in (`mlperf-harness data
@@ -277,15 +307,17 @@ class Workload(abc.ABC):
 
     # ---------------------------------------------------------------------- per-replica computation
     @abc.abstractmethod
-    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        """The training loss of this replica's (micro-)batch as named terms; runs with training=True.
+    def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> Any:
+        """The training loss of this replica's (micro-)batch as named terms, or (terms, named step statistics:
+        this replica's sums, no gradient taken); runs with training=True.
 
         `seed` is an int64 [2] stateless-RNG seed that differs per run seed, step, micro-batch and replica
         (dropout draws from it).
         """
 
-    def process_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Hook on the summed gradients (identical on every replica) before the optimizer step."""
+    def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
+        """Hook on the summed gradients (identical on every replica) before the optimizer step; `stats`: the
+        step statistics `loss` returned, summed over micro-batches and replicas (identical on every replica)."""
         return grads
 
     @abc.abstractmethod
@@ -306,10 +338,10 @@ class Workload(abc.ABC):
     def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:
         """Named metrics from the whole eval set's state, METRIC among them (run on the chief only)."""
 
-    def deviations(self, evals: list[dict[str, Any]]) -> list[str]:
-        """What this run computed differently from the reference, found in its evals' metrics (e.g. a mixture
-        of experts that dropped assignments the reference's dropless dispatch keeps): printed and kept in
-        summary.json beside the verdicts, which the official checker cannot see."""
+    def deviations(self, evals: list[dict[str, Any]], train_totals: dict[str, float]) -> list[str]:
+        """What this run computed differently from the reference, found in its evals' metrics and its training
+        totals (STEP_TOTALS; e.g. a mixture of experts that dropped assignments the reference's dropless
+        dispatch keeps): printed and kept in summary.json beside the verdicts, which the checker cannot see."""
         return []
 
     # ----------------------------------------------------------------------------------- logging

@@ -65,6 +65,8 @@ def build_workload(config: str, overrides: list[str]):
 
 def compute(name: str) -> dict:
     """One case's loss terms, eval sums and per-variable gradient L2 norms and leading values."""
+    from harness.train.workload import split_loss
+
     workload, overrides = CASES[name]
     wl = build_workload(os.path.join(REPO, "configs", workload, "smoke.yaml"), overrides + ONE_DEVICE)
     cfg, rt = wl.cfg, wl.runtime
@@ -72,7 +74,7 @@ def compute(name: str) -> dict:
     tokens = tf.random.stateless_uniform([rows, seq + 1], [11, 13], maxval=cfg.model.vocab_size, dtype=tf.int32)
     variables = rt.variables(trainable=True)
     with tf.GradientTape() as tape:
-        terms = wl.loss({"tokens": tokens}, tf.constant([0, 0]))
+        terms = split_loss(wl.loss({"tokens": tokens}, tf.constant([0, 0])))[0]
         loss = tf.add_n([t.total / (t.count + t.epsilon) for t in terms.values()])
     grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, [v.variable for v in variables])]
     evals = wl.eval_step({"tokens": tokens}, tf.constant([1.0, 0.0]))

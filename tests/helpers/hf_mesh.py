@@ -21,6 +21,7 @@ from safetensors.numpy import load_file  # noqa: E402
 from tensorflow.experimental import dtensor  # noqa: E402
 
 from harness.nn import hf_checkpoint  # noqa: E402
+from harness.train.workload import split_loss  # noqa: E402
 from tests.test_hf_golden import CASES, GOLDEN, build  # noqa: E402
 
 MESH = ["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={data: 2, model: 2}", "runtime.fsdp=true"]
@@ -64,7 +65,7 @@ def main(case: str, overrides: list[str]) -> None:
     def forward(t):
         hidden, _ = wl.model(t[:, :-1])
         logits = wl.model.logits(hidden)
-        terms = wl.loss({"tokens": t}, tf.constant([0, 0]))
+        terms = split_loss(wl.loss({"tokens": t}, tf.constant([0, 0])))[0]
         loss = tf.add_n([x.total / (x.count + x.epsilon) for x in terms.values()])
         return dtensor.relayout(logits, dtensor.Layout.replicated(rt.mesh, 3)), loss
 
