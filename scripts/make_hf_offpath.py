@@ -4,7 +4,8 @@ the harness's import must give transformers' logits for each, or refuse it in on
 
 Run it in an environment with torch and transformers (the harness never imports them):
 
-    OMP_NUM_THREADS=1 /work/venvs/hfref/bin/python scripts/make_hf_offpath.py
+    python3 -m venv ../hfref && ../hfref/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors numpy
+    OMP_NUM_THREADS=1 ../hfref/bin/python scripts/make_hf_offpath.py
 
 (the committed files: torch 2.13.0+cpu, transformers 5.24.0; golden.json records the versions). float32 on the
 CPU, eager attention, fixed seeds; weights drawn as make_hf_goldens.py draws them.

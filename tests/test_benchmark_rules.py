@@ -346,7 +346,7 @@ def test_report_shows_a_decoder_lm_logs_quality_target(tmp_path):
     path = report.write_report([str(tmp_path / "logs")], str(tmp_path / "out"), quiet=True)
     with open(path) as f:
         text = f.read()
-    assert "Quality target: <= 3.3 (closed, ruleset 6.1.0)" in text
+    assert "Quality target: log perplexity <= 3.3 (closed, ruleset 6.1.0)" in text
     assert "status_contradicts_evals" not in text
 
 
@@ -356,7 +356,7 @@ def test_report_flags_a_success_short_of_a_lower_is_better_target(tmp_path):
     lm_log(tmp_path / "logs", "gpt_oss_20b", 3.5)
     with open(report.write_report([str(tmp_path / "logs")], str(tmp_path / "out"), quiet=True)) as f:
         text = f.read()
-    assert "Quality target: <= 3.34" in text and "does not reach the target <= 3.34" in text
+    assert "Quality target: log perplexity <= 3.34" in text and "does not reach the target <= 3.34" in text
 
 
 def test_campaign_without_runs_takes_the_records_run_count(tmp_path, monkeypatch, capsys):
@@ -399,16 +399,16 @@ def test_check_rcp_accepts_ssd_under_its_default_ruleset(tmp_path):
 
 def test_package_and_check_agree_on_a_logs_ruleset(tmp_path):
     from harness.review import checklog, logparse
-    from harness.submission import package
+    from harness.submission import runs
 
     path = ssd_log(tmp_path)
     events = logparse.parse_log(path)
-    assert package.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.1.0"
+    assert runs.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.1.0"
     with open(tmp_path / "config.yaml", "w") as f:
         yaml.safe_dump({"workload": "ssd", "ruleset": "1.0.0"}, f)
-    assert package.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.0.0"
+    assert runs.load_run(path).ruleset == checklog.rulesets_for(path, events, [])[1][0] == "1.0.0"
     lm = lm_log(tmp_path / "lm", "llama31_8b", 3.29)
-    assert package.load_run(lm).ruleset == checklog.rulesets_for(lm, logparse.parse_log(lm), [])[1][0] == "6.1.0"
+    assert runs.load_run(lm).ruleset == checklog.rulesets_for(lm, logparse.parse_log(lm), [])[1][0] == "6.1.0"
 
 
 def test_a_run_refuses_a_ruleset_the_installed_checker_lacks_before_its_log(monkeypatch):

@@ -34,7 +34,7 @@ from benchmarks.deepseekv3_671b.moe import DeepseekMoE
 from benchmarks.lm.moe_capacity import expert_capacity
 from benchmarks.lm.workload import MOE_TOTALS, DecoderLMWorkload
 
-# DeepSeek-V3 as the reference builds it from the checkpoint's config.json (spec sections 1.1-1.4).
+# DeepSeek-V3 as the reference builds it from the checkpoint's config.json (docs/workloads/deepseekv3_671b.md, Sources).
 REFERENCE_MODEL = ReferenceModel("DeepSeek-V3 671B", {
     "model.vocab_size": 129280, "model.hidden_size": 7168, "model.num_layers": 61, "model.num_heads": 128,
     "model.q_lora_rank": 1536, "model.kv_lora_rank": 512, "model.qk_nope_head_dim": 128,
@@ -172,7 +172,7 @@ class DeepseekV3Workload(DecoderLMWorkload):
 
 def expert_traffic_notes(cfg, runtime) -> list[str]:
     """What the dry run's one device cannot show of the all-to-all dispatch: the bytes each device sends to
-    the experts' devices and receives back, from the config (spec section 5.2's estimate)."""
+    the experts' devices and receives back, from the config (the estimate of docs/workloads/deepseekv3_671b.md)."""
     m, schedule = cfg.model, cfg.schedule
     ep = runtime.shards("experts")
     if m.moe_dispatch != "alltoall" or ep <= 1:
