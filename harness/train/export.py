@@ -74,7 +74,7 @@ def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32
     with safe_open(weights, framework="np") as f:
         tensors, produce = hf_checkpoint.export_tensors(layout, f.get_tensor, DTYPES[dtype])
         return hf_checkpoint.write_checkpoint(out, tensors, produce, fmt.config(cfg, dtype),
-                                              hf_checkpoint.parse_size(max_shard))
+                                              hf_checkpoint.parse_size(max_shard), fmt.stem)
 
 
 def main(args: list[str], out: str | None, max_shard: str, dtype: str) -> int:
