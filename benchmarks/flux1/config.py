@@ -28,6 +28,8 @@ class ModelConfig:
     context_in_dim: int = field(4096, min=1, doc="T5-XXL hidden size")
     qkv_bias: bool = field(True)
     norm_epsilon: float = field(1e-6, min=0.0, doc="the LayerNorms (no affine) and the q/k RMSNorms")
+    init_checkpoint: str = field("", doc="a diffusers FluxTransformer2DModel folder (config.json, "
+                                 "diffusion_pytorch_model.safetensors) loaded after the model is built (open division)")
     remat: bool = field(False, doc="recompute each block in the backward pass (the reference's full activation "
                         "checkpointing): only each block's inputs are kept")
 
@@ -53,9 +55,10 @@ class ModelConfig:
 @dataclasses.dataclass
 class DataConfig(PipelineConfig):
     source: str = field("synthetic", choices=("synthetic", "embeddings"))
-    data_dir: str = field("", doc="embeddings: folder holding train_dir, eval_dir and empty_dir")
-    train_dir: str = field("cc12m_preprocessed", doc="embeddings: the training set's shard folder")
-    eval_dir: str = field("coco_preprocessed", doc="embeddings: the validation set's shard folder")
+    data_dir: str = field("", doc="embeddings: folder holding the three downloads below")
+    train_pattern: str = field("cc12m_preprocessed/*.arrow", doc="embeddings: the training set's Arrow shards "
+                               "(Hugging Face datasets save_to_disk), read in name order")
+    eval_pattern: str = field("coco_preprocessed/*.arrow", doc="embeddings: the validation set's Arrow shards")
     empty_dir: str = field("empty_encodings", doc="embeddings: t5_empty.npy and clip_empty.npy (the empty "
                            "prompt's encodings, swapped in for classifier-free-guidance dropout)")
     train_samples: int = field(0, min=0, doc="samples in one epoch (MLPerf train_samples; closed 1,099,776); "
