@@ -166,8 +166,8 @@ class EmbeddingsSource:
         return self._tables[which]
 
     def counts(self) -> dict[str, int]:
-        return {"data.train_samples": arrow_rows(self.files("train")),
-                "data.eval_samples": arrow_rows(self.files("eval"))}
+        return {"train_samples": arrow_rows(self.files("train")),
+                "eval_samples": arrow_rows(self.files("eval"))}
 
     def validate(self) -> None:
         train, evals = self.table("train"), self.table("eval")

@@ -27,7 +27,7 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, RMSNorm, constant, glorot_uniform, normal
+from harness.nn.layers import Block, RMSNorm, constant, glorot_uniform, normal, silu
 from harness.runtime.base import Runtime
 
 from benchmarks.flux1.config import ModelConfig
@@ -133,7 +133,7 @@ class MLPEmbedder(Block):
                                 normal(EMBED_STDDEV, f"{path}/out_layer/kernel", seed))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        return self.out_layer(tf.nn.silu(self.in_layer(x)))
+        return self.out_layer(silu(self.in_layer(x)))
 
 
 class Modulation(Block):
@@ -145,7 +145,7 @@ class Modulation(Block):
         self.lin = Linear(runtime, f"{path}/lin", seed, (hidden, parts * hidden), (None, None), constant(0.0))
 
     def __call__(self, vec: tf.Tensor) -> list[tf.Tensor]:
-        return tf.split(self.lin(tf.nn.silu(vec)), self.parts, axis=-1)
+        return tf.split(self.lin(silu(vec)), self.parts, axis=-1)
 
 
 class QKV(Block):
