@@ -7,6 +7,7 @@ diffusers export / import round trip. The golden comparison with diffusers is te
 smoke runs and the mesh draws are tests/test_flux1_runs.py."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -20,6 +21,9 @@ from harness import benchmark_rules as rules
 from harness.errors import HarnessError
 
 from conftest import REPO, cli_in_process
+
+
+pytestmark = pytest.mark.quick
 
 REFERENCE = os.path.join(REPO, "configs", "flux1", "reference.yaml")
 SMOKE = os.path.join(REPO, "configs", "flux1", "smoke.yaml")
@@ -223,3 +227,48 @@ def test_cost_counts_the_reference_parameters_and_flops():
     assert c.eval_flops_per_sample / 1e12 == pytest.approx(6.807, abs=0.01)
     assert cost.eval_positions(cfg, 600_000, 512)[:3] == [262144, 524288, 786432]
     assert math.isclose(c.train_samples, 1_099_776)
+
+
+# ----------------------------------------------------------------------------------- diffusers layout
+
+def test_export_to_the_diffusers_layout_and_import_round_trip(tmp_path):
+    """Every variable of a model with random weights -> diffusers' names and files -> a second model: equal; the
+    files are what FluxTransformer2DModel.from_pretrained reads (config.json's class and sizes, the weights'
+    file name), and the final layer's halves are swapped on the way (diffusers holds scale, shift)."""
+    import json
+
+    from benchmarks.flux1 import diffusers_names
+    from benchmarks.flux1.model import Flux
+    from harness.nn import hf_checkpoint
+    from harness.runtime import distribute
+
+    m = ModelConfig(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[8, 12, 12],
+                    context_in_dim=32, vec_in_dim=16)
+    rt = distribute.make_default("float32", False)
+    with rt.scope():
+        one = Flux(rt, "flux", 0, m)
+    rng = np.random.default_rng(3)
+    for v in rt.variables():
+        v.variable.assign(rng.normal(size=v.variable.shape).astype(np.float32))
+    values = {v.path: v.variable.numpy() for v in rt.variables()}
+    layout = diffusers_names.layout(m)
+    assert {p for o in layout.outs for p in o.paths} == set(values)         # every variable is exported
+    tensors, produce = hf_checkpoint.export_tensors(layout, lambda p: values[p], np.float32)
+    cfg = type("Cfg", (), {"model": m})()
+    out = str(tmp_path / "transformer")
+    files = hf_checkpoint.write_checkpoint(out, tensors, produce, diffusers_names.config(cfg, "float32"),
+                                           10 ** 9, diffusers_names.STEM)
+    assert files == ["config.json", "diffusion_pytorch_model.safetensors"]
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["_class_name"] == "FluxTransformer2DModel"
+    w = hf_checkpoint.Checkpoint(out, stem=diffusers_names.STEM).read("norm_out.linear.weight")
+    np.testing.assert_array_equal(w[:64], values["flux/final_layer/adaLN/lin/kernel"][:, 64:].T)  # scale first
+    rt2 = distribute.make_default("float32", False)
+    with rt2.scope():
+        Flux(rt2, "flux", 1, m)
+    hf_checkpoint.load_into(rt2, out, diffusers_names.FORMAT, m)
+    for v in rt2.variables():
+        np.testing.assert_array_equal(v.variable.numpy(), values[v.path], err_msg=v.path)
+    del one
+    with pytest.raises(HarnessError, match="num_layers=1, the model has model.depth=2"):
+        hf_checkpoint.check_config(out, diffusers_names.FORMAT, dataclasses.replace(m, depth=2))

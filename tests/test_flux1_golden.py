@@ -24,6 +24,9 @@ from harness.runtime import distribute
 
 from conftest import REPO
 
+
+pytestmark = pytest.mark.quick
+
 GOLDEN = os.path.join(REPO, "tests", "data", "flux_golden")
 PRED_TOL = 1e-5   # of max |pred|
 LOSS_RTOL = 2e-6
