@@ -272,3 +272,19 @@ def test_export_to_the_diffusers_layout_and_import_round_trip(tmp_path):
     del one
     with pytest.raises(HarnessError, match="num_layers=1, the model has model.depth=2"):
         hf_checkpoint.check_config(out, diffusers_names.FORMAT, dataclasses.replace(m, depth=2))
+
+
+@pytest.mark.parametrize("evals, verdict", [(28, "PASS"), (26, "FAIL")])
+def test_check_rcp_judges_ten_reference_logs(tmp_path, evals, verdict):
+    """GBS 512: the 6.1.0 RCP's mean is 7,223,524 samples, its lowest allowed mean for 10 runs 7,112,400 (27.13
+    evals of 262,144): 10 runs converging at the 28th eval pass, at the 26th they are faster than the RCPs allow."""
+    from harness.review import rcp
+    from tests.helpers.closed_log import checked_workload, write_run_log
+
+    for seed in range(1, 11):
+        cfg, workload = checked_workload(REFERENCE, [f"seed={seed}"])
+        write_run_log(str(tmp_path / f"result_{seed - 1}.txt"), cfg, workload,
+                      [0.77 - 0.006 * k for k in range(evals - 1)] + [0.585])
+    report = rcp.rcp_report([str(tmp_path)], "6.1.0")
+    assert [r.value for r in report.runs] == [evals * 262144] * 10
+    assert report.verdict == verdict, report.detail
