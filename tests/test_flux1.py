@@ -281,8 +281,9 @@ def test_check_rcp_judges_ten_reference_logs(tmp_path, evals, verdict):
     from harness.review import rcp
     from tests.helpers.closed_log import checked_workload, write_run_log
 
+    cfg, workload = checked_workload(REFERENCE)
     for seed in range(1, 11):
-        cfg, workload = checked_workload(REFERENCE, [f"seed={seed}"])
+        cfg.seed = seed
         write_run_log(str(tmp_path / f"result_{seed - 1}.txt"), cfg, workload,
                       [0.77 - 0.006 * k for k in range(evals - 1)] + [0.585])
     report = rcp.rcp_report([str(tmp_path)], "6.1.0")
