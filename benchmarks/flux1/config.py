@@ -55,6 +55,8 @@ class ModelConfig:
 @dataclasses.dataclass
 class DataConfig(PipelineConfig):
     source: str = field("synthetic", choices=("synthetic", "embeddings"))
+    deterministic: bool = field(True, doc="keep the stored row order through the pipeline: the reference reads "
+                                "each replica's chunk in order, unshuffled (false lets a ready element overtake)")
     data_dir: str = field("", doc="embeddings: folder holding the three downloads below")
     train_pattern: str = field("cc12m_preprocessed/*.arrow", doc="embeddings: the training set's Arrow shards "
                                "(Hugging Face datasets save_to_disk), read in name order")
