@@ -97,6 +97,7 @@ def test_each_replica_reads_its_contiguous_chunk_and_loops(dataset):
 
     ds = source(root).train(InputContext(1, 0, 8, 0), replicas=2, local_batch=4)
     first = next(iter(ds.batch(8)))
+    assert first["slot"].numpy().tolist() == list(range(8))   # each example's position in its batch
     want = np.stack([train[i]["mean"] for i in [0, 1, 2, 3, 6, 7, 8, 9]])
     np.testing.assert_allclose(data.decode(first["mean"], tf.float32).numpy(), want, atol=0.01 * np.abs(want).max())
 

@@ -141,10 +141,21 @@ def replica_order(rows: int, replicas: int, local_batch: int, first: int, count:
 
 
 def signature(feature_shapes: dict[str, tuple[int, ...]], eval_set: bool) -> dict[str, tf.TensorSpec]:
+    """A training example: the features and its `slot` (position in its batch); a validation example: the
+    features, its stored timestep index and its index in the set."""
     spec = {k: tf.TensorSpec(v, tf.uint16) for k, v in feature_shapes.items()}
     if eval_set:
         spec.update(timestep=tf.TensorSpec([], tf.int32), index=tf.TensorSpec([], tf.int64))
+    else:
+        spec["slot"] = tf.TensorSpec([], tf.int64)
     return spec
+
+
+def with_slots(ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+    """Each training example's position in the batch it will be in (`batch`: this pipeline's batch, a replica's
+    or a host's): the draws are keyed by it, carried with the example, so they are the same wherever a layout
+    puts the example (a position made on the device, tf.range, would be each device's own on a mesh)."""
+    return ds.enumerate().map(lambda i, x: {**x, "slot": i % batch})
 
 
 # ------------------------------------------------------------------------------------------- sources
@@ -206,8 +217,9 @@ class EmbeddingsSource:
         def gen():
             for i in replica_order(table.rows, replicas, local_batch, ctx.host_id * per_host, per_host):
                 yield table.row(i)
-        spec = signature(self.shapes, False)
-        return tf.data.Dataset.from_generator(lambda: ({k: r[k] for k in spec} for r in gen()), output_signature=spec)
+        spec = {k: v for k, v in signature(self.shapes, False).items() if k != "slot"}
+        rows = tf.data.Dataset.from_generator(lambda: ({k: r[k] for k in spec} for r in gen()), output_signature=spec)
+        return with_slots(rows, ctx.batch_size)
 
     def eval_records(self) -> tf.data.Dataset:
         table = self.table("eval")
@@ -259,7 +271,7 @@ class SyntheticSource:
         order = replica_order(n, replicas, local_batch, ctx.host_id * per_host, per_host)
         index = tf.data.Dataset.from_generator(lambda: order, output_signature=tf.TensorSpec([], tf.int64))
         table = {k: tf.constant(v) for k, v in rows.items()}
-        return index.map(lambda i: {k: tf.gather(v, i) for k, v in table.items()})
+        return with_slots(index.map(lambda i: {k: tf.gather(v, i) for k, v in table.items()}), ctx.batch_size)
 
     def eval_records(self) -> tf.data.Dataset:
         n = self.d.eval_samples

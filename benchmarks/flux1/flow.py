@@ -22,9 +22,10 @@ stateless seed, the sample's position in the batch, a stream, the element): the 
 replica's loss already differs per run seed, step, micro-batch and replica (harness/train/loop.py
 training_seed), and the position makes the rows of one replica differ. On a DTensor mesh one program holds
 the whole global batch, so the position alone separates replicas, along every data-parallel mesh axis at
-once; and since nothing depends on the device, a mesh draws exactly what one device draws. Normals come from
-two uniforms by Box-Muller. The validation draws are keyed by (run seed, optimizer step, the sample's index in
-the validation set): fresh noise at every eval, as the reference, yet reproducible.
+once. The position comes with the example from the input pipeline (benchmarks/flux1/data.py with_slots), not
+from a device-side range, so nothing depends on the device and a mesh draws exactly what one device draws.
+Normals come from two uniforms by Box-Muller. The validation draws are keyed by (run seed, optimizer step, the
+sample's index in the validation set): fresh noise at every eval, as the reference, yet reproducible.
 """
 from __future__ import annotations
 

@@ -203,9 +203,10 @@ class FluxWorkload(Workload):
         return flow.per_sample_loss(pred, target)
 
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        """The mean flow loss over this replica's samples (flow.py), its draws keyed by the loop's seed."""
+        """The mean flow loss over this replica's samples (flow.py), its draws keyed by the loop's seed and each
+        sample's position in the batch (carried by the input, `data.with_slots`)."""
         b = batch["mean"].shape[0]
-        pos = flow.positions(b)
+        pos = batch["slot"]
         keys = {s: flow.sample_keys(seed, pos, s) for s in (flow.T_STREAM, flow.DROP_STREAM, flow.NOISE_STREAM,
                                                             flow.VAE_STREAM)}
         t = flow.timesteps(flow.uniform(keys[flow.T_STREAM], [1])[:, 0])

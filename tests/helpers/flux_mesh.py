@@ -34,8 +34,7 @@ def draws_and_losses(config: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarr
 
     def draw(b):
         seed = loop.training_seed(cfg.seed, tf.constant(0, tf.int64), rt.replica_id(), 0)
-        n = b["mean"].shape[0]
-        keys = flow.sample_keys(seed, flow.positions(n), flow.NOISE_STREAM)
+        keys = flow.sample_keys(seed, b["slot"], flow.NOISE_STREAM)
         noise = flow.normal(keys, flow.pack(tf.zeros([1] + b["mean"].shape[1:].as_list())).shape[1:].as_list())
         return rt.place(noise, ("batch", None, None))
 
