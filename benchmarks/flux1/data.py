@@ -268,8 +268,10 @@ class SyntheticSource:
         n = self.train_samples
         rows = self._rows(n)
         per_host = replicas // ctx.num_hosts
-        order = replica_order(n, replicas, local_batch, ctx.host_id * per_host, per_host)
-        index = tf.data.Dataset.from_generator(lambda: order, output_signature=tf.TensorSpec([], tf.int64))
+        # a new iterator per call: a mesh runs one copy of this pipeline per local replica, each from the start
+        index = tf.data.Dataset.from_generator(
+            lambda: replica_order(n, replicas, local_batch, ctx.host_id * per_host, per_host),
+            output_signature=tf.TensorSpec([], tf.int64))
         table = {k: tf.constant(v) for k, v in rows.items()}
         return with_slots(index.map(lambda i: {k: tf.gather(v, i) for k, v in table.items()}), ctx.batch_size)
 
