@@ -16,6 +16,7 @@ _WORKLOADS = {
     "llama31_8b": "benchmarks.llama31_8b.workload:LlamaWorkload",
     "llama2_70b_lora": "benchmarks.llama2_70b_lora.workload:LoraWorkload",
     "deepseekv3_671b": "benchmarks.deepseekv3_671b.workload:DeepseekV3Workload",
+    "flux1": "benchmarks.flux1.workload:FluxWorkload",
 }
 
 

@@ -42,6 +42,11 @@ REDUCED = {
     "llama2_70b_lora": ["submission.division=open", "data.seq_length=256", "model.vocab_size=512",
                         "model.hidden_size=64", "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2",
                         "model.head_dim=16", "model.ffn_hidden=128"],
+    # flux1 at width 64 (4 heads of 16, RoPE (4, 6, 6)), one block of each kind, 16 text and 16 image tokens, open
+    # (closed needs the reference model).
+    "flux1": ["submission.division=open", "model.hidden_size=64", "model.num_heads=4", "model.axes_dim=[4, 6, 6]",
+              "model.depth=1", "model.depth_single_blocks=1", "model.context_in_dim=64", "model.vec_in_dim=32",
+              "data.text_tokens=16", "data.latent_size=8"],
 }
 
 HARDWARE_CONFIGS = sorted(os.path.relpath(f, REPO) for pattern in ("reference", "gpu-*", "tpu-*")

@@ -105,7 +105,7 @@ def test_a_string_number_in_config_json_names_its_type():
 def test_two_exports_into_one_new_folder_never_mix(tmp_path, monkeypatch):
     """Fault case: two exports 0.3 s apart both succeeded into one folder. The second to finish now finds the
     folder filled and says so; the first's files are whole."""
-    from harness.train import export
+    from harness.export import weights as export
 
     out = tmp_path / "same"
 
@@ -226,7 +226,7 @@ def test_data_count_reads_indexed_files(tmp_path):
 
 def test_a_non_utf8_manifest_is_named(tmp_path):
     """Fault case: `data verify --manifest` on a non-UTF-8 file said "input is not UTF-8 text" naming no file."""
-    from harness.train import data_verify
+    from harness.data import verify as data_verify
 
     path = tmp_path / "manifest.yaml"
     path.write_bytes(b"workload: resnet\nnote: \xff\xfe\n")

@@ -43,7 +43,7 @@ def test_lora_export_is_peft_adapters_and_a_merged_model_computing_the_same(base
 
     from harness import config as config_lib
     from harness.nn import hf_checkpoint
-    from harness.train import export
+    from harness.export import weights as export
 
     cfg, rt, wl = build([f"model.init_checkpoint={base_ckpt}"])
     for i, v in enumerate(rt.variables(trainable=True)):  # trained adapters: B is no longer zero
@@ -92,7 +92,7 @@ def test_lora_export_is_peft_adapters_and_a_merged_model_computing_the_same(base
 
 def test_export_refuses_a_folder_that_is_no_run(tmp_path):
     from harness.errors import HarnessError
-    from harness.train import export
+    from harness.export import weights as export
 
     with pytest.raises(HarnessError, match="no config.yaml"):
         export.export(str(tmp_path), str(tmp_path / "out"), merged=True)

@@ -29,6 +29,7 @@ from conftest import REPO, cli_in_process
 COVERED_ELSEWHERE = {
     "configs/deepseekv3_671b/smoke.yaml": ("tests/test_deepseek_v3.py", "smoke"),
     "configs/deepseekv3_671b/smoke-mesh.yaml": ("tests/test_deepseek_v3.py", "smoke"),
+    "configs/flux1/smoke.yaml": ("tests/test_flux1_runs.py", "smokes"),
     "configs/gpt_oss_20b/smoke.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
@@ -47,6 +48,7 @@ RUN_HERE = {
     "mesh": (4, ["configs/gpt_oss_20b/smoke-mesh.yaml", "configs/transformer/smoke-mesh.yaml"]),
     "lora": (4, ["configs/llama2_70b_lora/smoke.yaml", "configs/llama2_70b_lora/smoke-mesh.yaml"]),
     "ssd": (2, ["configs/ssd/smoke-mesh.yaml", "configs/ssd/smoke-mirrored.yaml"]),
+    "flux_mesh": (4, ["configs/flux1/smoke-mesh.yaml"]),
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
 REFUSED: dict[str, str] = {}

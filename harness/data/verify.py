@@ -259,6 +259,20 @@ def _parquet_rows(files: list[str]) -> int:
     return total
 
 
+def _arrow_rows(files: list[str]) -> int:
+    """Rows of Arrow IPC stream shards (a Hugging Face `datasets` save_to_disk folder: flux1's embeddings), from
+    their record batches' lengths."""
+    import pyarrow as pa
+
+    total = 0
+    for path in files:
+        try:
+            total += pa.ipc.open_stream(pa.memory_map(path, "r")).read_all().num_rows
+        except (pa.ArrowException, OSError) as e:
+            raise HarnessError(f"{path} is not a readable Arrow stream shard ({str(e).splitlines()[0]})") from None
+    return total
+
+
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
 
 
@@ -293,6 +307,7 @@ COUNTERS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "parquet_rows": (_parquet_rows, "rows"),
     "indexed_sequences": (_indexed_sequences, "sequences"),
     "lines": (_lines, "lines"),
+    "arrow_rows": (_arrow_rows, "rows"),
 }
 
 

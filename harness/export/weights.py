@@ -86,7 +86,8 @@ def export(run_dir: str, out: str, max_shard: str = "5GB", dtype: str = "float32
     with safe_open(weights, framework="np") as f:
         tensors, produce = hf_checkpoint.export_tensors(layout, f.get_tensor, DTYPES[dtype])
         if not lora:
-            return hf_checkpoint.write_checkpoint(out, tensors, produce, fmt.config(cfg, dtype), size)
+            return hf_checkpoint.write_checkpoint(out, tensors, produce, fmt.config(cfg, dtype), size,
+                                                  fmt.stem)
         return _export_lora(peft, cfg, out, f.get_tensor, tensors, produce, fmt.config(cfg, dtype), size, dtype,
                             merged)
 

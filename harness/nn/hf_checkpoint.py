@@ -213,20 +213,28 @@ def problems_line(where: str, problems: list[str]) -> HarnessError:
 
 # ---------------------------------------------------------------------------------------- reading
 
-def is_hf_dir(path: str) -> bool:
-    """A Hugging Face checkpoint directory: config.json beside model.safetensors or its index."""
+def files_for(stem: str) -> tuple[str, str]:
+    """(single file, index json) of a checkpoint whose weights are named `stem` (transformers: model;
+    diffusers: diffusion_pytorch_model)."""
+    return f"{stem}.safetensors", f"{stem}.safetensors.index.json"
+
+
+def is_hf_dir(path: str, stem: str = "model") -> bool:
+    """A Hugging Face checkpoint directory: config.json beside <stem>.safetensors or its index."""
+    single, index = files_for(stem)
     return os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)) and (
-        os.path.exists(os.path.join(path, SINGLE)) or os.path.exists(os.path.join(path, INDEX)))
+        os.path.exists(os.path.join(path, single)) or os.path.exists(os.path.join(path, index)))
 
 
 class Checkpoint:
     """A checkpoint directory, read lazily: names, shapes and dtypes from the file headers; tensors (or row
     ranges of them) one at a time. Files are found through the index's weight_map, never by their names."""
 
-    def __init__(self, path: str, what: str = "checkpoint") -> None:
+    def __init__(self, path: str, what: str = "checkpoint", stem: str = "model") -> None:
         from safetensors import safe_open
 
         self.path, self.what = path, what
+        self.single, index_name = files_for(stem)
         self._open = safe_open
         if not os.path.isdir(path):
             raise HarnessError(f"{what} {path}: no such directory")
@@ -234,7 +242,7 @@ class Checkpoint:
         if not os.path.exists(cfg_path):
             raise HarnessError(f"{what} {path}: no {CONFIG} (a Hugging Face checkpoint directory has one)")
         self.config = self._json(cfg_path)
-        index = os.path.join(path, INDEX)
+        index = os.path.join(path, index_name)
         if os.path.exists(index):
             weight_map = self._json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
@@ -244,10 +252,10 @@ class Checkpoint:
                 raise HarnessError(f"{what} {index}: weight_map must give each tensor a file name in the "
                                    f"directory ({odd[0]!r} -> {weight_map[odd[0]]!r})")
             self.files = {name: os.path.join(path, f) for name, f in weight_map.items()}
-        elif os.path.exists(os.path.join(path, SINGLE)):
+        elif os.path.exists(os.path.join(path, self.single)):
             self.files = None
         else:
-            raise HarnessError(f"{what} {path}: neither {SINGLE} nor {INDEX}")
+            raise HarnessError(f"{what} {path}: neither {self.single} nor {index_name}")
         self.meta = self._headers()
 
     def _json(self, path: str) -> dict[str, Any]:
@@ -262,7 +270,7 @@ class Checkpoint:
 
     def _headers(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
         """name -> (file, shape, safetensors dtype), from each file's header only."""
-        files = sorted(set(self.files.values())) if self.files else [os.path.join(self.path, SINGLE)]
+        files = sorted(set(self.files.values())) if self.files else [os.path.join(self.path, self.single)]
         meta = {}
         for file in files:
             try:
@@ -483,11 +491,13 @@ def parse_size(text: str) -> int:
 
 
 def write_checkpoint(out_dir: str, tensors: Sequence[tuple[str, tuple[int, ...], Any]],
-                     produce: Callable[[str], np.ndarray], config: dict[str, Any], max_shard_bytes: int) -> list[str]:
-    """A Hugging Face checkpoint directory: `config.json`, and `model.safetensors` when everything fits in
-    one shard of `max_shard_bytes`, else `model-0000i-of-0000N.safetensors` (tensors in order, a tensor
-    larger than a shard alone in its own) and `model.safetensors.index.json` (metadata.total_size, weight_map).
-    Returns the files written."""
+                     produce: Callable[[str], np.ndarray], config: dict[str, Any], max_shard_bytes: int,
+                     stem: str = "model") -> list[str]:
+    """A Hugging Face checkpoint directory: `config.json`, and `<stem>.safetensors` when everything fits in
+    one shard of `max_shard_bytes`, else `<stem>-0000i-of-0000N.safetensors` (tensors in order, a tensor
+    larger than a shard alone in its own) and `<stem>.safetensors.index.json` (metadata.total_size,
+    weight_map). Returns the files written."""
+    single, index = files_for(stem)
     os.makedirs(out_dir, exist_ok=True)
     shards: list[list[tuple[str, tuple[int, ...], Any]]] = [[]]
     size = 0
@@ -504,20 +514,20 @@ def write_checkpoint(out_dir: str, tensors: Sequence[tuple[str, tuple[int, ...],
         f.write("\n")
     written.append(CONFIG)
     if len(shards) == 1:
-        write_safetensors(os.path.join(out_dir, SINGLE), shards[0], produce)
-        return written + [SINGLE]
+        write_safetensors(os.path.join(out_dir, single), shards[0], produce)
+        return written + [single]
     weight_map, total, params = {}, 0, 0
     for i, shard in enumerate(shards, 1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
         total += write_safetensors(os.path.join(out_dir, name), shard, produce)
         params += sum(math.prod(t[1]) for t in shard)
         weight_map.update({t[0]: name for t in shard})
         written.append(name)
-    with open(os.path.join(out_dir, INDEX), "w") as f:
+    with open(os.path.join(out_dir, index), "w") as f:
         json.dump({"metadata": {"total_parameters": params, "total_size": total}, "weight_map": weight_map},
                   f, indent=2)
         f.write("\n")
-    return written + [INDEX]
+    return written + [index]
 
 
 def export_tensors(layout: Layout, read: Callable[[str], np.ndarray],
@@ -552,10 +562,11 @@ def variables_file_tensors(file: str) -> dict[str, tuple[tuple[int, ...], str]]:
 class Format:
     """A workload's Hugging Face form, from its model config section alone (no model needs to exist):
     `layout(model_cfg, checkpoint tensor names, have(variable path))`, `config_problems(config.json, model_cfg)`
-    and `config(run config, dtype name)` for export."""
+    and `config(run config, dtype name)` for export; `stem`: the weights files' name (`files_for`)."""
     layout: Callable[[Any, set[str], Callable[[str], bool]], Layout]
     config_problems: Callable[[dict[str, Any], Any], list[str]]
     config: Callable[[Any, str], dict[str, Any]]
+    stem: str = "model"
 
 
 def check_config(path: str, fmt: Format, model_cfg: Any, what: str = "model.init_checkpoint") -> Checkpoint:
@@ -563,7 +574,7 @@ def check_config(path: str, fmt: Format, model_cfg: Any, what: str = "model.init
     matches the model config and whose tensors (from the file headers) have the names, shapes and dtypes
     the model's layout needs. Layout entries a model option adds are taken as present here (their tensors'
     shapes do not depend on it); whether a tensor the model lacks is neutral is read at load."""
-    ckpt = Checkpoint(path, what)
+    ckpt = Checkpoint(path, what, fmt.stem)
     problems = check(ckpt, fmt.layout(model_cfg, set(ckpt.meta), lambda p: True),
                      fmt.config_problems(ckpt.config, model_cfg))
     if problems:
@@ -573,7 +584,7 @@ def check_config(path: str, fmt: Format, model_cfg: Any, what: str = "model.init
 
 def load_into(runtime: Any, path: str, fmt: Format, model_cfg: Any, what: str = "model.init_checkpoint") -> int:
     """Loads checkpoint directory `path` into the runtime's variables (after the model is built)."""
-    ckpt = Checkpoint(path, what)
+    ckpt = Checkpoint(path, what, fmt.stem)
     paths = {v.path for v in runtime.variables()}
     layout = fmt.layout(model_cfg, set(ckpt.meta), lambda p: p in paths)
     return load(runtime, ckpt, layout, fmt.config_problems(ckpt.config, model_cfg))

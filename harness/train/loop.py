@@ -495,6 +495,8 @@ def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, sch
     # Sample-counted schedules also give samples_count, which rulesets 6.x require of eval_accuracy.
     position = {"samples_count": here.samples} if schedule.unit == SAMPLE else {}
     log.event(K.EVAL_ACCURACY, score, metadata={"epoch_num": here.epoch_num, **position})
+    for key in workload.score_keys():   # the same score under another key a checker reads (flux1's open one)
+        log.event(key, score, metadata={"epoch_num": here.epoch_num, **position})
     log.end(K.EVAL_STOP, metadata={"epoch_num": here.epoch_num})
     return score, bool(reached), metrics, counted
 

@@ -345,6 +345,11 @@ class Workload(abc.ABC):
         return []
 
     # ----------------------------------------------------------------------------------- logging
+    def score_keys(self) -> tuple[str, ...]:
+        """Keys logged with each eval's score besides eval_accuracy, with its metadata (a division's checker that
+        reads another key: flux1's open averaged_validation_loss); default none."""
+        return ()
+
     @abc.abstractmethod
     def mllog_hparams(self) -> dict[str, Any]:
         """Hyperparameter keys and values this benchmark must log for the configured ruleset."""
