@@ -41,6 +41,9 @@ SMALL = {
     "llama2_70b_lora": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                         "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1",
                         "model.lora_dropout=0"],
+    # flux1's draws are keyed by each sample's position, so one device and two replicas draw the same noise.
+    "flux1": ["data.synthetic_train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=8",
+              "schedule.eval_batch_size=16"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }
