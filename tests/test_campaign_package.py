@@ -316,7 +316,7 @@ def test_package_stopped_by_sigterm_is_one_line_and_marked_incomplete(tmp_path, 
     def stopped(*args, **kwargs):
         raise interrupt.Interrupted(signal.SIGTERM)
 
-    monkeypatch.setattr(package, "run_package_checker", stopped)
+    monkeypatch.setattr(package.official, "run_package_checker", stopped)
     out = tmp_path / "out"
     proc = cli_in_process("package", *five_copies, "--out", str(out))
     assert proc.returncode == 143 and len(stderr_error_lines(proc)) == 1 and "SIGTERM" in proc.stderr, proc.stderr

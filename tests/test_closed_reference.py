@@ -20,7 +20,7 @@ from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.review import checklog, integrity, logparse
 from harness.runtime import make_runtime
-from harness.submission import package
+from harness.submission import package, runs
 from harness.train import datafiles, reference
 from harness.train.run import execute
 
@@ -192,8 +192,8 @@ def test_check_and_package_flag_a_closed_log_from_another_model(tmp_path, capsys
            "SSD300 on ResNet-34" in printed and "model.width=16 (reference 64)" in printed
     with pytest.raises(HarnessError, match=r"^refusing to package: .*small.txt fails the harness integrity checks: "
                                            r"closed log on tfrecord data from a model that is not the reference"):
-        package.check_compliance([package.load_run(bad)], "0.7.0")
-    package.check_compliance([package.load_run(good)], "0.7.0")
+        package.check_compliance([runs.load_run(bad)], "0.7.0")
+    package.check_compliance([runs.load_run(good)], "0.7.0")
 
 
 # ---------------------------------------------------------------------------------- sample counts
