@@ -109,7 +109,7 @@ def test_two_exports_into_one_new_folder_never_mix(tmp_path, monkeypatch):
 
     out = tmp_path / "same"
 
-    def fake_export(run_dir, staging, max_shard, dtype):
+    def fake_export(run_dir, staging, max_shard, dtype, merged=False):
         if not out.exists():   # the other export finishes first, while this one is writing
             out.mkdir()
             (out / "config.json").write_text("{}")
