@@ -6,9 +6,9 @@ harness's importer and compares).
 
 Needs torch and diffusers, which the harness never depends on: run it with a separate environment, e.g.
 
-    python3 -m venv /work/venvs/hfref
-    /work/venvs/hfref/bin/pip install torch==2.13.0 diffusers==0.42.1 safetensors numpy
-    OMP_NUM_THREADS=1 /work/venvs/hfref/bin/python scripts/make_flux_goldens.py
+    python3 -m venv ../hfref
+    ../hfref/bin/pip install torch==2.13.0 diffusers==0.42.1 safetensors numpy
+    OMP_NUM_THREADS=1 ../hfref/bin/python scripts/make_flux_goldens.py
 
 (golden.json records the versions used). The tiny size: hidden 128 = 4 heads x 32, RoPE axes (8, 12, 12), 2
 double and 2 single blocks, MLP ratio 4, text 8 tokens of 64 channels, pooled text 32, a 16 x 8 x 8 latent
