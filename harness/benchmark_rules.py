@@ -521,6 +521,10 @@ TOKENIZERS = {
                        "the reference's GovReport files are tokenized with it",
     "gpt_oss_20b": "openai/gpt-oss-20b on Hugging Face (o200k_harmony, Apache-2.0)",
     "deepseekv3_671b": "deepseek-ai/DeepSeek-V3 on Hugging Face (MIT code licence, DeepSeek model licence)",
+    # The MMDiT reads text as frozen encoders' outputs: the reference's preprocessing tokenizes with them.
+    "flux1": "the frozen text encoders' tokenizers, not the transformer's: google/t5-v1_1-xxl (256 tokens) and "
+             "openai/clip-vit-large-patch14 (77 tokens) on Hugging Face, as the reference's precomputed "
+             "embeddings were made",
 }
 
 

@@ -58,7 +58,9 @@ def test_the_smoke_exports_to_diffusers_and_imports_back_equal(smokes, tmp_path)
     out = str(tmp_path / "transformer")
     exported = run_cli("export", directory, "--out", out)
     assert exported.returncode == 0, exported.stdout + exported.stderr
-    assert sorted(os.listdir(out)) == ["config.json", "diffusion_pytorch_model.safetensors"]
+    assert sorted(os.listdir(out)) == ["TOKENIZER.md", "config.json", "diffusion_pytorch_model.safetensors"]
+    with open(os.path.join(out, "TOKENIZER.md")) as f:
+        assert "google/t5-v1_1-xxl" in f.read()
     cfg = config_lib.load_config(os.path.join(directory, "config.yaml"), [])
     trained = load_file(os.path.join(directory, "final_weights.safetensors"))
     rt = distribute.make_default("float32", False)

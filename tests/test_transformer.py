@@ -252,9 +252,9 @@ def test_bad_inputs_are_refused_before_any_log(tmp_path):
 
 
 def test_closed_division_holds_the_reference_decode_and_epsilon(tmp_path):
-    refused(tmp_path, ["eval.beam_size=2"], "closed Transformer decodes as the reference")
-    refused(tmp_path, ["optimizer.epsilon=1e-8"], "optimizer.epsilon must be 1e-9")
-    refused(tmp_path, ["schedule.eval_every_epochs=2"], "evaluates after every epoch")
+    refused(tmp_path, ["eval.beam_size=2"], r"the reference fixes eval.beam_size=4 \(got 2\)")
+    refused(tmp_path, ["optimizer.epsilon=1e-8"], r"the reference fixes optimizer.epsilon=1e-09 \(got 1e-08\)")
+    refused(tmp_path, ["schedule.eval_every_epochs=2"], r"the reference fixes schedule.eval_every_epochs=1")
 
 
 def test_mesh_that_does_not_divide_heads_is_one_clear_line(tmp_out):

@@ -254,4 +254,8 @@ def _wait(server: object, poll_s: float = 0.5) -> None:
         while True:
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        pass
+        # Out at once: a worker's destructor waits for the tasks of its jobs, and a job whose client is gone
+        # (a run that died) kept one from exiting for over a minute. A server has nothing left to flush.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
