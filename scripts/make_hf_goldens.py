@@ -270,8 +270,9 @@ def gpt_oss() -> None:
 
 # ------------------------------------------------------------------------------------------- deepseek-v3
 
-def deepseek_v3_config(interleave: bool = True) -> transformers.DeepseekV3Config:
-    cfg = transformers.DeepseekV3Config(
+def deepseek_v3_config(interleave: bool = True, **overrides) -> transformers.DeepseekV3Config:
+    """The tiny DeepSeek-V3 of the goldens; `overrides` change its fields (scripts/make_hf_offpath.py)."""
+    fields = dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
         first_k_dense_replace=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
         qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
@@ -281,6 +282,7 @@ def deepseek_v3_config(interleave: bool = True) -> transformers.DeepseekV3Config
                          "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
                          "mscale": 1.0, "mscale_all_dim": 1.0},
         tie_word_embeddings=False, attention_bias=False)
+    cfg = transformers.DeepseekV3Config(**{**fields, **overrides})
     cfg._attn_implementation = "eager"
     if hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = "eager"

@@ -37,7 +37,7 @@ from safetensors.numpy import load_file, save_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
-from make_hf_goldens import causal_lm, perturb, rel, tokens  # noqa: E402
+from make_hf_goldens import causal_lm, deepseek_v3_config, perturb, rel, tokens  # noqa: E402
 
 OUT = os.path.join(REPO, "tests", "data", "hf_offpath")
 VERSIONS = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -99,20 +99,11 @@ def llama() -> None:
 
 
 def deepseek_config() -> transformers.DeepseekV3Config:
-    cfg = transformers.DeepseekV3Config(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=16, num_hidden_layers=3,
-        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=12, n_shared_experts=1,
-        num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-        rms_norm_eps=1e-5, hidden_act="silu", max_position_embeddings=163840, rope_interleave=True,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
-                         "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
-                         "mscale": 1.0, "mscale_all_dim": 1.0},
-        tie_word_embeddings=False, attention_bias=False)
-    cfg._attn_implementation = "eager"
-    if hasattr(cfg, "_experts_implementation"):
-        cfg._experts_implementation = "eager"
-    return cfg
+    """Twelve experts in four groups, top-3 of 2 groups: the ratio at which the group scores of transformers
+    and Megatron differ."""
+    return deepseek_v3_config(
+        vocab_size=128, moe_intermediate_size=16, num_hidden_layers=3, first_k_dense_replace=1,
+        n_routed_experts=12, num_experts_per_tok=3, n_group=4, topk_group=2, rms_norm_eps=1e-5)
 
 
 def _router_summing_top(n: int):

@@ -34,6 +34,7 @@ COVERED_ELSEWHERE = {
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
     "configs/llama31_8b/smoke-mesh.yaml": ("tests/test_llama31_8b.py", "smokes"),
+    "configs/resnet/smoke.yaml": ("tests/test_e2e_resnet.py", "smoke_run"),
     "configs/ssd/smoke.yaml": ("tests/test_ssd.py", "smoke_run"),
     "configs/transformer/smoke.yaml": ("tests/test_transformer.py", "smoke_run"),
 }
@@ -44,7 +45,7 @@ COVERED_ELSEWHERE = {
 # of ~15 it took 1,328 s, against 423 s for BERT's one-device smoke and 355 s and 400 s for ResNet's two.
 RUN_HERE = {
     "bert_mesh": (4, ["configs/bert/smoke-mesh.yaml"]),
-    "one_device": (1, ["configs/bert/smoke.yaml", "configs/resnet/smoke.yaml", "configs/resnet/smoke-tfrecord.yaml"]),
+    "one_device": (1, ["configs/bert/smoke.yaml", "configs/resnet/smoke-tfrecord.yaml"]),
     "mesh": (4, ["configs/gpt_oss_20b/smoke-mesh.yaml", "configs/transformer/smoke-mesh.yaml"]),
     "lora": (4, ["configs/llama2_70b_lora/smoke.yaml", "configs/llama2_70b_lora/smoke-mesh.yaml"]),
     "ssd": (2, ["configs/ssd/smoke-mesh.yaml", "configs/ssd/smoke-mirrored.yaml"]),

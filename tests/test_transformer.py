@@ -269,8 +269,8 @@ def test_mesh_that_does_not_divide_heads_is_one_clear_line(tmp_out):
 
 # ------------------------------------------------------------------------------------ smoke run
 
-# The smoke's beam-search evals of 400 sentences cost more than its training; 100 (one decode batch) still
-# give a BLEU well above the target after the 2 epochs the run trains (0.59 measured, target 0.25).
+# The smoke scores 100 sentences (one decode batch): beam search over 400 cost more than its training, and
+# 100 still give a BLEU well above the target after the 2 epochs the run trains (0.59 measured, target 0.25).
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("transformer_smoke"))

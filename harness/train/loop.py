@@ -566,7 +566,9 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
                               f"target {workload.target_relation} {workload.target}")
     log.end(K.RUN_STOP, metadata={"status": status})
     run_time = time.time() - t_run
-    observer.close(train_time, f"data.source={getattr(cfg.data, 'source', '?')}")
+    served = pipeline_config(cfg.data).service.dispatcher
+    observer.close(train_time, f"data.source={getattr(cfg.data, 'source', '?')}"
+                               + (f" via the tf.data service at {served}" if served else ""))
     if steps.traces != traces_at_start:
         logging.warning("functions were retraced inside the timed run: %s -> %s", traces_at_start, steps.traces)
     samples = done_steps * gbs
