@@ -205,18 +205,21 @@ class FluxWorkload(Workload):
         pred = self.model(x_t, t5, clip, t)
         return flow.per_sample_loss(pred, target)
 
+    def draws(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A training batch's random numbers: t [b] (bfloat16-rounded), whether the text is dropped [b], and the
+        keys [b] of the noise and VAE-sample normals, from the loop's seed (run seed, step: the same on every
+        replica) and each sample's position in the global batch (carried by the input, `data.with_slots`)."""
+        keys = {s: flow.sample_keys(seed, batch["slot"], s) for s in (flow.T_STREAM, flow.DROP_STREAM,
+                                                                      flow.NOISE_STREAM, flow.VAE_STREAM)}
+        return {"t": flow.timesteps(flow.uniform(keys[flow.T_STREAM], [1])[:, 0]),
+                "drop": flow.uniform(keys[flow.DROP_STREAM], [1])[:, 0] < self.cfg.data.cfg_dropout,
+                "noise_keys": keys[flow.NOISE_STREAM], "vae_keys": keys[flow.VAE_STREAM]}
+
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        """The mean flow loss over this replica's samples (flow.py), its draws keyed by the loop's seed (run seed,
-        step: the same on every replica) and each sample's position in the global batch (carried by the input,
-        `data.with_slots`)."""
-        b = batch["mean"].shape[0]
-        pos = batch["slot"]
-        keys = {s: flow.sample_keys(seed, pos, s) for s in (flow.T_STREAM, flow.DROP_STREAM, flow.NOISE_STREAM,
-                                                            flow.VAE_STREAM)}
-        t = flow.timesteps(flow.uniform(keys[flow.T_STREAM], [1])[:, 0])
-        drop = flow.uniform(keys[flow.DROP_STREAM], [1])[:, 0] < self.cfg.data.cfg_dropout
-        per = self._predict(batch, t, keys[flow.NOISE_STREAM], keys[flow.VAE_STREAM], drop)
-        return {"flow_mse": LossTerm(tf.reduce_sum(per), tf.cast(b, tf.float32))}
+        """The mean flow loss over this replica's samples (flow.py) with this batch's `draws`."""
+        d = self.draws(batch, seed)
+        per = self._predict(batch, d["t"], d["noise_keys"], d["vae_keys"], d["drop"])
+        return {"flow_mse": LossTerm(tf.reduce_sum(per), tf.cast(batch["mean"].shape[0], tf.float32))}
 
     def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
         if self.cfg.optimizer.clip_norm:
