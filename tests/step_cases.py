@@ -41,9 +41,12 @@ SMALL = {
     "llama2_70b_lora": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                         "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1",
                         "model.lora_dropout=0"],
-    # flux1's draws are keyed by each sample's position, so one device and two replicas draw the same noise.
-    "flux1": ["data.synthetic_train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=8",
-              "schedule.eval_batch_size=16"],
+    # flux1's draws are keyed by each sample's global position, so one device and two replicas draw the same
+    # noise. Its reference order gives each replica a contiguous chunk of the set (32 of 64 rows here), so
+    # which rows a global batch holds depends on the replica count: 4 synthetic captions (row content = row
+    # mod 4) put the same content at every global position in both layouts.
+    "flux1": ["data.synthetic_train_samples=64", "data.synthetic_classes=4", "data.eval_samples=45",
+              "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }

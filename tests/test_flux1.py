@@ -97,7 +97,13 @@ def test_each_replica_reads_its_contiguous_chunk_and_loops(dataset):
 
     ds = source(root).train(InputContext(1, 0, 8, 0), replicas=2, local_batch=4)
     first = next(iter(ds.batch(8)))
-    assert first["slot"].numpy().tolist() == list(range(8))   # each example's position in its batch
+    assert first["slot"].numpy().tolist() == list(range(8))   # each example's position in the global batch
+    # the same under a strategy (the pipeline batches per replica, 4) and for host 1 of 2 (replica 1's rows)
+    mirrored = source(root).train(InputContext(1, 0, 4, 0), replicas=2, local_batch=4)
+    assert next(iter(mirrored.batch(16)))["slot"].numpy().tolist() == list(range(8)) * 2
+    second_host = next(iter(source(root).train(InputContext(2, 1, 4, 0), replicas=2, local_batch=4).batch(8)))
+    assert second_host["slot"].numpy().tolist() == [4, 5, 6, 7] * 2
+    np.testing.assert_array_equal(second_host["mean"][:4].numpy(), first["mean"][4:].numpy())
     want = np.stack([train[i]["mean"] for i in [0, 1, 2, 3, 6, 7, 8, 9]])
     np.testing.assert_allclose(data.decode(first["mean"], tf.float32).numpy(), want, atol=0.01 * np.abs(want).max())
 

@@ -1,6 +1,7 @@
 """The workload contract, for every registered workload: two train steps and one eval on one device and
 on 2 logical CPUs (mirrored) give finite, equal losses (so the loop's gradient reduction is right for
-this workload) and count every eval example exactly once on an eval set that does not divide the batch.
+this workload) and count every eval example exactly once on an eval set that does not divide the batch;
+and flux1's random draws on a DTensor mesh (per replica, a rerun, one device).
 
 The selected workloads run in one subprocess per oneDNN mode (logical devices must be configured before
 TensorFlow starts), shared with tests/test_xla_precision.py through tests/step_cases.py.
@@ -22,13 +23,6 @@ def test_every_registered_workload_has_a_contract_case():
     assert sorted(SMALL) == registry.names()
 
 
-# Open defect: under a mirrored runtime flux1's replicas key their draws by their own input pipeline's
-# positions, not the global batch's (the mesh path passes the global position and matches one device), so
-# two mirrored replicas draw other noise than one device: its losses differ (1.136 vs 1.151 at step 1).
-# Until that is fixed flux1 is held to finite losses and an exact eval count on two replicas, not equality.
-DRAWS_PER_PIPELINE = {"flux1"}
-
-
 @pytest.mark.step_cases(onednn=("1",))
 @pytest.mark.parametrize("name", registry.names())
 def test_one_train_step_and_eval_on_one_and_two_replicas(name):
@@ -37,9 +31,6 @@ def test_one_train_step_and_eval_on_one_and_two_replicas(name):
     assert (one["replicas"], two["replicas"]) == (1, 2)
     assert np.all(np.isfinite(one["losses"])) and np.isfinite(one["score"])
     assert one["counted"] == two["counted"] == one["eval_samples"] == 45
-    if name in DRAWS_PER_PIPELINE:
-        assert np.all(np.isfinite(two["losses"])) and np.isfinite(two["score"])
-        return
     # The second loss follows one update: equal only if the replicas' gradients were combined right.
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     assert two["score"] == pytest.approx(one["score"], abs=1e-6)
@@ -55,3 +46,23 @@ def test_steps_agree_with_onednn_kernels_on_and_off(name):
     assert np.all(np.isfinite(off["plain_losses"])) and np.isfinite(off["plain_eval"])
     np.testing.assert_allclose(off["plain_losses"], on["plain_losses"], rtol=ONEDNN_LOSS_RTOL)
     assert off["plain_eval"] == pytest.approx(on["plain_eval"], abs=ONEDNN_EVAL_ABS)
+
+
+@pytest.mark.step_cases(onednn=("1",), name="flux1")
+def test_flux1_draws_differ_per_mesh_replica_and_equal_a_rerun_and_one_device():
+    """flux1's noise, VAE sample and t per sample on a DTensor mesh of 2 data-parallel devices (the step case's
+    process; tests/helpers/flux1_mesh_draws.py): the replicas draw different numbers (their samples' global
+    positions differ), a rerun from a fresh pipeline draws the same, and one device draws them too."""
+    d = step_case("flux1")["mesh_draws"]
+    assert len(d["mesh"]) == len(d["one"]) == 2                            # two steps
+    for step, (mesh, rerun, one) in enumerate(zip(d["mesh"], d["mesh_rerun"], d["one"])):
+        assert len(mesh) == 2 and len(one) == 1
+        assert mesh[0]["slot"] == [0, 1, 2, 3] and mesh[1]["slot"] == [4, 5, 6, 7] == one[0]["slot"][4:]
+        assert mesh == rerun
+        for key in ("noise", "vae", "t"):
+            first, second = np.array(mesh[0][key]), np.array(mesh[1][key])
+            assert not np.array_equal(first, second), (step, key)
+            if key != "t":                                                  # t: bfloat16, ties possible
+                assert not np.any(first == second), (step, key)              # no normal repeated
+            np.testing.assert_array_equal(np.concatenate([first, second]), one[0][key], err_msg=key)
+    assert not np.any(np.array(d["mesh"][0][0]["noise"]) == np.array(d["mesh"][1][0]["noise"]))   # per step

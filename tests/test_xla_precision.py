@@ -24,19 +24,12 @@ def test_every_registered_workload_has_a_case():
     assert sorted(SMALL) == registry.names()
 
 
-# Open defect: flux1's XLA step draws other noise than its plain step (losses 1.128 vs 1.151 at step 1 of
-# this case); until found and fixed it is held to a compiled step with finite losses, not equality.
-XLA_DRAWS_DIFFER = {"flux1"}
-
-
 @pytest.mark.step_cases(onednn=("1",))
 @pytest.mark.parametrize("name", registry.names())
 def test_xla_train_and_eval_match_the_plain_steps(name):
     r = step_case(name)
     assert r["xla_compiled"]
     assert len(r["xla_losses"]) == STEPS and all(math.isfinite(x) for x in r["xla_losses"])
-    if name in XLA_DRAWS_DIFFER:
-        return
     assert r["xla_losses"] == pytest.approx(r["plain_losses"], rel=1e-4)
     if name == "ssd":
         # Top-k and NMS under XLA: scores differ in the last float32 bits, so near-tied boxes can swap
@@ -44,6 +37,10 @@ def test_xla_train_and_eval_match_the_plain_steps(name):
         assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], abs=1e-3)
     elif name in ("gpt_oss_20b", "llama31_8b", "llama2_70b_lora", "deepseekv3_671b"):
         # A token-weighted mean of float32 cross-entropies: XLA fuses the sums in another order.
+        assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], rel=1e-6)
+    elif name == "flux1":
+        # Mean squared errors of float32 latents whose noise comes by Box-Muller: XLA's log, cos and sqrt
+        # differ from TensorFlow's kernels in the last bit (measured: 5e-8 relative).
         assert r["xla_eval_same_weights"] == pytest.approx(r["plain_eval"], rel=1e-6)
     else:
         assert r["xla_eval_same_weights"] == r["plain_eval"]

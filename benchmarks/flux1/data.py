@@ -141,7 +141,7 @@ def replica_order(rows: int, replicas: int, local_batch: int, first: int, count:
 
 
 def signature(feature_shapes: dict[str, tuple[int, ...]], eval_set: bool) -> dict[str, tf.TensorSpec]:
-    """A training example: the features and its `slot` (position in its batch); a validation example: the
+    """A training example: the features and its `slot` (position in the global batch); a validation example: the
     features, its stored timestep index and its index in the set."""
     spec = {k: tf.TensorSpec(v, tf.uint16) for k, v in feature_shapes.items()}
     if eval_set:
@@ -151,11 +151,16 @@ def signature(feature_shapes: dict[str, tuple[int, ...]], eval_set: bool) -> dic
     return spec
 
 
-def with_slots(ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:
-    """Each training example's position in the batch it will be in (`batch`: this pipeline's batch, a replica's
-    or a host's): the draws are keyed by it, carried with the example, so they are the same wherever a layout
-    puts the example (a position made on the device, tf.range, would be each device's own on a mesh)."""
-    return ds.enumerate().map(lambda i, x: {**x, "slot": i % batch})
+def with_slots(ds: tf.data.Dataset, ctx: InputContext, replicas: int, local_batch: int) -> tf.data.Dataset:
+    """Each training example's `slot`: its position in the GLOBAL batch of its step, which keys its draws
+    (flow.py). This host's pipeline holds, per step, its replicas' batches in turn (`replica_order`): under a
+    tf.distribute strategy the runtime hands consecutive per-replica batches of it to the local replicas in
+    turn, on a mesh the host batch is sliced the same way, so example i of the stream sits at host_id x host
+    batch + i mod host batch in the global batch whatever the layout. Carried with the example, not made on
+    the device (tf.range would count each replica's or device's own rows)."""
+    host_batch = replicas // ctx.num_hosts * local_batch
+    first = ctx.host_id * host_batch
+    return ds.enumerate().map(lambda i, x: {**x, "slot": first + i % host_batch})
 
 
 # ------------------------------------------------------------------------------------------- sources
@@ -219,7 +224,7 @@ class EmbeddingsSource:
                 yield table.row(i)
         spec = {k: v for k, v in signature(self.shapes, False).items() if k != "slot"}
         rows = tf.data.Dataset.from_generator(lambda: ({k: r[k] for k in spec} for r in gen()), output_signature=spec)
-        return with_slots(rows, ctx.batch_size)
+        return with_slots(rows, ctx, replicas, local_batch)
 
     def eval_records(self) -> tf.data.Dataset:
         table = self.table("eval")
@@ -273,7 +278,8 @@ class SyntheticSource:
             lambda: replica_order(n, replicas, local_batch, ctx.host_id * per_host, per_host),
             output_signature=tf.TensorSpec([], tf.int64))
         table = {k: tf.constant(v) for k, v in rows.items()}
-        return with_slots(index.map(lambda i: {k: tf.gather(v, i) for k, v in table.items()}), ctx.batch_size)
+        return with_slots(index.map(lambda i: {k: tf.gather(v, i) for k, v in table.items()}), ctx, replicas,
+                          local_batch)
 
     def eval_records(self) -> tf.data.Dataset:
         n = self.d.eval_samples

@@ -17,13 +17,14 @@ changes no number, and the model reads and predicts packed tokens.
 
 Random numbers. The reference seeds every data-parallel rank differently (torchtitan distributed/utils.py
 set_determinism: seed + dp_replicate_rank + dp_shard_rank x dp_replicate_size); its 5.1 version left ranks of
-one shard index on different nodes drawing the same noise. Here every number is a counter-based hash of (a
-stateless seed, the sample's position in the batch, a stream, the element): the seed the loop gives each
-replica's loss already differs per run seed, step, micro-batch and replica (harness/train/loop.py
-training_seed), and the position makes the rows of one replica differ. On a DTensor mesh one program holds
-the whole global batch, so the position alone separates replicas, along every data-parallel mesh axis at
-once. The position comes with the example from the input pipeline (benchmarks/flux1/data.py with_slots), not
-from a device-side range, so nothing depends on the device and a mesh draws exactly what one device draws.
+one shard index on different nodes drawing the same noise. Here every number is a counter-based integer hash
+of (a stateless seed, the sample's position in the GLOBAL batch, a stream, the element). The seed is (run
+seed, step), the same on every replica (harness/train/loop.py position_seed, asked for by
+Workload.DRAWS_BY_GLOBAL_POSITION); the position comes with the example from the input pipeline
+(benchmarks/flux1/data.py with_slots), not from a device-side range. So distinct replicas draw distinct noise,
+along every data-parallel axis at once, because their samples' positions differ, and one device, mirrored
+replicas, a DTensor mesh, micro-batches and an XLA step all draw exactly the same numbers for a sample. Only
+integer ops and a few float ones make them: no TensorFlow random kernel, whose XLA and plain versions differ.
 Normals come from two uniforms by Box-Muller. The validation draws are keyed by (run seed, optimizer step, the
 sample's index in the validation set): fresh noise at every eval, as the reference, yet reproducible.
 """
@@ -35,7 +36,7 @@ import tensorflow as tf
 
 MASK32 = 0xFFFFFFFF
 # streams: which quantity a hash feeds
-T_STREAM, DROP_STREAM, NOISE_STREAM, VAE_STREAM = 1, 2, 3, 4
+T_STREAM, DROP_STREAM, NOISE_STREAM, VAE_STREAM, EVAL_NOISE_STREAM, EVAL_VAE_STREAM = 1, 2, 3, 4, 5, 6
 
 
 # ------------------------------------------------------------------------------------- random numbers
@@ -102,8 +103,16 @@ def unpack(x: tf.Tensor, channels: int, size: int) -> tf.Tensor:
 
 
 def timesteps(u: tf.Tensor) -> tf.Tensor:
-    """t = u rounded to bfloat16 (round to nearest even, as torch's .to(bfloat16)), as float32."""
-    return tf.cast(tf.cast(u, tf.bfloat16), tf.float32)
+    """t = u (finite float32) rounded to bfloat16 (round to nearest even, as torch's .to(bfloat16)), as float32.
+
+    Rounded on the bits (add 0x7FFF plus the lowest kept bit, clear the low 16), not by a float32 -> bfloat16
+    -> float32 cast pair, which XLA may drop where excess precision is allowed, its default (the
+    simplify-fp-conversions pass, openxla/xla xla/hlo/transforms/simplifiers/simplify_fp_conversions.h): t
+    would go unrounded. Not what made this CPU's XLA step differ (the loop's TF-random seed did), but no
+    compiler may fold integer ops away."""
+    bits = tf.bitcast(tf.cast(u, tf.float32), tf.int32)
+    bits += 0x7FFF + tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 16), 1)
+    return tf.bitcast(tf.bitwise.bitwise_and(bits, -0x10000), tf.float32)
 
 
 def latents(mean: tf.Tensor, logvar: tf.Tensor, eps: tf.Tensor, shift: float, scale: float,

@@ -81,6 +81,9 @@ class FluxWorkload(Workload):
     # The dry run of a model too big for the host compiles 1 and 2 blocks of each kind at full width and
     # extrapolates (harness.dryrun.extrapolate.linear_stand_in): every block of a kind is the same computation.
     DRY_RUN_LINEAR = {"model.depth": (1, 2), "model.depth_single_blocks": (1, 2)}
+    # The draws hash (run seed, step, the sample's global position): the loop's seed is the same on every
+    # replica, so any layout draws what one device draws (flow.py).
+    DRAWS_BY_GLOBAL_POSITION = True
 
     def __init__(self, cfg, runtime) -> None:
         super().__init__(cfg, runtime)
@@ -202,17 +205,21 @@ class FluxWorkload(Workload):
         pred = self.model(x_t, t5, clip, t)
         return flow.per_sample_loss(pred, target)
 
+    def draws(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A training batch's random numbers: t [b] (bfloat16-rounded), whether the text is dropped [b], and the
+        keys [b] of the noise and VAE-sample normals, from the loop's seed (run seed, step: the same on every
+        replica) and each sample's position in the global batch (carried by the input, `data.with_slots`)."""
+        keys = {s: flow.sample_keys(seed, batch["slot"], s) for s in (flow.T_STREAM, flow.DROP_STREAM,
+                                                                      flow.NOISE_STREAM, flow.VAE_STREAM)}
+        return {"t": flow.timesteps(flow.uniform(keys[flow.T_STREAM], [1])[:, 0]),
+                "drop": flow.uniform(keys[flow.DROP_STREAM], [1])[:, 0] < self.cfg.data.cfg_dropout,
+                "noise_keys": keys[flow.NOISE_STREAM], "vae_keys": keys[flow.VAE_STREAM]}
+
     def loss(self, batch: dict[str, tf.Tensor], seed: tf.Tensor) -> dict[str, LossTerm]:
-        """The mean flow loss over this replica's samples (flow.py), its draws keyed by the loop's seed and each
-        sample's position in the batch (carried by the input, `data.with_slots`)."""
-        b = batch["mean"].shape[0]
-        pos = batch["slot"]
-        keys = {s: flow.sample_keys(seed, pos, s) for s in (flow.T_STREAM, flow.DROP_STREAM, flow.NOISE_STREAM,
-                                                            flow.VAE_STREAM)}
-        t = flow.timesteps(flow.uniform(keys[flow.T_STREAM], [1])[:, 0])
-        drop = flow.uniform(keys[flow.DROP_STREAM], [1])[:, 0] < self.cfg.data.cfg_dropout
-        per = self._predict(batch, t, keys[flow.NOISE_STREAM], keys[flow.VAE_STREAM], drop)
-        return {"flow_mse": LossTerm(tf.reduce_sum(per), tf.cast(b, tf.float32))}
+        """The mean flow loss over this replica's samples (flow.py) with this batch's `draws`."""
+        d = self.draws(batch, seed)
+        per = self._predict(batch, d["t"], d["noise_keys"], d["vae_keys"], d["drop"])
+        return {"flow_mse": LossTerm(tf.reduce_sum(per), tf.cast(batch["mean"].shape[0], tf.float32))}
 
     def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
         if self.cfg.optimizer.clip_norm:
@@ -220,7 +227,8 @@ class FluxWorkload(Workload):
         return grads
 
     def eval_seed(self) -> tf.Tensor:
-        """(run seed, optimizer step): new draws at every eval, the same on a rerun."""
+        """(run seed, optimizer step): new draws at every eval, the same on a rerun; the eval's own streams keep
+        them apart from the next training step's, whose seed is the same pair."""
         return tf.stack([tf.constant(self.cfg.seed, tf.int64), tf.cast(self.optimizer.step, tf.int64)])
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -229,8 +237,8 @@ class FluxWorkload(Workload):
         seed, index = self.eval_seed(), batch["index"]
         k = batch["timestep"]
         t = tf.cast(k, tf.float32) / float(self.cfg.data.eval_timesteps)
-        per = self._predict(batch, t, flow.sample_keys(seed, index, flow.NOISE_STREAM),
-                            flow.sample_keys(seed, index, flow.VAE_STREAM), None)
+        per = self._predict(batch, t, flow.sample_keys(seed, index, flow.EVAL_NOISE_STREAM),
+                            flow.sample_keys(seed, index, flow.EVAL_VAE_STREAM), None)
         return {"loss": per, "timestep": k}
 
     def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:

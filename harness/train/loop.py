@@ -165,6 +165,14 @@ def training_seed(run_seed: int, step: tf.Tensor, replica: tf.Tensor, micro_batc
     return tf.random.experimental.stateless_fold_in(seed, micro_batch)
 
 
+def position_seed(run_seed: int, step: tf.Tensor) -> tf.Tensor:
+    """int64 [2] (run seed, step): the seed of a workload whose draws are keyed by global sample position
+    (Workload.DRAWS_BY_GLOBAL_POSITION). No replica or micro-batch in it (the positions already tell every
+    sample of a step apart, wherever it runs), and no TensorFlow random op: a stateless fold-in's XLA kernel
+    gives other numbers than its plain kernel for some seeds (TF 2.21, CPU)."""
+    return tf.stack([tf.constant(run_seed, tf.int64), tf.cast(step, tf.int64)])
+
+
 def _no_step_yet(totals: tuple[str, ...]) -> dict[str, Any]:
     """Per replica, the outputs a train call carries before its first step (same structure as a step's)."""
     return {"loss": tf.constant(0.0), "lr": tf.constant(0.0), "nonfinite": tf.constant(0.0),
@@ -251,7 +259,8 @@ class CompiledSteps:
         total_loss, total_grads, local = tf.constant(0.0), None, {}
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
             micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
-            seed = training_seed(w.cfg.seed, step, self.runtime.replica_id(), m)
+            seed = (position_seed(w.cfg.seed, step) if w.DRAWS_BY_GLOBAL_POSITION
+                    else training_seed(w.cfg.seed, step, self.runtime.replica_id(), m))
             with self.runtime.batched_mean_updates(), tf.GradientTape() as tape:
                 terms, stats = split_loss(w.loss(micro_batch, seed))
                 loss = self._normalized(terms) / k

@@ -162,6 +162,12 @@ class Workload(abc.ABC):
     # Scalar step statistics `loss` returns that the run totals over its steps (summary.json `train_totals`,
     # `deviations`): each must be in every training step's statistics.
     STEP_TOTALS: ClassVar[tuple[str, ...]] = ()
+    # True: `loss` keys its random draws by each sample's position in the GLOBAL batch (carried by the input)
+    # and its own integer hash, so the loop hands every replica the same seed, (run seed, step) as int64 [2]
+    # (harness.train.loop.position_seed): any device layout, micro-batching and XLA then draw what one device
+    # draws, and replicas still draw differently because their samples' positions differ. False: a seed
+    # distinct per replica and micro-batch (loop.training_seed), for draws made per replica batch (dropout).
+    DRAWS_BY_GLOBAL_POSITION: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

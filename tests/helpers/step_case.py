@@ -4,7 +4,9 @@
   contract, tests/test_workload_contract.py);
 - `xla_*`: the per-replica train and eval steps under XLA against the plain ones from the same weights,
   then `bfloat16` and `float16` (dynamic loss scaling) runs of the same steps, and for ResNet a float16
-  loss scale that overflows (tests/test_xla_precision.py).
+  loss scale that overflows (tests/test_xla_precision.py);
+- `mesh_draws` (flux1 only): its training draws on a 2-device DTensor mesh, a rerun and one device
+  (tests/helpers/flux1_mesh_draws.py; no model compiled).
 
 With mode `plain` only the one-device plain steps run (the oneDNN-off case: the caller sets
 TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads at start-up). Every RESULT says whether oneDNN was on.
@@ -85,6 +87,10 @@ def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> di
     cfg, rt, wl = build(config, small + ["runtime.kind=mirrored", "runtime.cpu_devices=2",
                                          "runtime.jit_compile=false"])
     out["two"] = contract_run(cfg, rt, wl, train_steps)
+    if cfg.workload == "flux1":
+        import flux1_mesh_draws  # tests/helpers, this script's directory
+
+        out["mesh_draws"] = flux1_mesh_draws.mesh_draws(config, small)
 
     # float32, one device, the same weights: plain steps (the contract's one-device run), then XLA's.
     cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
