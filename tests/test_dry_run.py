@@ -3,6 +3,7 @@ reduced width here; the README gives the full-size commands), with XLA's numbers
 not compile is one `error:` line."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -459,3 +460,22 @@ def test_a_stood_in_compile_runs_apart_and_brings_its_report_or_error_back():
     assert report.train_flops_per_replica_step > 0 and report.traced == {}
     with pytest.raises(HarnessError, match="model.groups_per_token=3 exceeds model.expert_groups=2"):
         apart._compile_apart(path, ["model.groups_per_token=3"], False, full)
+
+
+def test_an_extrapolated_activation_below_zero_takes_the_kept_floor():
+    """flux1 on 64 devices extrapolated its train activations to -1.3 GiB from 1- and 2-block compiles: the
+    report then takes what the backward pass keeps at least, raises the peak by as much and says so; a
+    positive estimate is left as XLA planned it."""
+    gib = 2**30
+    report = CompileReport(
+        workload="flux1", config="c.yaml", replicas=64, model_axis=1, per_replica_batch=32, global_batch=2048,
+        eval_per_replica_batch=32, params=10, train_flops_per_replica_step=1.0, eval_flops_per_replica_step=1.0,
+        flops_source="fake", weight_bytes_per_device=gib, optimizer_bytes_per_device=2 * gib, gradient_bytes=gib,
+        peak_bytes_per_device=3 * gib - gib // 2, compile_seconds={"train": 1.0, "eval": 1.0},
+        activation_bytes_per_device=-gib // 2)
+    floored = memory.floor_activations(report, 5 * gib)
+    assert floored.activation_bytes_per_device == 5 * gib
+    assert floored.peak_bytes_per_device == 8 * gib
+    assert "-0.500 GiB" in floored.stand_in[-1] and "5.000 GiB" in floored.stand_in[-1]
+    positive = memory.floor_activations(dataclasses.replace(report, activation_bytes_per_device=gib), 5 * gib)
+    assert positive.activation_bytes_per_device == gib and positive.stand_in == []

@@ -15,7 +15,7 @@ import json
 from harness import config as config_lib
 from harness.dryrun.compile import compile_replica
 from harness.dryrun.extrapolate import linear_stand_in, micro_batched_stand_in
-from harness.dryrun.memory import check_device_memory, kept_activations, too_big_for_host
+from harness.dryrun.memory import check_device_memory, floor_activations, kept_activations, too_big_for_host
 from harness.dryrun.report import CompileReport, stage, stages_on
 from harness.dryrun.standin import standin_checked
 
@@ -39,7 +39,7 @@ def compile_report(config_path: str, overrides: list[str], optimize: bool = True
         else:
             report = linear_stand_in(config_path, overrides, optimize, cfg, sizes, pairs)
         report.stand_in += checked[0].workload.dry_run_notes()
-        return report
+        return floor_activations(report, kept_activations(cfg, report))
     return compile_replica(config_path, cfg, optimize, full, checked)
 
 
