@@ -4,8 +4,8 @@ tests/test_qwen35_deltanet.py.
 Run in a side virtualenv with torch and transformers (not the harness's):
     OMP_NUM_THREADS=1 /path/to/venv/bin/python scripts/make_qwen35_goldens.py
 Without the fla and causal-conv1d packages transformers runs its torch paths: `torch_chunk_gated_delta_rule`
-for the 70-token forward and, with a DynamicCache, `causal_conv1d_update` + `torch_recurrent_gated_delta_rule`
-for single-token decoding after a 37-token prefill.
+for the 70-token forward and for a left-padded batch with its attention mask, and, with a DynamicCache,
+`causal_conv1d_update` + `torch_recurrent_gated_delta_rule` for single-token decoding after a 37-token prefill.
 
 The layer is `layers.0.linear_attn` of the tiny Qwen3_5MoeTextConfig below (V heads = 2 x QK heads, dk != dv).
 Its weights and input are drawn by NumPy's PCG64 from fixed seeds (`golden_weights`, `golden_input`, imported by
@@ -54,6 +54,16 @@ def golden_input(seed: int = 36) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(1, LENGTH, CONFIG["hidden_size"])).astype(np.float32)
 
 
+def golden_padded_batch() -> tuple[np.ndarray, np.ndarray]:
+    """Two rows of 12 positions: the first 12 tokens of the golden input, and its first 7 left-padded by 5
+    positions of non-zero junk that the mask must hide."""
+    x = golden_input()[0]
+    junk = np.random.default_rng(37).normal(size=(5, x.shape[1])).astype(np.float32)
+    batch = np.stack([x[:12], np.concatenate([junk, x[:7]])])
+    mask = np.array([[1] * 12, [0] * 5 + [1] * 7], np.int64)
+    return batch, mask
+
+
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(weights):
@@ -88,8 +98,10 @@ def main() -> None:
         for t in range(PREFILL, LENGTH):
             steps.append(layer(x[:, t:t + 1], cache=cache))
         cached = torch.cat(steps, dim=1).numpy()
+        padded, pad_mask = golden_padded_batch()
+        padded_out = layer(torch.from_numpy(padded), attention_mask=torch.from_numpy(pad_mask)).numpy()
     os.makedirs(OUT, exist_ok=True)
-    np.savez(os.path.join(OUT, "deltanet_golden.npz"), full=full, decoded=cached[:, PREFILL:])
+    np.savez(os.path.join(OUT, "deltanet_golden.npz"), full=full, decoded=cached[:, PREFILL:], padded=padded_out)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__, "config": CONFIG,
             "length": LENGTH, "prefill": PREFILL, "hf_names": names, "weights_sha256": weights_digest(weights),
             "max_abs_full_minus_cached": float(np.abs(full - cached).max())}

@@ -1,8 +1,8 @@
 """benchmarks/qwen35_397b_grpo/deltanet.py: transformers' own Qwen3_5MoeGatedDeltaNet (tests/data/qwen35/, made by
 scripts/make_qwen35_goldens.py in a side virtualenv, which the harness never imports) loaded through the layer's
 transformers name mapping gives transformers' outputs: the 70-token forward in both forms (chunked and
-recurrent), and a 37-token prefill followed by cached single-token decoding. The two forms agree to float32
-rounding on other shapes too (several chunks, an incoming state)."""
+recurrent), a left-padded batch with its mask, and a 37-token prefill followed by cached single-token
+decoding. The two forms agree to float32 rounding on other shapes too (several chunks, an incoming state)."""
 from __future__ import annotations
 
 import importlib.util
@@ -111,3 +111,15 @@ def test_chunked_form_compiles_under_xla(golden):
     compiled = tf.function(lambda x: layer(x, form="chunked")[0], jit_compile=True)
     np.testing.assert_allclose(compiled(tf.constant(goldens.golden_input())).numpy(), arrays["full"],
                                rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_left_padded_batch_equals_transformers(golden, form):
+    """Padded positions are zeroed before the projections: the padded row's tokens give what they give unpadded."""
+    _, arrays, layer, _ = golden
+    batch, mask = goldens.golden_padded_batch()
+    y, _ = layer(tf.constant(batch), form=form, mask=tf.constant(mask))
+    np.testing.assert_allclose(y.numpy(), arrays["padded"], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(y.numpy()[1, 5:], arrays["full"][0, :7], rtol=1e-5, atol=2e-5)
+    unmasked, _ = layer(tf.constant(batch), form=form)
+    assert np.abs(unmasked.numpy()[1, 5:] - arrays["full"][0, :7]).max() > 1e-3  # the junk would leak in

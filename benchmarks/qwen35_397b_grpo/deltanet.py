@@ -14,8 +14,8 @@ The kernel runs in float32 whatever the input dtype. The chunked form is the WY 
 `torch_chunk_gated_delta_rule` (chunks of 64, the sequence zero-padded to a multiple of it; a triangular solve
 inside each chunk and a scan over chunks carrying S).
 
-Not here yet: padding masks (transformers zeroes padded positions first) and packed sequences (the conv and S
-restarting at each segment).
+A padding mask zeroes padded inputs first (transformers' apply_mask_to_padding_states). Not here yet: packed
+sequences (the conv and S restarting at each segment).
 """
 from __future__ import annotations
 
@@ -113,8 +113,12 @@ class GatedDeltaNet(tf.Module):
             target = getattr(self, attr)
             target.assign(tf.cast(value, target.dtype))
 
-    def __call__(self, x: tf.Tensor, state=None, form: str = "chunked"):
+    def __call__(self, x: tf.Tensor, state=None, form: str = "chunked", mask: tf.Tensor | None = None):
+        """mask [B, T] (1 = token, 0 = padding) zeroes padded inputs first, as transformers'
+        apply_mask_to_padding_states does for left-padded batches."""
         s = self.shape
+        if mask is not None:
+            x = x * tf.cast(mask, x.dtype)[:, :, None]
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
         qkv = tf.einsum("btd,dc->btc", x, self.in_proj_qkv)
         z = tf.einsum("btd,dc->btc", x, self.in_proj_z)
