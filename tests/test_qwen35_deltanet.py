@@ -123,3 +123,45 @@ def test_left_padded_batch_equals_transformers(golden, form):
     np.testing.assert_allclose(y.numpy()[1, 5:], arrays["full"][0, :7], rtol=1e-5, atol=2e-5)
     unmasked, _ = layer(tf.constant(batch), form=form)
     assert np.abs(unmasked.numpy()[1, 5:] - arrays["full"][0, :7]).max() > 1e-3  # the junk would leak in
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_packed_segments_equal_separate_runs(golden, form):
+    """Rows of packed sequences (boundaries inside a chunk and across the 64-token chunk edge) give each
+    sequence's own outputs, and the state after the row is that of its last sequence alone."""
+    _, _, layer, _ = golden
+    x = goldens.golden_input()[0]
+    rng = np.random.default_rng(5)
+    other = rng.normal(size=x.shape).astype(np.float32)
+    rows = [[x[:23], other[:30], x[30:42]], [other[10:50], x[:25]]]  # 65 tokens each
+    packed = np.stack([np.concatenate(r) for r in rows])
+    starts = np.zeros(packed.shape[:2], np.float32)
+    for i, r in enumerate(rows):
+        starts[i, np.cumsum([0] + [len(s) for s in r[:-1]])] = 1.0
+    y, (conv, state) = layer(tf.constant(packed), form=form, starts=tf.constant(starts))
+    for i, r in enumerate(rows):
+        alone = [layer(tf.constant(s[None]), form=form) for s in r]
+        np.testing.assert_allclose(y.numpy()[i], np.concatenate([a[0].numpy()[0] for a in alone]),
+                                   rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(conv.numpy()[i], alone[-1][1][0].numpy()[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(state.numpy()[i], alone[-1][1][1].numpy()[0], rtol=1e-5, atol=2e-5)
+
+
+def test_chunked_equals_recurrent_with_starts_and_an_incoming_state():
+    rng = np.random.default_rng(9)
+    b, length, h, dk, dv = 2, 29, 2, 5, 4
+    q, k = (tf.constant(rng.normal(size=(b, length, h, dk)).astype(np.float32)) for _ in range(2))
+    v = tf.constant(rng.normal(size=(b, length, h, dv)).astype(np.float32))
+    q, k, v = prepare_qkv(q, k, v, 1)
+    g = tf.constant(-rng.uniform(0.0, 0.5, (b, length, h)).astype(np.float32))
+    beta = tf.constant(rng.uniform(0.0, 1.0, (b, length, h)).astype(np.float32))
+    state = tf.constant(rng.normal(size=(b, h, dk, dv)).astype(np.float32))
+    starts = np.zeros((b, length), np.float32)
+    starts[0, [0, 8, 13, 14]] = 1.0  # row 0 drops the incoming state; a start on a chunk edge; a 1-token segment
+    starts[1, [5, 23]] = 1.0  # row 1 continues the incoming state for 5 tokens
+    o_c, s_c = gated_delta_chunked(q, k, v, g, beta, state, tf.constant(starts), chunk=8)
+    o_r, s_r = gated_delta_recurrent(q, k, v, g, beta, state, tf.constant(starts))
+    np.testing.assert_allclose(o_c.numpy(), o_r.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s_c.numpy(), s_r.numpy(), rtol=1e-5, atol=1e-5)
+    fresh, _ = gated_delta_recurrent(q[:1], k[:1], v[:1], g[:1], beta[:1], None)  # row 0 ignores the state
+    np.testing.assert_allclose(o_r.numpy()[0, :8], fresh.numpy()[0, :8], rtol=1e-5, atol=1e-6)

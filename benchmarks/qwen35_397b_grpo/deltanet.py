@@ -14,8 +14,10 @@ The kernel runs in float32 whatever the input dtype. The chunked form is the WY 
 `torch_chunk_gated_delta_rule` (chunks of 64, the sequence zero-padded to a multiple of it; a triangular solve
 inside each chunk and a scan over chunks carrying S).
 
-A padding mask zeroes padded inputs first (transformers' apply_mask_to_padding_states). Not here yet: packed
-sequences (the conv and S restarting at each segment).
+A padding mask zeroes padded inputs first (transformers' apply_mask_to_padding_states). Packed sequences
+(`starts`: 1 where a packed segment begins) restart the conv's left context and S at every segment start, in
+both forms; this is what the reference's packed training needs (FLA's cu_seqlens), checked here against the
+segments run one by one, not against a transformers output.
 """
 from __future__ import annotations
 
@@ -113,9 +115,11 @@ class GatedDeltaNet(tf.Module):
             target = getattr(self, attr)
             target.assign(tf.cast(value, target.dtype))
 
-    def __call__(self, x: tf.Tensor, state=None, form: str = "chunked", mask: tf.Tensor | None = None):
+    def __call__(self, x: tf.Tensor, state=None, form: str = "chunked", mask: tf.Tensor | None = None,
+                 starts: tf.Tensor | None = None):
         """mask [B, T] (1 = token, 0 = padding) zeroes padded inputs first, as transformers'
-        apply_mask_to_padding_states does for left-padded batches."""
+        apply_mask_to_padding_states does for left-padded batches. starts [B, T] (1 where a packed segment
+        begins) cuts the row into independent sequences; the returned state is that of the last one."""
         s = self.shape
         if mask is not None:
             x = x * tf.cast(mask, x.dtype)[:, :, None]
@@ -125,7 +129,10 @@ class GatedDeltaNet(tf.Module):
         b = tf.einsum("btd,dh->bth", x, self.in_proj_b)
         a = tf.einsum("btd,dh->bth", x, self.in_proj_a)
         conv_state, recurrent_state = state if state is not None else (None, None)
-        qkv, conv_state = causal_conv(qkv, self.conv1d, conv_state)
+        if starts is None:
+            starts = tf.zeros([batch, length], tf.float32)
+        starts = tf.cast(starts, tf.float32)
+        qkv, conv_state = causal_conv(qkv, self.conv1d, conv_state, starts)
         qkv = tf.nn.silu(qkv)
         q, k, v = tf.split(qkv, [s.key_dim, s.key_dim, s.value_dim], axis=-1)
         q = tf.reshape(q, [batch, length, s.linear_num_key_heads, s.linear_key_head_dim])
@@ -138,23 +145,29 @@ class GatedDeltaNet(tf.Module):
         if form not in ("chunked", "recurrent"):
             raise ValueError(f"form must be 'chunked' or 'recurrent', got {form!r}")
         rule = gated_delta_chunked if form == "chunked" else gated_delta_recurrent
-        o, recurrent_state = rule(q, k, v, g, beta, recurrent_state)
+        o, recurrent_state = rule(q, k, v, g, beta, recurrent_state, starts)
         z = tf.reshape(z, [batch, length, s.linear_num_value_heads, s.linear_value_head_dim])
         y = gated_rms_norm(tf.cast(o, x.dtype), z, self.norm, s.rms_norm_eps)
         y = tf.reshape(y, [batch, length, s.value_dim])
         return tf.einsum("btc,cd->btd", y, self.out_proj), (conv_state, recurrent_state)
 
 
-def causal_conv(x: tf.Tensor, kernel: tf.Tensor, state: tf.Tensor | None = None):
+def causal_conv(x: tf.Tensor, kernel: tf.Tensor, state: tf.Tensor | None = None, starts: tf.Tensor | None = None):
     """Depthwise causal conv over time: out_t = sum_i kernel[i] * x_{t-(K-1)+i}, the K-1 inputs before the first
-    taken from `state` [B, K-1, C] (zeros at a sequence start). Returns (out, the last K-1 inputs)."""
-    taps = kernel.shape[0]
+    taken from `state` [B, K-1, C] (zeros at a sequence start), inputs of an earlier packed segment (starts [B, T])
+    counted as 0. Returns (out, the last K-1 inputs of the last segment)."""
+    taps, length = kernel.shape[0], tf.shape(x)[1]
     if state is None:
         state = tf.zeros([tf.shape(x)[0], taps - 1, tf.shape(x)[2]], x.dtype)
     padded = tf.concat([tf.cast(state, x.dtype), x], axis=1)
-    length = tf.shape(x)[1]
-    out = tf.add_n([padded[:, i:i + length] * kernel[i] for i in range(taps)])
-    return out, padded[:, -(taps - 1):]
+    if starts is None:
+        starts = tf.zeros(tf.shape(x)[:2], tf.float32)
+    # Segment numbers: the state's inputs are segment 0, each start opens the next.
+    seg = tf.concat([tf.zeros([tf.shape(x)[0], taps - 1]), tf.cumsum(tf.cast(starts, tf.float32), axis=1)], 1)
+    same = [tf.cast(tf.equal(seg[:, i:i + length], seg[:, taps - 1:]), x.dtype)[..., None] for i in range(taps)]
+    out = tf.add_n([padded[:, i:i + length] * kernel[i] * same[i] for i in range(taps)])
+    last = tf.cast(tf.equal(seg[:, -(taps - 1):], seg[:, -1:]), x.dtype)[..., None]
+    return out, padded[:, -(taps - 1):] * last
 
 
 def prepare_qkv(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, repeat: int):
@@ -168,31 +181,37 @@ def prepare_qkv(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, repeat: int):
     return q * q.shape[-1] ** -0.5, k, v
 
 
-def gated_delta_recurrent(q, k, v, g, beta, state=None):
-    """Token by token: q, k [B, T, H, dk], v [B, T, H, dv], g, beta [B, T, H]; state [B, H, dk, dv] or None.
-    Returns (o [B, T, H, dv], final state)."""
+def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
+    """Token by token: q, k [B, T, H, dk], v [B, T, H, dv], g, beta [B, T, H]; state [B, H, dk, dv] or None;
+    starts [B, T] zeroes the state before a segment's first token. Returns (o [B, T, H, dv], final state)."""
+    if starts is None:
+        starts = tf.zeros(tf.shape(g)[:2], tf.float32)
+    keep = tf.tile(1.0 - tf.cast(starts, tf.float32)[:, :, None], [1, 1, g.shape[2]])
     if state is None:
         state = tf.zeros([tf.shape(v)[0], v.shape[2], k.shape[-1], v.shape[-1]], tf.float32)
 
     def step(carry, inputs):
         s, _ = carry
-        q_t, k_t, v_t, g_t, b_t = inputs
-        s = s * tf.exp(g_t)[:, :, None, None]
+        q_t, k_t, v_t, g_t, b_t, keep_t = inputs
+        s = s * (keep_t * tf.exp(g_t))[:, :, None, None]
         memory = tf.einsum("bhkv,bhk->bhv", s, k_t)
         delta = (v_t - memory) * b_t[:, :, None]
         s = s + k_t[:, :, :, None] * delta[:, :, None, :]
         return s, tf.einsum("bhkv,bhk->bhv", s, q_t)
 
-    time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta)]
+    time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta, keep)]
     first = tf.zeros_like(time_major[2][0])
     states, outs = tf.scan(step, time_major, initializer=(state, first))
     return tf.transpose(outs, [1, 0, 2, 3]), states[-1]
 
 
-def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = CHUNK):
+def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = CHUNK):
     """The same rule in chunks (torch_chunk_gated_delta_rule): inside a chunk the UT transform
     T = (I + strictly_lower((beta k) k^T * decay))^-1 gives the corrected values T (beta v) and the decayed keys
-    T (beta k e^{cumsum g}) reading the incoming state; a scan over chunks carries the state."""
+    T (beta k e^{cumsum g}) reading the incoming state; a scan over chunks carries the state. With packed
+    segments (starts) every pairwise term is zero across a segment start: the decay matrix is masked to pairs
+    of one segment, only the tokens of the incoming state's segment read it, and only those of the chunk's last
+    segment write the outgoing one."""
     batch, length = tf.shape(v)[0], tf.shape(v)[1]
     heads, dk, dv = v.shape[2], k.shape[-1], v.shape[-1]
     if state is None:
@@ -205,19 +224,30 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = CHUNK):
         t = tf.reshape(t, tf.concat([[batch, n, chunk], tf.shape(t)[2:]], 0))
         return tf.transpose(t, [1, 0, 3, 2] + list(range(4, t.shape.rank)))
 
-    q, k, v, g, beta = (chunks(t) for t in (q, k, v, g, beta))
+    if starts is None:
+        starts = tf.zeros(tf.shape(g)[:2], tf.float32)
+    seg = tf.tile(tf.cumsum(tf.cast(starts, tf.float32), axis=1)[:, :, None], [1, 1, heads])
+    first_start = tf.tile(tf.cast(starts, tf.float32)[:, :, None], [1, 1, heads])
+    seg = tf.concat([seg, tf.repeat(seg[:, -1:], pad, axis=1)], axis=1)  # the end padding continues the last one
+    q, k, v, g, beta, first_start = (chunks(t) for t in (q, k, v, g, beta, first_start))
+    seg = tf.transpose(tf.reshape(seg, [batch, n, chunk, heads]), [1, 0, 3, 2])  # [N, B, H, C]
+    seg_in = seg[..., 0] - first_start[..., 0]  # the segment of the token before the chunk
+    same = tf.cast(tf.equal(seg[..., :, None], seg[..., None, :]), tf.float32)
+    reads = tf.cast(tf.equal(seg, seg_in[..., None]), tf.float32)[..., None]
+    writes = tf.cast(tf.equal(seg, seg[..., -1:]), tf.float32)[..., None]
+    carries = tf.cast(tf.equal(seg[..., -1], seg_in), tf.float32)[..., None, None]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     cum = tf.cumsum(g, axis=-1)  # [N, B, H, C]
     lower = tf.linalg.band_part(tf.ones([chunk, chunk]), -1, 0)  # j <= i
-    decay = tf.exp(tf.where(lower > 0, cum[..., :, None] - cum[..., None, :], -np.inf))
+    decay = tf.exp(tf.where(lower > 0, cum[..., :, None] - cum[..., None, :], -np.inf)) * same
     strict = lower - tf.eye(chunk)
     ut = tf.eye(chunk) + tf.einsum("...ik,...jk->...ij", k_beta, k) * decay * strict
     new_values = tf.linalg.triangular_solve(ut, v_beta, lower=True)
-    k_cumdecay = tf.linalg.triangular_solve(ut, k_beta * tf.exp(cum)[..., None], lower=True)
+    k_cumdecay = tf.linalg.triangular_solve(ut, k_beta * tf.exp(cum)[..., None] * reads, lower=True)
     intra = tf.einsum("...ik,...jk->...ij", q, k) * decay
-    q_in = q * tf.exp(cum)[..., None]
-    k_out = k * tf.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = tf.exp(cum[..., -1])[..., None, None]
+    q_in = q * tf.exp(cum)[..., None] * reads
+    k_out = k * tf.exp(cum[..., -1:] - cum)[..., None] * writes
+    chunk_decay = tf.exp(cum[..., -1])[..., None, None] * carries
 
     def step(carry, inputs):
         s, _ = carry
