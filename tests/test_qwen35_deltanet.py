@@ -133,7 +133,8 @@ def test_packed_segments_equal_separate_runs(golden, form):
     x = goldens.golden_input()[0]
     rng = np.random.default_rng(5)
     other = rng.normal(size=x.shape).astype(np.float32)
-    rows = [[x[:23], other[:30], x[30:42]], [other[10:50], x[:25]]]  # 65 tokens each
+    # 65 tokens each; row 1 ends in a 2-token segment, shorter than the conv's left context.
+    rows = [[x[:23], other[:30], x[30:42]], [other[10:50], x[:23], x[40:42]]]
     packed = np.stack([np.concatenate(r) for r in rows])
     starts = np.zeros(packed.shape[:2], np.float32)
     for i, r in enumerate(rows):
