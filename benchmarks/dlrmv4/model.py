@@ -59,10 +59,15 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
     reaching the table holds one summed row per distinct id and row-wise Adagrad updates each row once.
 
     The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
-    and the distinct ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum
-    over the split), whose gradient reaches each device for its own rows only.
+    and the ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum over the
+    split), whose gradient reaches each device for its own rows only, repeats summed.
     """
     size = ids.shape.num_elements()
+    if runtime.shards("vocab") > 1:
+        # Split rows: each device's gradient is the one-hot contraction of the step's ids with its own rows,
+        # which sums the repeats of an id into one row already (the deduplicated gradient, in static shapes).
+        rows = vocab_parallel_lookup(runtime, table, tf.reshape(ids, [ids.shape[0], -1]))
+        return tf.reshape(rows, ids.shape.as_list() + [table.shape[-1]])
     flat = tf.reshape(ids, [size])
     unique, index = tf.unique(flat)
     # Padded to the static count of ids (DTensor lays out static shapes only); the padding looks up row 0,
@@ -145,7 +150,8 @@ class STULayer(Block):
         a = tf.reshape(tf.einsum("bhij,bjhd->bihd", attn, v), [b, s, h * uv])
         uf, af = tf.cast(u, tf.float32), tf.cast(a, tf.float32)
         y = tf.concat([uf, af, uf * tf.cast(self.output_norm(af), tf.float32)], axis=-1)
-        y = dropout(tf.cast(y, x.dtype), self.rate, seed)
+        # Drawn on y laid out whole but for the batch (a mesh draws a split tensor's mask per shard).
+        y = dropout(self.runtime.place(tf.cast(y, x.dtype), ("batch", None, None)), self.rate, seed)
         return x + tf.matmul(y, tf.cast(self.out, x.dtype))
 
 
@@ -286,7 +292,8 @@ class HSTURanker(Block):
         x = (x * math.sqrt(cfg.embedding_dim) + tf.cast(pos + tim, x.dtype)) * valid[..., None]
         site = 0
         if seed is not None:
-            x = dropout(x, cfg.input_dropout, tf.random.experimental.stateless_fold_in(seed, site))
+            x = dropout(self.runtime.place(x, ("batch", None, None)), cfg.input_dropout,
+                        tf.random.experimental.stateless_fold_in(seed, site))
         n_max = replica_max(lengths, groups)
         for i, layer in enumerate(self.layers):
             layer_seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, i + 1)
