@@ -68,6 +68,10 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
         # which sums the repeats of an id into one row already (the deduplicated gradient, in static shapes).
         rows = vocab_parallel_lookup(runtime, table, tf.reshape(ids, [ids.shape[0], -1]))
         return tf.reshape(rows, ids.shape.as_list() + [table.shape[-1]])
+    if runtime.jit_compile:
+        # XLA compiles static shapes only (no tf.unique): a plain gather, whose gradient's repeats of a row are
+        # summed before row-wise Adagrad reads it (the same update: one summed gradient per distinct row).
+        return tf.gather(runtime.read(table), ids)
     flat = tf.reshape(ids, [size])
     unique, index = tf.unique(flat)
     # Padded to the static count of ids (DTensor lays out static shapes only); the padding looks up row 0,

@@ -138,7 +138,10 @@ class DlrmV4Workload(Workload):
 
     def process_gradients(self, grads: list[tf.Tensor], stats: dict[str, tf.Tensor]) -> list[tf.Tensor]:
         """The reference's clip_grad_norm_(1.0) over the dense gradients; the tables' are not clipped."""
-        return training.clip_dense(grads, self.dense_count)
+        grads = training.clip_dense(grads, self.dense_count)
+        if self.runtime.jit_compile:  # XLA: each table's gradient summed per row, in the table's static shape
+            grads = grads[:self.dense_count] + [tf.convert_to_tensor(g) for g in grads[self.dense_count:]]
+        return grads
 
     def eval_step(self, batch: dict[str, tf.Tensor], mask: tf.Tensor) -> dict[str, tf.Tensor]:
         """Each sample's logit and label (per-example outputs: the loop drops the padding)."""
