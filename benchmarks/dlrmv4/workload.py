@@ -30,6 +30,8 @@ from benchmarks.dlrmv4.metrics import exact_auc
 from benchmarks.dlrmv4.model import HSTURanker
 from benchmarks.dlrmv4.rules import RULES
 
+# The most the row-split lookup's one-hot may take per device (float32), far below any accelerator's memory.
+SPLIT_LOOKUP_LIMIT = 2**34
 PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
 
@@ -59,8 +61,9 @@ class DlrmV4Workload(Workload):
 
     @property
     def groups(self) -> int:
-        """Replicas whose batches one call of the model holds: a mesh step sees the global batch."""
-        return self.runtime.num_replicas if self.runtime.kind == "mesh" else 1
+        """Replicas whose batches one call of the model holds: a mesh step sees the global batch (the runtime's
+        group of a batch statistic over a span of 0: one replica's batch on tf.distribute, all on a mesh)."""
+        return self.runtime.batch_norm_group(0, self.replica_batch)
 
     def eval_schedule(self) -> EvalSchedule:
         """The cadence's evals (rules.py, which `plan` reads too) within schedule.max_epochs passes; the run stops
@@ -82,8 +85,23 @@ class DlrmV4Workload(Workload):
         if self.runtime.device_type == "TPU":
             raise HarnessError("dlrmv4 does not run on TPU: its tables belong in TPUEmbedding, which the harness "
                                "does not wire; run on GPU or CPU")
-        if self.runtime.shards("vocab") > 1 and self.runtime.kind != "mesh":
-            raise HarnessError("runtime.layout.vocab splits the tables' rows on a mesh runtime only")
+        need = self.split_lookup_bytes()
+        if need > SPLIT_LOOKUP_LIMIT:
+            raise HarnessError(f"dlrmv4's row-split lookup computes its gradient as a one-hot contraction of the "
+                               f"step's ids with each device's rows: {need / 2**30:,.0f} GiB per device here; tables "
+                               f"of the reference's size need an all-to-all of ids to their rows' owners, which the "
+                               f"harness does not have")
+
+    def split_lookup_bytes(self) -> int:
+        """Bytes of the largest one-hot [ids of a device's batch, the device's rows] the row-split lookup builds
+        (harness/nn/layers.py vocab_parallel_lookup); 0 where the tables are whole."""
+        n = self.runtime.shards("vocab")
+        if n == 1:
+            return 0
+        m = self.cfg.model
+        batch = self.cfg.schedule.global_batch_size // max(1, self.runtime.num_replicas)
+        rows = max(-(-m.tables[name] // n) for name in config.ITEM_TABLES)
+        return batch * (m.history_length + 1) * rows * 4
 
     def validate(self) -> None:
         self.validate_config()
