@@ -130,3 +130,43 @@ def test_closed_reference_log_passes_the_closed_checker(tmp_path):
     short = str(tmp_path / "short.txt")
     write_run_log(short, cfg, workload, [0.50, 0.63, 0.72])
     assert not mlperf.run_compliance_checker(short, "6.1.0").passed
+
+
+def test_yambda_source_counts_validates_and_reads_the_cache(tmp_path):
+    """`data.source: yambda` on a flat cache in the reference's layout (tests/test_dlrmv4_yambda.py writes it):
+    `data count`'s counts are the anchors of the train windows and of the eval window; training yields the
+    anchors of window 0 first, each built as the reader builds it; a wrong count is refused in one line."""
+    import tensorflow as tf
+
+    from harness import config as config_lib
+    from harness.errors import HarnessError
+    from harness.runtime import make_runtime
+    from harness.runtime.base import InputContext
+
+    from benchmarks.dlrmv4.workload import DlrmV4Workload
+    from benchmarks.dlrmv4.yambda import FlatStore, context_ids
+    from conftest import REPO
+    from test_dlrmv4_yambda import HISTORY, write_cache
+
+    cache, meta = write_cache(str(tmp_path))
+    sets = ["data.source=yambda", f"data.data_dir={cache}", f"data.metadata_dir={meta}", "data.train_windows=2",
+            "data.eval_window=2", f"model.history_length={HISTORY}", "model.max_seq_len=16",
+            "schedule.global_batch_size=2"]
+    cfg = config_lib.load_config(os.path.join(REPO, "configs/dlrmv4/smoke.yaml"), sets)
+    workload = DlrmV4Workload(cfg, make_runtime(cfg.runtime))
+    store = FlatStore(cache, meta, HISTORY)
+    windows = [len(store.window(w)) for w in range(3)]
+    assert workload.data_counts() == {"train_samples": windows[0] + windows[1], "eval_samples": windows[2]} and all(
+        windows)
+    workload.validate()
+    first = next(iter(workload.train_dataset(InputContext(num_hosts=1, host_id=0, batch_size=2, seed=0))))
+    want = store.sample(int(store.window(0)[0]), HISTORY)
+    for key in ("uih_length", "uih_item_id", "uih_timestamp", "uih_action", "cand_item_id", "label"):
+        np.testing.assert_array_equal(first[key].numpy(), want[key], err_msg=key)
+    np.testing.assert_array_equal(first["context_ids"].numpy(), context_ids(want["anchor_keys"], cfg.model.tables))
+    parsed = workload.eval_records(None).map(workload.eval_parse)
+    assert sum(1 for _ in parsed) == windows[2] and parsed.element_spec["uih_item_id"].shape == [HISTORY]
+    assert parsed.element_spec["label"].dtype == tf.int64
+    cfg.data.eval_samples = windows[2] + 1
+    with pytest.raises(HarnessError, match=r"data.eval_samples=\d+ but .* holds \d+ \(0 = counted\)"):
+        DlrmV4Workload(cfg, workload.runtime).validate()

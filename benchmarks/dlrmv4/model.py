@@ -268,10 +268,14 @@ class HSTURanker(Block):
         return tf.clip_by_value(buckets, 0, self.cfg.num_time_buckets)
 
     def postprocess(self, h: tf.Tensor, query: tf.Tensor) -> tf.Tensor:
-        q = tf.cast(query, tf.float32)[:, None]
+        # The reference's float32 floor(q / unit), its quotient formed in float64 and rounded to float32 once (the
+        # same value): XLA divides a float32 by a constant as a multiply by its reciprocal, which floors differently
+        # at hour boundaries (896 of 200,000 timestamps near 1.6e9).
+        q = tf.cast(tf.cast(query, tf.float32), tf.float64)[:, None]
         feats = []
         for unit, per in TIME_FEATURES:
-            elapsed = tf.math.floormod(tf.math.floordiv(q, float(unit)), float(per)) / float(per) * TWO_PI_REFERENCE
+            whole = tf.floor(tf.cast(q / float(unit), tf.float32))
+            elapsed = tf.math.floormod(whole, float(per)) / float(per) * TWO_PI_REFERENCE
             feats += [tf.cos(elapsed), tf.sin(elapsed)]
         x = tf.concat([tf.cast(h, tf.float32)] + feats, axis=-1)
         return tf.cast(self.post_norm(tf.cast(self.combiner(tf.cast(x, self.dtype)), tf.float32)), tf.float32)
