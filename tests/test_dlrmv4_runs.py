@@ -149,15 +149,14 @@ def test_yambda_source_counts_validates_and_reads_the_cache(tmp_path):
     from test_dlrmv4_yambda import HISTORY, write_cache
 
     cache, meta = write_cache(str(tmp_path))
-    sets = ["data.source=yambda", f"data.data_dir={cache}", f"data.metadata_dir={meta}", "data.train_windows=2",
-            "data.eval_window=2", f"model.history_length={HISTORY}", "model.max_seq_len=16",
+    sets = ["data.source=yambda", f"data.data_dir={cache}", f"data.metadata_dir={meta}", "data.train_windows=1",
+            "data.eval_window=1", f"model.history_length={HISTORY}", "model.max_seq_len=16",
             "schedule.global_batch_size=2"]
     cfg = config_lib.load_config(os.path.join(REPO, "configs/dlrmv4/smoke.yaml"), sets)
     workload = DlrmV4Workload(cfg, make_runtime(cfg.runtime))
     store = FlatStore(cache, meta, HISTORY)
-    windows = [len(store.window(w)) for w in range(3)]
-    assert workload.data_counts() == {"train_samples": windows[0] + windows[1], "eval_samples": windows[2]} and all(
-        windows)
+    windows = [len(store.window(w)) for w in range(2)]  # the cache's two days
+    assert workload.data_counts() == {"train_samples": windows[0], "eval_samples": windows[1]} and all(windows)
     workload.validate()
     first = next(iter(workload.train_dataset(InputContext(num_hosts=1, host_id=0, batch_size=2, seed=0))))
     want = store.sample(int(store.window(0)[0]), HISTORY)
@@ -165,8 +164,8 @@ def test_yambda_source_counts_validates_and_reads_the_cache(tmp_path):
         np.testing.assert_array_equal(first[key].numpy(), want[key], err_msg=key)
     np.testing.assert_array_equal(first["context_ids"].numpy(), context_ids(want["anchor_keys"], cfg.model.tables))
     parsed = workload.eval_records(None).map(workload.eval_parse)
-    assert sum(1 for _ in parsed) == windows[2] and parsed.element_spec["uih_item_id"].shape == [HISTORY]
+    assert sum(1 for _ in parsed) == windows[1] and parsed.element_spec["uih_item_id"].shape == [HISTORY]
     assert parsed.element_spec["label"].dtype == tf.int64
-    cfg.data.eval_samples = windows[2] + 1
+    cfg.data.eval_samples = windows[1] + 1
     with pytest.raises(HarnessError, match=r"data.eval_samples=\d+ but .* holds \d+ \(0 = counted\)"):
         DlrmV4Workload(cfg, workload.runtime).validate()
