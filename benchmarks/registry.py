@@ -17,6 +17,7 @@ _WORKLOADS = {
     "llama2_70b_lora": "benchmarks.llama2_70b_lora.workload:LoraWorkload",
     "deepseekv3_671b": "benchmarks.deepseekv3_671b.workload:DeepseekV3Workload",
     "flux1": "benchmarks.flux1.workload:FluxWorkload",
+    "dlrmv4": "benchmarks.dlrmv4.workload:DlrmV4Workload",
 }
 
 

@@ -49,6 +49,16 @@ REDUCED = {
     "flux1": ["submission.division=open", "model.hidden_size=64", "model.num_heads=4", "model.axes_dim=[4, 6, 6]",
               "model.depth=1", "model.depth_single_blocks=1", "model.context_in_dim=64", "model.vec_in_dim=32",
               "data.text_tokens=16", "data.latent_size=8"],
+    # dlrmv4 at width 16 (2 heads of 8), 1 STU layer, histories of 8 events, tables of 64-256 rows split over the 8
+    # devices, open (closed needs the reference model and its Yambda cache).
+    "dlrmv4": ["submission.division=open", "model.embedding_dim=16", "model.num_heads=2", "model.attention_dim=8",
+               "model.linear_dim=8", "model.preprocessor_hidden_dim=16", "model.item_hidden_dim=16",
+               "model.head_hidden_dim=16", "model.history_length=8", "model.max_seq_len=17",
+               "model.num_position_buckets=32", "model.num_time_buckets=31", "schedule.global_batch_size=16",
+               "model.num_layers=1", "optimizer.base_learning_rate=0.00000001",
+               "model.tables={item_id: 256, artist_id: 64, album_id: 128, uid: 128, user_x_artist: 128, "
+               "user_x_album: 128, user_x_hour: 128, item_x_hour: 128, artist_x_hour: 128, user_x_is_organic: 64, "
+               "user_x_artist_x_hour: 128}"],
 }
 
 HARDWARE_CONFIGS = sorted(os.path.relpath(f, REPO) for pattern in ("reference", "gpu-*", "tpu-*")

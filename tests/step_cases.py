@@ -47,6 +47,11 @@ SMALL = {
     # mod 4) put the same content at every global position in both layouts.
     "flux1": ["data.synthetic_train_samples=64", "data.synthetic_classes=4", "data.eval_samples=45",
               "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
+    # dlrmv4: every history full (N, the longest sequence per replica batch, is then the same on one device and
+    # on each of two replicas) and no dropout (each replica would draw its own masks).
+    "dlrmv4": ["data.synthetic_train_samples=64", "data.synthetic_eval_samples=45", "data.synthetic_min_history=8",
+               "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1",
+               "model.input_dropout=0", "model.linear_dropout=0"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
 }

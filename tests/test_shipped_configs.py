@@ -29,6 +29,8 @@ from conftest import REPO, cli_in_process
 COVERED_ELSEWHERE = {
     "configs/deepseekv3_671b/smoke.yaml": ("tests/test_deepseek_v3.py", "smoke"),
     "configs/deepseekv3_671b/smoke-mesh.yaml": ("tests/test_deepseek_v3.py", "smoke"),
+    "configs/dlrmv4/smoke.yaml": ("tests/test_dlrmv4_runs.py", "smokes"),
+    "configs/dlrmv4/smoke-mesh.yaml": ("tests/test_dlrmv4_runs.py", "smokes"),
     "configs/flux1/smoke.yaml": ("tests/test_flux1_runs.py", "smokes"),
     "configs/gpt_oss_20b/smoke.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
@@ -52,7 +54,10 @@ RUN_HERE = {
     "flux_mesh": (4, ["configs/flux1/smoke-mesh.yaml"]),
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
-REFUSED: dict[str, str] = {}
+REFUSED: dict[str, str] = {
+    "configs/dlrmv4/reference.yaml": "an all-to-all of ids to their rows' owners",
+    "configs/dlrmv4/gpu-8x-h200.yaml": "an all-to-all of ids to their rows' owners",
+}
 
 
 def shipped(kind: str) -> list[str]:

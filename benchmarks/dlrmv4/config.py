@@ -53,3 +53,37 @@ class ModelConfig:
         if self.history_length + 9 > self.max_seq_len:
             problems.append("model.max_seq_len must hold history_length + 1 candidate + 8 contextual tokens")
         return problems
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the samples come from. `yambda`: the reference's preprocessed flat cache (benchmarks/dlrmv4/
+    yambda.py), training on day windows 0..train_windows-1 in order, scoring window eval_window; `synthetic`: a
+    learnable stream generated from synthetic_seed (benchmarks/dlrmv4/data.py), for smokes only."""
+    source: str = field("synthetic", choices=("synthetic", "yambda"))
+    data_dir: str = field("", doc="yambda: the flat cache (flat_*.npy, user_start/end, positions_L<history>.npy)")
+    metadata_dir: str = field("", doc="yambda: folder of artist_item_mapping.parquet and album_item_mapping.parquet")
+    train_windows: int = field(299, min=1, doc="yambda: train on day windows 0..this-1, once, in order")
+    eval_window: int = field(299, min=0, doc="yambda: the day window scored at every eval")
+    train_samples: int = field(0, min=0, doc="samples in the one pass (MLPerf train_samples; closed "
+                               "2,290,835,423); 0 = counted from the cache, or synthetic_train_samples")
+    eval_samples: int = field(0, min=0, doc="samples scored per eval (closed 2,058,204); 0 = counted from the "
+                              "eval window, or synthetic_eval_samples")
+    eval_every_samples: int = field(0, min=0, doc="eval every this many training samples, from the first "
+                                    "multiple (0 = the 6.1.0 checker's grid and first eval)")
+    synthetic_train_samples: int = field(4096, min=1)
+    synthetic_eval_samples: int = field(512, min=1)
+    synthetic_seed: int = field(0, doc="synthetic: fixes the task")
+    synthetic_min_history: int = field(1, min=1, doc="synthetic: shortest history (= model.history_length "
+                                       "makes every sample as long, so N is the same on any split of a batch)")
+    synthetic_genres: int = field(2, min=2, doc="synthetic: a sample is positive when its candidate's genre "
+                                  "(item mod genres) is its user's (uid mod genres), whose history mostly holds")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """One learning rate for Adam on the dense weights and row-wise Adagrad on the tables: linear warmup from 0
+    over warmup_steps, then constant (train/gin/yambda_5b.gin). The betas, epsilons and the dense clip are the
+    reference's and fixed (benchmarks/dlrmv4/training.py)."""
+    base_learning_rate: float = field(1e-6, min=0.0, doc="closed: within [0.5, 1.5] x 1e-6 x GBS / 8192")
+    warmup_steps: int = field(24000, min=0, doc="closed: 24,000")

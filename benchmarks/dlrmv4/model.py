@@ -59,10 +59,19 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
     reaching the table holds one summed row per distinct id and row-wise Adagrad updates each row once.
 
     The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
-    and the distinct ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum
-    over the split), whose gradient reaches each device for its own rows only.
+    and the ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum over the
+    split), whose gradient reaches each device for its own rows only, repeats summed.
     """
     size = ids.shape.num_elements()
+    if runtime.shards("vocab") > 1:
+        # Split rows: each device's gradient is the one-hot contraction of the step's ids with its own rows,
+        # which sums the repeats of an id into one row already (the deduplicated gradient, in static shapes).
+        rows = vocab_parallel_lookup(runtime, table, tf.reshape(ids, [ids.shape[0], -1]))
+        return tf.reshape(rows, ids.shape.as_list() + [table.shape[-1]])
+    if runtime.jit_compile:
+        # XLA compiles static shapes only (no tf.unique): a plain gather, whose gradient's repeats of a row are
+        # summed before row-wise Adagrad reads it (the same update: one summed gradient per distinct row).
+        return tf.gather(runtime.read(table), ids)
     flat = tf.reshape(ids, [size])
     unique, index = tf.unique(flat)
     # Padded to the static count of ids (DTensor lays out static shapes only); the padding looks up row 0,
@@ -145,7 +154,8 @@ class STULayer(Block):
         a = tf.reshape(tf.einsum("bhij,bjhd->bihd", attn, v), [b, s, h * uv])
         uf, af = tf.cast(u, tf.float32), tf.cast(a, tf.float32)
         y = tf.concat([uf, af, uf * tf.cast(self.output_norm(af), tf.float32)], axis=-1)
-        y = dropout(tf.cast(y, x.dtype), self.rate, seed)
+        # Drawn on y laid out whole but for the batch (a mesh draws a split tensor's mask per shard).
+        y = dropout(self.runtime.place(tf.cast(y, x.dtype), ("batch", None, None)), self.rate, seed)
         return x + tf.matmul(y, tf.cast(self.out, x.dtype))
 
 
@@ -258,10 +268,14 @@ class HSTURanker(Block):
         return tf.clip_by_value(buckets, 0, self.cfg.num_time_buckets)
 
     def postprocess(self, h: tf.Tensor, query: tf.Tensor) -> tf.Tensor:
-        q = tf.cast(query, tf.float32)[:, None]
+        # The reference's float32 floor(q / unit), its quotient formed in float64 and rounded to float32 once (the
+        # same value): XLA divides a float32 by a constant as a multiply by its reciprocal, which floors differently
+        # at hour boundaries (896 of 200,000 timestamps near 1.6e9).
+        q = tf.cast(tf.cast(query, tf.float32), tf.float64)[:, None]
         feats = []
         for unit, per in TIME_FEATURES:
-            elapsed = tf.math.floormod(tf.math.floordiv(q, float(unit)), float(per)) / float(per) * TWO_PI_REFERENCE
+            whole = tf.floor(tf.cast(q / float(unit), tf.float32))
+            elapsed = tf.math.floormod(whole, float(per)) / float(per) * TWO_PI_REFERENCE
             feats += [tf.cos(elapsed), tf.sin(elapsed)]
         x = tf.concat([tf.cast(h, tf.float32)] + feats, axis=-1)
         return tf.cast(self.post_norm(tf.cast(self.combiner(tf.cast(x, self.dtype)), tf.float32)), tf.float32)
@@ -286,7 +300,8 @@ class HSTURanker(Block):
         x = (x * math.sqrt(cfg.embedding_dim) + tf.cast(pos + tim, x.dtype)) * valid[..., None]
         site = 0
         if seed is not None:
-            x = dropout(x, cfg.input_dropout, tf.random.experimental.stateless_fold_in(seed, site))
+            x = dropout(self.runtime.place(x, ("batch", None, None)), cfg.input_dropout,
+                        tf.random.experimental.stateless_fold_in(seed, site))
         n_max = replica_max(lengths, groups)
         for i, layer in enumerate(self.layers):
             layer_seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, i + 1)
