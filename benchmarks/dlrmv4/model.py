@@ -26,6 +26,7 @@ from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot
 from harness.runtime.base import Runtime
 
 from benchmarks.dlrmv4.config import CONTEXT_TABLES, ITEM_TABLES, NUM_ACTION_BITS, ModelConfig
+from benchmarks.dlrmv4.owner_lookup import owner_lookup
 
 NUM_CONTEXT = len(CONTEXT_TABLES)
 # TimestampLayerNormPostprocessor's periods: (seconds per unit, units per period), hour of day, day of week;
@@ -59,15 +60,13 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
     reaching the table holds one summed row per distinct id and row-wise Adagrad updates each row once.
 
     The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
-    and the ids are looked up by `vocab_parallel_lookup` (each device reads its own rows, one sum over the
-    split), whose gradient reaches each device for its own rows only, repeats summed.
+    and the ids are looked up by `owner_lookup` (each distinct id read on the device owning its row, one sum
+    over the split), whose gradient reaches each device for its own rows only, repeats summed: no device
+    holds a tensor of (its rows) x (the step's ids), which the reference's tables could not afford.
     """
     size = ids.shape.num_elements()
     if runtime.shards("vocab") > 1:
-        # Split rows: each device's gradient is the one-hot contraction of the step's ids with its own rows,
-        # which sums the repeats of an id into one row already (the deduplicated gradient, in static shapes).
-        rows = vocab_parallel_lookup(runtime, table, tf.reshape(ids, [ids.shape[0], -1]))
-        return tf.reshape(rows, ids.shape.as_list() + [table.shape[-1]])
+        return owner_lookup(runtime, table, ids)
     if runtime.jit_compile:
         # XLA compiles static shapes only (no tf.unique): a plain gather, whose gradient's repeats of a row are
         # summed before row-wise Adagrad reads it (the same update: one summed gradient per distinct row).

@@ -24,7 +24,6 @@ def dedup(flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """ids [k] -> (distinct [k]: the distinct ids ascending, then padding (repeats of real ids); index [k]: each
     id's place in distinct; count: how many are distinct), all static shapes and sorts (no segment ops, which
     DTensor does not lay out)."""
-    k = flat.shape[0]
     order = tf.argsort(flat, stable=True)
     ordered = tf.gather(flat, order)
     first = tf.concat([[True], ordered[1:] != ordered[:-1]], 0)

@@ -1,6 +1,7 @@
-"""dlrmv4's table lookups (benchmarks/dlrmv4/model.py `lookup`, benchmarks/dlrmv4/owner_lookup.py `owner_lookup`) on a DTensor mesh of 2 logical CPU devices whose
-layout splits the table's rows (`vocab`) over `model`, run in a subprocess (tests/test_dlrmv4_lookup_mesh.py):
-the devices are set before TensorFlow starts, and DTensor dumps each device's program only when asked at start.
+"""dlrmv4's table lookups (benchmarks/dlrmv4/model.py `lookup`, benchmarks/dlrmv4/owner_lookup.py `owner_lookup`)
+on a DTensor mesh of 2 logical CPU devices whose layout splits the table's rows (`vocab`) over `model`, run in a
+subprocess (tests/test_dlrmv4_lookup_mesh.py): the devices are set before TensorFlow starts, and DTensor dumps
+each device's program only when asked at start.
 
 argv: dump dir. Prints one RESULT line: {"forward": max |diff| of the looked-up rows against numpy, "grad": max
 |diff| of the table's gradient against numpy (np.add.at), "shards": [local table shape per device],
