@@ -84,3 +84,25 @@ def test_closed_log_of_the_reference_keys_passes_the_checker(tmp_path):
     hot = str(tmp_path / "hot.log")
     write_closed_log(hot, gbs, high * 1.1, first, [0.63, 0.72, 0.751])
     assert not run_compliance_checker(hot, "6.1.0").passed
+
+
+def test_memory_bound_per_device_and_the_smallest_mesh():
+    """benchmarks/dlrmv4/memory.py: the reference's tables split 8 ways are 75.02 GB of float32 rows and 0.15 GB of
+    accumulators per device (the sizes worked by hand); GBS 8192 on 8 H200s is refused with no split fitting (its
+    looked-up rows alone exceed the device), a batch of 512 names 16 devices, which then fits."""
+    from harness import config as config_lib
+
+    from benchmarks.dlrmv4 import memory
+    from conftest import REPO
+
+    cfg = config_lib.load_config(os.path.join(REPO, "configs/dlrmv4/gpu-8x-h200.yaml"), [])
+    b = memory.per_device(cfg, 8, 8192)
+    assert b.tables == b.table_gradients == 4 * 512 * sum(-(-n // 8) for n in cfg.model.tables.values())
+    assert round(b.tables / 1e9, 2) == 75.02 and round(b.accumulators / 1e9, 2) == 0.15
+    assert b.lookups == 8 * 8192 * (3 * 4087 + 8) * 512 and b.dense == 16 * 15_243_057
+    h200 = (141 * 10**9, "H200 141 GB")
+    line = memory.refusal(cfg, 8, 8192, h200)
+    assert line.startswith("dlrmv4 needs at least 523.5 GiB") and "no split of the rows fits" in line, line
+    assert memory.smallest_mesh(cfg, 512, h200[0]) == 16
+    assert "splits the rows 16 ways" in memory.refusal(cfg, 8, 512, h200)
+    assert memory.refusal(cfg, 16, 512, h200) is None

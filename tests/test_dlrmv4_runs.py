@@ -118,7 +118,7 @@ def test_closed_reference_log_passes_the_closed_checker(tmp_path):
                                  ["submission.platform=8xh200-141gb-gpu", "data.train_samples=2290835423",
                                   "data.eval_samples=2058204"])
     workload = DlrmV4Workload(cfg, StandInRuntime(cfg, device_plan(cfg)))
-    with pytest.raises(HarnessError, match="all-to-all of ids to their rows' owners"):
+    with pytest.raises(HarnessError, match="needs ids routed to their owners"):
         workload.validate_model()
     workload.validate_closed()
     assert (workload.train_samples, workload.eval_samples) == (2_290_835_423, 2_058_204)

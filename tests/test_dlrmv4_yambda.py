@@ -111,3 +111,64 @@ def test_a_folder_without_the_cache_is_refused_in_one_line(tmp_path):
     other, _ = write_cache(str(tmp_path / "other"))
     with pytest.raises(HarnessError, match="no artist_item_mapping"):
         FlatStore(other, str(tmp_path), HISTORY)  # a metadata folder without the parquet maps
+
+
+def reference_layout(root: str) -> tuple[str, str]:
+    """write_cache's files named and completed as the reference's cache (min history 4086): its sixteen files."""
+    cache, meta = write_cache(root)
+    os.rename(os.path.join(cache, f"positions_L{HISTORY}.npy"), os.path.join(cache, "positions_L4086.npy"))
+    np.save(os.path.join(cache, "anchor_ts_L4086.npy"), np.arange(3, dtype=np.int64))
+    np.save(os.path.join(cache, "unique_uids.npy"), np.array([1, 2], np.int64))
+    with open(os.path.join(cache, "store_meta.json"), "w") as f:
+        f.write('{"num_events": 22}\n')
+    open(os.path.join(cache, "_READY"), "w").close()
+    return cache, meta
+
+
+def test_data_verify_against_the_reference_cache_manifest(tmp_path):
+    """benchmarks/dlrmv4/data_manifest.yaml on a cache the test writes: the reference's sixteen names pass and its
+    published total size (227,241,207,610 bytes) is named as the difference; a manifest of the written files' own
+    sha256s passes with every hash checked, then names the one file changed and a missing one."""
+    import hashlib
+
+    import yaml
+
+    from harness.data import verify as data_verify
+
+    from conftest import REPO
+
+    cache, meta = reference_layout(str(tmp_path))
+    config = os.path.join(REPO, "configs", "dlrmv4", "reference.yaml")
+    where = [f"data.data_dir={cache}", f"data.metadata_dir={meta}"]
+    manifest, report = data_verify.verify_config(config, where)
+    assert [fs.name for fs in manifest.sets] == ["cache", "metadata"]
+    total = sum(os.path.getsize(os.path.join(cache, n)) for n in os.listdir(cache))
+    assert report.errors == [f"{cache}/*: 16 files of {total} bytes in all, the reference's are 227241207610 bytes "
+                             f"(source: mlcommons/training@a30a01a7eee77846b282221dd0bc2e31a0269005:"
+                             f"recommendation_v4/sha256sums_yambda_5b_cache.txt)"], report.errors
+    assert report.checked[1].startswith(f"metadata ({meta}/*_item_mapping.parquet): 2 files named as published")
+
+    with open(os.path.join(REPO, "benchmarks", "dlrmv4", "data_manifest.yaml")) as f:
+        own = yaml.safe_load(f)
+    cached = own["sets"]["cache"]
+    cached["total_size"]["value"] = total
+    for name, facts in cached["files"].items():
+        with open(os.path.join(cache, name), "rb") as f:
+            facts["sha256"]["value"] = hashlib.sha256(f.read()).hexdigest()
+    path = str(tmp_path / "manifest.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(own, f)
+    _, report = data_verify.verify_config(config, where, manifest_file=path)
+    assert report.errors == [] and "16 hashes" in report.checked[0], report
+    with open(os.path.join(cache, "flat_is_like.npy"), "r+b") as f:  # same size, one byte flipped
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    _, report = data_verify.verify_config(config, where, manifest_file=path)
+    assert len(report.errors) == 1 and report.errors[0].startswith(f"{cache}/flat_is_like.npy: sha256 "), report
+    os.remove(os.path.join(cache, "_READY"))
+    _, report = data_verify.verify_config(config, where, manifest_file=path)
+    assert report.errors == [f"{cache}/_READY: missing (the reference's layout has 16 cache files; source: "
+                             f"mlcommons/training@a30a01a7eee77846b282221dd0bc2e31a0269005:"
+                             f"recommendation_v4/sha256sums_yambda_5b_cache.txt)"], report.errors

@@ -55,8 +55,8 @@ RUN_HERE = {
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
 REFUSED: dict[str, str] = {
-    "configs/dlrmv4/reference.yaml": "an all-to-all of ids to their rows' owners",
-    "configs/dlrmv4/gpu-8x-h200.yaml": "an all-to-all of ids to their rows' owners",
+    "configs/dlrmv4/reference.yaml": "needs ids routed to their owners",
+    "configs/dlrmv4/gpu-8x-h200.yaml": "needs ids routed to their owners",
 }
 
 

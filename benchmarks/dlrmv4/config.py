@@ -63,6 +63,10 @@ class DataConfig:
     source: str = field("synthetic", choices=("synthetic", "yambda"))
     data_dir: str = field("", doc="yambda: the flat cache (flat_*.npy, user_start/end, positions_L<history>.npy)")
     metadata_dir: str = field("", doc="yambda: folder of artist_item_mapping.parquet and album_item_mapping.parquet")
+    cache_files: str = field("*", doc="yambda: the files of data_dir that `data verify` checks against the "
+                             "reference's list of the cache (all of them)")
+    metadata_files: str = field("*_item_mapping.parquet", doc="yambda: the files of metadata_dir that `data "
+                                "verify` checks (the two maps the reader opens)")
     train_windows: int = field(299, min=1, doc="yambda: train on day windows 0..this-1, once, in order")
     eval_window: int = field(299, min=0, doc="yambda: the day window scored at every eval")
     train_samples: int = field(0, min=0, doc="samples in the one pass (MLPerf train_samples; closed "

@@ -23,15 +23,14 @@ import tensorflow as tf
 
 from harness import benchmark_rules as rules
 from harness.errors import HarnessError
+from harness.platforms import device_memory
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.dlrmv4 import config, data, hparams, training
+from benchmarks.dlrmv4 import config, data, hparams, memory, training
 from benchmarks.dlrmv4.metrics import exact_auc
 from benchmarks.dlrmv4.model import HSTURanker
 from benchmarks.dlrmv4.rules import RULES
 
-# The most the row-split lookup's one-hot may take per device (float32), far below any accelerator's memory.
-SPLIT_LOOKUP_LIMIT = 2**34
 PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
 
@@ -81,23 +80,15 @@ class DlrmV4Workload(Workload):
         if self.runtime.device_type == "TPU":
             raise HarnessError("dlrmv4 does not run on TPU: its tables belong in TPUEmbedding, which the harness "
                                "does not wire; run on GPU or CPU")
-        need = self.split_lookup_bytes()
-        if need > SPLIT_LOOKUP_LIMIT:
-            raise HarnessError(f"dlrmv4's row-split lookup computes its gradient as a one-hot contraction of the "
-                               f"step's ids with each device's rows: {need / 2**30:,.0f} GiB per device here; tables "
-                               f"of the reference's size need an all-to-all of ids to their rows' owners, which the "
-                               f"harness does not have")
-
-    def split_lookup_bytes(self) -> int:
-        """Bytes of the largest one-hot [ids of a device's batch, the device's rows] the row-split lookup builds
-        (harness/nn/layers.py vocab_parallel_lookup); 0 where the tables are whole."""
-        n = self.runtime.shards("vocab")
-        if n == 1:
-            return 0
-        m = self.cfg.model
-        batch = self.cfg.schedule.global_batch_size // max(1, self.runtime.num_replicas)
-        rows = max(-(-m.tables[name] // n) for name in config.ITEM_TABLES)
-        return batch * (m.history_length + 1) * rows * 4
+        # A mesh step looks up the global batch's ids on every device (owner_lookup deduplicates them over the
+        # whole batch); a tf.distribute replica its own batch's.
+        batch = self.cfg.schedule.global_batch_size
+        if self.cfg.runtime.kind != "mesh":
+            batch //= max(1, self.runtime.num_replicas)
+        limit = device_memory(self.cfg.submission.platform) or memory.REFERENCE_DEVICE
+        line = memory.refusal(self.cfg, self.runtime.shards("vocab"), batch, limit)
+        if line:
+            raise HarnessError(line)
 
     def validate(self) -> None:
         self.validate_config()
