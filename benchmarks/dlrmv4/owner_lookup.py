@@ -1,17 +1,20 @@
 """dlrmv4's table lookup on rows split over a mesh axis, sized by the step's ids and each device's own rows.
 
-The step's ids are deduplicated in static shapes (one sort: no `tf.unique`, so XLA compiles it too), each distinct
-id's row is read on the device that owns it only, and one sum over the row split returns every row to every
-device (the rows of [distinct ids, dim]: the all-to-all of ids to owners and rows back, with every device its
-own destination's capacity of all the step's distinct ids, so nothing can overflow and nothing is dropped).
-The gradient goes the other way: the repeats of an id are summed onto its distinct row, and each device adds
-the distinct rows it owns into its own rows of the table's gradient (a scatter of [distinct ids, dim] into
-[own rows, dim]). No per-device tensor has (all rows) x (any id count) elements, unlike
+The step's ids are deduplicated in static shapes (sorts only: no `tf.unique`, which XLA cannot compile, and no
+segment op, which DTensor does not lay out), each distinct id's row is read on the device that owns it only,
+and one sum over the row split returns every distinct row to every device of the split: the form of "ids to
+their owners, rows back" for a batch that every device of the split holds (the configured layouts split no
+batch over `vocab`). Its buffers hold all the step's ids (a static capacity that cannot overflow, so no id is
+ever dropped). The gradient goes the other way: the repeats of an id are summed onto its distinct row, and
+each device adds the distinct rows it owns into its own rows of the table's gradient (a scatter of [ids, dim]
+into [own rows, dim]). No per-device tensor has (rows) x (ids) elements, unlike
 `harness/nn/layers.py:vocab_parallel_lookup`, whose gradient is a one-hot [ids, own rows] contraction.
 
-The split is laid out as the table viewed [rows per device, devices, dim] with the devices' axis split: a
-gather or scatter along the first axis is then local to each device (DTensor splits only a non-indexed axis),
-and the view is the table's own storage order transposed, never a copy of the whole table.
+The split is laid out as the table viewed [rows per device, devices, dim] with the devices' axis split: a gather
+or scatter along the first axis is then local to each device (DTensor splits only a non-indexed axis), and the
+view is the table's storage transposed, never a copy of the whole table. A batch split over the rows' devices
+would need each device to send only its own ids and add only arriving gradients into its rows: DTensor
+all-gathers a scatter's or segment sum's batch-split indices and lays out no `LowerBound`, so that is not built.
 """
 from __future__ import annotations
 
