@@ -27,14 +27,20 @@ def smokes(tmp_path_factory):
 
 
 def test_smoke_reaches_the_benchmark_loss_with_a_log_all_three_checkers_pass(smokes):
+    from benchmarks.flux1.workload import FluxWorkload
     from harness.review import logparse
+    from harness.train import weights_init
 
     proc, _, summary = smokes["smoke"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 0.586
     assert summary["evals"][0]["score"] > 0.65                       # it had to learn (about 1.1 at init)
     assert {r: v["verdict"] for r, v in summary["compliance"].items()} == RULESETS
+    assert sorted(RULESETS) == sorted(FluxWorkload.RULESETS)   # every accepted ruleset (test_ruleset_matrix)
     events = logparse.parse_log(summary["log"])
+    # the rulesets that name tensors got exactly one weights_initialization event per name (none do for flux1)
+    required, _ = weights_init.required_for_run("flux1", list(RULESETS), "closed")
+    assert sorted(e.metadata.get("tensor") for e in events if e.key == weights_init.KEY) == sorted(required)
     keys = {e.key: e.value for e in events}
     assert keys["submission_division"] == "open" and keys["submission_benchmark"] == "flux1"
     assert keys["tensor_parallelism"] == 1
