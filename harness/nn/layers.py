@@ -339,16 +339,20 @@ class MultiHeadAttention(Block):
 
 
 class RMSNorm(Block):
-    """Root-mean-square norm (no centering, no bias), as in Llama/GPT-OSS: x * rsqrt(mean(x^2) + eps) * gamma."""
+    """Root-mean-square norm (no centering, no bias), as in Llama/GPT-OSS: x * rsqrt(mean(x^2) + eps) * gamma.
+    `offset` 1: the zero-centred form x * rsqrt(...) * (1 + gamma), gamma initialized to 0 (Qwen3.5's
+    Qwen3_5MoeRMSNorm, its weight stored as w, not 1 + w), the sum taken in float32."""
 
-    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-6) -> None:
+    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-6,
+                 offset: float = 0.0) -> None:
         super().__init__(runtime, path, seed)
-        self.epsilon = epsilon
-        self.gamma = self.var("gamma", (dim,), (None,), constant(1.0))
+        self.epsilon, self.offset = epsilon, offset
+        self.gamma = self.var("gamma", (dim,), (None,), constant(1.0 - offset))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         xf = tf.cast(x, tf.float32)
-        y = xf * tf.math.rsqrt(tf.reduce_mean(tf.square(xf), -1, keepdims=True) + self.epsilon) * self.gamma
+        gamma = tf.cast(self.gamma, tf.float32) + self.offset if self.offset else self.gamma
+        y = xf * tf.math.rsqrt(tf.reduce_mean(tf.square(xf), -1, keepdims=True) + self.epsilon) * gamma
         return tf.cast(y, x.dtype)
 
 
