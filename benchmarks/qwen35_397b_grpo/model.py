@@ -17,16 +17,19 @@ the k chosen logits: gpt_oss_20b's `route`); SwiGLU experts through the shared d
 (a non-trainable variable; the reference's freeze_moe_router) and has no load-balancing loss.
 
 Embeddings untied (the 397B's tie_word_embeddings false). Named dimensions: `heads`, `experts`, `ff`, `vocab`.
+
+Decoding (`Qwen35.step`, from `empty_cache`): gated attention keeps a static key/value cache, Gated DeltaNet its
+conv inputs and recurrent state; a prefill then one-token steps give the full forward's logits.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, RMSNorm, normal, rotary
+from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rotary, vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.gpt_oss_20b.moe import route
-from benchmarks.lm.attention import Attention, causal_attention, windowed_attention
+from benchmarks.lm.attention import Attention, _attend, causal_attention, windowed_attention
 from benchmarks.lm.decoder import Decoder
 from benchmarks.lm.ffn import SwiGLU, swiglu
 from benchmarks.lm.moe_capacity import expert_capacity
@@ -37,12 +40,20 @@ from benchmarks.qwen35_397b_grpo.deltanet import GatedDeltaNet
 NAME = "qwen35"  # the decoder's variable path prefix
 
 
-def partial_rotary(x: tf.Tensor, dims: int, base: float) -> tf.Tensor:
-    """RoPE (rotate-half) on the first `dims` of x's last axis at positions 0..seq-1; the rest unchanged
-    (transformers' apply_rotary_pos_emb with a partial_rotary_factor)."""
+def partial_rotary(x: tf.Tensor, dims: int, base: float, start: tf.Tensor | int = 0) -> tf.Tensor:
+    """RoPE (rotate-half) on the first `dims` of x's last axis at positions start..start+seq-1; the rest
+    unchanged (transformers' apply_rotary_pos_emb with a partial_rotary_factor)."""
     if dims >= x.shape[-1]:
-        return rotary(x, base)
-    return tf.concat([rotary(x[..., :dims], base), x[..., dims:]], -1)
+        return rotary(x, base, start=start)
+    return tf.concat([rotary(x[..., :dims], base, start=start), x[..., dims:]], -1)
+
+
+def write_cache(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor | int) -> tf.Tensor:
+    """cache [b, length, ...] with new [b, t, ...] written at positions start..start+t-1 (static shapes)."""
+    b, t = new.shape[0], new.shape[1]
+    rows = tf.tile(tf.range(b)[:, None], [1, t])
+    cols = tf.tile(tf.cast(start, tf.int32) + tf.range(t)[None, :], [b, 1])
+    return tf.tensor_scatter_nd_update(cache, tf.stack([rows, cols], -1), tf.cast(new, cache.dtype))
 
 
 class GatedAttention(Attention):
@@ -58,19 +69,36 @@ class GatedAttention(Attention):
         self.q_norm = RMSNorm(runtime, f"{path}/query_norm", seed, d, cfg.norm_epsilon, offset=1.0)
         self.k_norm = RMSNorm(runtime, f"{path}/key_norm", seed, d, cfg.norm_epsilon, offset=1.0)
 
-    def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
+    def _heads(self, x: tf.Tensor, start: tf.Tensor | int) -> tuple[tf.Tensor, ...]:
+        """q, gate [b, s, kv, g, d] and k, v [b, s, kv, d] of x at positions start..start+s-1."""
         c = self.cfg
         q = self.q_norm(self._project(x, "bsm,mhgd->bshgd", self.wq, None))
         k = self.k_norm(self._project(x, "bsm,mhd->bshd", self.wk, None))
         v = self._project(x, "bsm,mhd->bshd", self.wv, None)
         gate = self._project(x, "bsm,mhgd->bshgd", self.wg, None)
-        q, k = partial_rotary(q, c.rotary_dim, c.rope_base), partial_rotary(k, c.rotary_dim, c.rope_base)
+        q, k = (partial_rotary(t, c.rotary_dim, c.rope_base, start) for t in (q, k))
+        return q, gate, k, v
+
+    def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
+        q, gate, k, v = self._heads(x, 0)
         xla = self.runtime.jit_compile
         if segments is None:
             ctx = causal_attention(q, k, v, xla=xla)
         else:
             ctx = windowed_attention(q, k, v, segments, x.shape[1], self.block, like=x[:, :, 0], xla=xla)
         return self._project(ctx * tf.sigmoid(gate), "bshgd,hgdm->bsm", self.wo, None)
+
+    def step(self, x: tf.Tensor, cache: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor | int
+             ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+        """Cached attention: x [b, t, hidden] at positions start..start+t-1 and the cache (keys, values
+        [b, length, kv, d], positions < start filled) -> (output, the cache with these t positions written).
+        Each query sees the cached positions up to its own; static shapes (the cache's length)."""
+        q, gate, k, v = self._heads(x, start)
+        keys, values = write_cache(cache[0], k, start), write_cache(cache[1], v, start)
+        query_pos = tf.cast(start, tf.int32) + tf.range(x.shape[1])
+        bias = tf.where(tf.range(keys.shape[1])[None, :] <= query_pos[:, None], 0.0, NEG_INF)     # [t, length]
+        ctx = _attend(q, tf.cast(keys, q.dtype), tf.cast(values, q.dtype), bias, self.runtime.jit_compile)
+        return self._project(ctx * tf.sigmoid(gate), "bshgd,hgdm->bsm", self.wo, None), (keys, values)
 
 
 class SparseMoE(Block):
@@ -140,3 +168,38 @@ class Qwen35(Decoder):
 
     def ffn(self, path: str, layer: int) -> SparseMoE:
         return SparseMoE(self.runtime, path, self.seed, self.cfg)
+
+    def empty_cache(self, batch: int, length: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """Each layer's decoding state before any token: gated attention's keys and values [batch, length, kv,
+        d] (compute dtype), Gated DeltaNet's conv inputs [batch, K - 1, conv_dim] and recurrent state
+        [batch, Hv, dk, dv] (float32), all zero (a zero DeltaNet state is a fresh one)."""
+        c, cache = self.cfg, []
+        for layer in self.layers:
+            if isinstance(layer.attention, GatedAttention):
+                kv = tf.zeros([batch, length, c.num_kv_heads, c.head_dim], self.dtype)
+                cache.append((kv, kv))
+            else:
+                s = c.deltanet()
+                cache.append((tf.zeros([batch, s.linear_conv_kernel_dim - 1, s.conv_dim], self.dtype),
+                              tf.zeros([batch, s.linear_num_value_heads, s.linear_key_head_dim,
+                                        s.linear_value_head_dim], tf.float32)))
+        return cache
+
+    def step(self, tokens: tf.Tensor, cache: list, start: tf.Tensor | int) -> tuple[tf.Tensor, list]:
+        """Prefill (t > 1) or decode (t = 1): float32 logits [b, t, vocab] of tokens [b, t] at positions
+        start..start+t-1 after the positions `cache` holds, and the cache after them. Gated attention reads and
+        writes its key/value cache; Gated DeltaNet carries its state, in the chunked form over several tokens
+        and the recurrent one over one. The same numbers as the whole row's forward, to float32 rounding."""
+        x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, tokens), self.dtype)
+        form = "chunked" if tokens.shape[1] > 1 else "recurrent"
+        after = []
+        for layer, state in zip(self.layers, cache):
+            h = layer.attention_norm(x)
+            if isinstance(layer.attention, GatedAttention):
+                y, state = layer.attention.step(h, state, start)
+            else:
+                y, state = layer.attention.forward(h, state, form=form)
+            x = x + y
+            x = x + layer.ffn(layer.mlp_norm(x))
+            after.append(state)
+        return self.logits(self.final_norm(x)), after

@@ -415,14 +415,19 @@ def rope_frequencies(dim: int, base: float, scaling: RopeScaling | YarnScaling |
     return tf.where(wavelength < s.original_context / s.high_freq_factor, inv, low)
 
 
-def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | YarnScaling | None = None) -> tf.Tensor:
+def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | YarnScaling | None = None,
+           start: tf.Tensor | int = 0) -> tf.Tensor:
     """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
-    at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim) (frequencies scaled by
-    `scaling` when given; YaRN also scales cos and sin by its attention factor). Static shapes only."""
+    at positions start..start+seq-1 (`start` may be a scalar tensor: a decoding step's): pairs (i, i + dim/2)
+    turn by position * base^(-2i/dim) (frequencies scaled by `scaling` when given; YaRN also scales cos and
+    sin by its attention factor). Static shapes only."""
     seq, dim = x.shape[1], x.shape[-1]
     half = dim // 2
     inv = rope_frequencies(dim, base, scaling)
-    angle = tf.range(seq, dtype=tf.float32)[:, None] * inv[None, :]          # [seq, half]
+    position = tf.range(seq, dtype=tf.float32)
+    if not isinstance(start, int) or start:
+        position += tf.cast(start, tf.float32)
+    angle = position[:, None] * inv[None, :]                                  # [seq, half]
     shape = [1, seq] + [1] * (len(x.shape) - 3) + [half]
     cos, sin = tf.reshape(tf.cos(angle), shape), tf.reshape(tf.sin(angle), shape)
     if isinstance(scaling, YarnScaling) and scaling.attention_factor() != 1.0:
