@@ -232,6 +232,9 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
         s = s + k_t[:, :, :, None] * delta[:, :, None, :]
         return s, tf.einsum("bhkv,bhk->bhv", s, q_t)
 
+    if q.shape[1] == 1:  # a decoding step: the one update, without a scan's loop
+        state, out = step((state, None), [t[:, 0] for t in (q, k, v, g, beta, keep)])
+        return out[:, None], state
     time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta, keep)]
     first = tf.zeros_like(time_major[2][0])
     states, outs = tf.scan(step, time_major, initializer=(state, first))
