@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from harness.nn.layers import Block, _seed, constant, normal
+from harness.nn.layers import Block, constant, normal
 from harness.runtime.base import Runtime
 
 CHUNK = 64
@@ -97,7 +97,8 @@ class GatedDeltaNet(Block):
     (the chunked form, a fresh state, each document of `segments` on its own); `forward(x, state, form)`
     returns (y, state) for prefill and decoding, state being (conv_state [B, K-1, conv_dim]: the last K-1
     projected qkv inputs, recurrent_state [B, Hv, dk, dv] float32), None at a sequence start. Weights:
-    normal(stddev), out_proj normal(output_stddev), A = exp(A_log) ~ U(0.01, 16) and dt_bias 1 (FLA's init),
+    normal(stddev), out_proj normal(output_stddev), A = exp(A_log) evenly over [1, 16] (FLA draws U(0, 16)),
+    dt_bias 1,
     the conv normal(0.5), the gated norm's weight 1."""
 
     def __init__(self, runtime: Runtime, path: str, seed: int, shape: DeltaNetShape, stddev: float = 0.02,
@@ -109,8 +110,8 @@ class GatedDeltaNet(Block):
         s = shape
         init = lambda name, sd=stddev: normal(sd, f"{path}/{name}", seed)  # noqa: E731
 
-        def log_uniform(shape_, dtype):
-            return tf.math.log(tf.random.stateless_uniform(shape_, _seed(f"{path}/A_log", seed), 0.01, 16.0, dtype))
+        def log_spread(shape_, dtype):  # A = exp(A_log) spread evenly over FLA's U(0, 16) range
+            return tf.cast(tf.math.log(tf.linspace(1.0, 16.0, shape_[0])), dtype)
 
         def var(attr: str, dims: tuple, initializer) -> tf.Variable:
             return self.var(VARIABLE_NAMES[attr], dims, (None,) * len(dims), initializer)
@@ -121,7 +122,7 @@ class GatedDeltaNet(Block):
         self.in_proj_a = var("in_proj_a", (s.hidden_size, s.linear_num_value_heads), init("in_proj_a"))
         self.conv1d = var("conv1d", (s.linear_conv_kernel_dim, s.conv_dim), init("conv1d", 0.5))
         self.dt_bias = var("dt_bias", (s.linear_num_value_heads,), constant(1.0))
-        self.A_log = var("A_log", (s.linear_num_value_heads,), log_uniform)
+        self.A_log = var("A_log", (s.linear_num_value_heads,), log_spread)
         self.norm = var("norm", (s.linear_value_head_dim,), constant(1.0))
         self.out_proj = var("out_proj", (s.value_dim, s.hidden_size),
                             init("out_proj", stddev if output_stddev is None else output_stddev))

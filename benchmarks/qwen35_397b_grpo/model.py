@@ -12,7 +12,7 @@ RMSNorm over head_dim, then RoPE on their first `rotary_dim` dims (rotate-half w
 causal GQA softmax at head_dim^-0.5; the output times sigmoid(gate), then o_proj. No biases.
 
 Sparse MoE: p = softmax(x W_r) over all experts in float32, the top k, renormalised over them (= a softmax over
-the k chosen logits: gpt_oss_20b's `route`); SwiGLU experts through the shared dispatch
+the k chosen logits, as gpt_oss_20b routes); SwiGLU experts through the shared dispatch
 (benchmarks/lm/moe_dispatch.py) or densely; plus sigmoid(x . w_sg) * SharedExpert(x). The router is frozen
 (a non-trainable variable; the reference's freeze_moe_router) and has no load-balancing loss.
 
@@ -28,12 +28,11 @@ import tensorflow as tf
 from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rotary, vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
-from benchmarks.gpt_oss_20b.moe import route
 from benchmarks.lm.attention import Attention, _attend, causal_attention, windowed_attention
 from benchmarks.lm.decoder import Decoder
 from benchmarks.lm.ffn import SwiGLU, swiglu
 from benchmarks.lm.moe_capacity import expert_capacity
-from benchmarks.lm.moe_dispatch import alltoall_experts
+from benchmarks.lm.moe_dispatch import alltoall_experts, slot_positions
 from benchmarks.qwen35_397b_grpo.config import FULL_ATTENTION, ModelConfig
 from benchmarks.qwen35_397b_grpo.deltanet import GatedDeltaNet
 
@@ -130,17 +129,25 @@ class SparseMoE(Block):
         logits = tf.einsum("bsm,me->bse", tf.cast(x, tf.float32), tf.cast(self.router, tf.float32))
         alltoall = c.moe_dispatch == "alltoall"
         capacity = expert_capacity(seq, e, k, c.capacity_factor) if alltoall else seq
-        r = route(tf.reshape(logits, [b, 1, seq, e]), k, capacity, dense=False, positions=alltoall)
+        # The top-k picks indices only (no gradient through TopKV2); the weights are a softmax over the k
+        # chosen logits, exp(z_i) / sum_chosen exp(z_j), which is transformers' softmax over all experts
+        # renormalised over the top k. The gradient reaches x through the chosen logits.
+        index = tf.math.top_k(tf.stop_gradient(logits), k).indices                       # [b, s, k]
+        choice = tf.one_hot(index, e, dtype=tf.float32)                                   # [b, s, k, e]
+        gates = tf.nn.softmax(tf.einsum("bske,bse->bsk", choice, logits), -1)
         w_gate, w_up, w_down = (tf.cast(w, dt) for w in (self.w_gate, self.w_up, self.w_down))
         if alltoall:
             def experts(xe: tf.Tensor) -> tf.Tensor:  # [b, experts, slots, m], split over `experts`
                 return swiglu(xe, w_gate, w_up, w_down, "becm,emh->bech", "bech,ehm->becm")
 
-            ya = alltoall_experts(self.runtime, x, r.index, r.kept, r.position, e, capacity, experts)
-            y = tf.einsum("bskm,bsk->bsm", ya, tf.cast(tf.reshape(r.gates * r.kept, [b, seq, k]), dt))
+            # one routing group per row (reshapes, not [:, None]: DTensor and batch-split slices)
+            position = slot_positions(tf.reshape(choice, [b, 1, seq, k, e]))
+            kept = tf.cast(position < capacity, tf.float32)
+            ya = alltoall_experts(self.runtime, x, tf.reshape(index, [b, 1, seq, k]), kept, position, e, capacity,
+                                  experts)
+            y = tf.einsum("bskm,bsk->bsm", ya, tf.cast(gates * tf.reshape(kept, [b, seq, k]), dt))
         else:
-            weights = tf.einsum("bske,bsk->bse", tf.one_hot(tf.reshape(r.index, [b, seq, k]), e),
-                                tf.reshape(r.gates, [b, seq, k]))
+            weights = tf.einsum("bske,bsk->bse", choice, gates)
             hidden = swiglu(x, w_gate, w_up, w_down, "bsm,emh->bseh", "bseh,ehm->bsem")
             y = tf.einsum("bsem,bse->bsm", hidden, tf.cast(weights, dt))
         if self.shared is not None:
