@@ -181,3 +181,31 @@ def test_cached_decoding_equals_the_full_forward(golden, loaded, prefill=5):
     full = logits_of(model)
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=0, atol=TOLERANCE * np.abs(full).max())
     np.testing.assert_allclose(full, want, rtol=0, atol=TOLERANCE * np.abs(want).max())
+
+
+def test_gradients_reach_every_trainable_weight_but_the_frozen_router(loaded):
+    """The router is no trainable variable (freeze_router), yet the gate weights pass gradients to the layer's
+    input; every other weight gets one, and recomputing each layer in the backward pass (model.remat) changes
+    none of them."""
+    model, cfg = loaded
+    tokens = tf.constant(goldens.model_tokens(), tf.int32)
+    routers = {id(layer.ffn.router) for layer in model.layers}
+    trainable = model.trainable_variables
+    assert routers and not routers & {id(v) for v in trainable}
+
+    def grads():
+        with tf.GradientTape() as tape:
+            hidden, _ = model(tokens)
+            loss = tf.reduce_sum(tf.square(model.logits(hidden))) * 1e-3
+        return [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, trainable)]
+
+    plain = grads()
+    assert all(g is not None and float(tf.reduce_max(tf.abs(g))) > 0 for g in plain), \
+        [v.name for v, g in zip(trainable, plain) if g is None or not np.any(g.numpy())]
+    model.cfg = dataclasses.replace(cfg, remat=True)
+    try:
+        rematted = grads()
+    finally:
+        model.cfg = cfg
+    for v, a, b in zip(trainable, plain, rematted):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6 * float(tf.norm(a)), err_msg=v.name)
