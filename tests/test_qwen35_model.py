@@ -209,3 +209,15 @@ def test_gradients_reach_every_trainable_weight_but_the_frozen_router(loaded):
         model.cfg = cfg
     for v, a, b in zip(trainable, plain, rematted):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6 * float(tf.norm(a)), err_msg=v.name)
+
+
+def test_the_default_config_is_the_397b_text_model():
+    """The defaults' checkpoint layout (no model built): 15 gated attention layers (3, 7, ..., 59) among 60, and
+    396,346,350,336 text weights (Qwen3.5-397B-A17B: 397B with its vision tower of about 0.4B), of which the 60
+    frozen routers hold 60 x 512 x 4096."""
+    cfg = ModelConfig()
+    assert [i for i in range(cfg.num_layers) if cfg.layer_type(i) == "full_attention"] == list(range(3, 60, 4))
+    expected = hf_names.layout(cfg, set(), lambda p: True).expected()
+    assert sum(int(np.prod(shape)) for shape, _ in expected.values()) == 396_346_350_336
+    routers = [name for name in expected if name.endswith("mlp.gate.weight")]
+    assert len(routers) == 60 and sum(int(np.prod(expected[n][0])) for n in routers) == 60 * 512 * 4096
