@@ -221,3 +221,26 @@ def test_the_default_config_is_the_397b_text_model():
     assert sum(int(np.prod(shape)) for shape, _ in expected.values()) == 396_346_350_336
     routers = [name for name in expected if name.endswith("mlp.gate.weight")]
     assert len(routers) == 60 and sum(int(np.prod(expected[n][0])) for n in routers) == 60 * 512 * 4096
+
+
+def test_the_vision_language_snapshot_form_loads_its_text_model(golden, loaded, tmp_path):
+    """The published snapshot's form (Qwen3_5MoeForConditionalGeneration): the text tensors under
+    `model.language_model.`, config.json's keys under `text_config`, and vision and multi-token-prediction
+    tensors the model ignores; loaded, the model gives the golden logits."""
+    meta, want, weights, _ = golden
+    model, cfg = loaded
+    tensors = {("lm_head.weight" if k == "lm_head.weight" else "model.language_model." + k[len("model."):]): v
+               for k, v in weights.items()}
+    tensors.update({"mtp.fc.weight": np.ones((2, 2), np.float32), "model.visual.patch_embed.proj.weight":
+                    np.ones((2, 2), np.float32)})
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    text = {**meta["config"], "layer_types": meta["layer_types"], "model_type": "qwen3_5_moe_text"}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                                      "model_type": "qwen3_5_moe", "text_config": text}))
+    for v in model.trainable_variables:
+        v.assign(tf.zeros_like(v))
+    try:
+        hf_checkpoint.load_into(model.runtime, str(tmp_path), hf_names.FORMAT, cfg)
+        np.testing.assert_allclose(logits_of(model), want, rtol=0, atol=TOLERANCE * np.abs(want).max())
+    finally:
+        hf_checkpoint.load_into(model.runtime, golden[3], hf_names.FORMAT, cfg)
