@@ -1,5 +1,5 @@
-"""Golden outputs of one Qwen3.5 Gated DeltaNet layer made by transformers' own module, for
-tests/test_qwen35_deltanet.py.
+"""Golden outputs of transformers' own Qwen3.5 MoE modules: one Gated DeltaNet layer (for
+tests/test_qwen35_deltanet.py) and the whole tiny `Qwen3_5MoeForCausalLM` (for tests/test_qwen35_model.py).
 
 Run in a side virtualenv with torch and transformers (not the harness's):
     OMP_NUM_THREADS=1 /path/to/venv/bin/python scripts/make_qwen35_goldens.py
@@ -29,6 +29,7 @@ CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention
               rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 LENGTH, PREFILL = 70, 37  # 70 > one chunk of 64 and not a multiple of it
+MODEL_ROWS, MODEL_LENGTH = 2, 16  # the whole model's token rows (logits 2 x 16 x 512 floats: 64 KB)
 
 
 def golden_weights(seed: int = 35) -> dict[str, np.ndarray]:
@@ -64,12 +65,63 @@ def golden_padded_batch() -> tuple[np.ndarray, np.ndarray]:
     return batch, mask
 
 
+def model_weights(names: dict[str, list[int]], seed: int = 40) -> dict[str, np.ndarray]:
+    """Every tensor of the tiny `Qwen3_5MoeForCausalLM` (transformers' names -> shapes, `names`), drawn in sorted
+    name order. The (1 + w) norms get w ~ N(0, 0.3) (not transformers' zeros, so a norm without the + 1 shows);
+    the router's logits have a spread of about 2 (so the top-2 is never near a tie and its weights are not
+    one-hot); the gated DeltaNet norm is a plain weight near 1."""
+    rng, out = np.random.default_rng(seed), {}
+    for name in sorted(names):
+        shape = tuple(names[name])
+        if name.endswith("linear_attn.norm.weight"):
+            w = 1.0 + rng.normal(scale=0.3, size=shape)
+        elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            w = rng.normal(scale=0.3, size=shape)
+        elif name.endswith("A_log"):
+            w = np.log(rng.uniform(0.05, 1.0, shape))
+        elif name.endswith("dt_bias") or name.endswith("conv1d.weight"):
+            w = rng.normal(scale=0.5, size=shape)
+        elif name == "model.embed_tokens.weight":
+            w = rng.normal(size=shape)
+        elif name.endswith("mlp.gate.weight"):
+            w = rng.normal(scale=0.25, size=shape)
+        else:  # a Linear [out, in] or the fused experts [experts, out, in]
+            w = rng.normal(scale=shape[-1] ** -0.5, size=shape)
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def model_tokens(seed: int = 41) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, CONFIG["vocab_size"], (MODEL_ROWS, MODEL_LENGTH)).astype(np.int64)
+
+
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(weights):
         h.update(name.encode())
         h.update(np.ascontiguousarray(weights[name], np.float32).tobytes())
     return h.hexdigest()
+
+
+def make_model_goldens(torch, transformers, config) -> None:
+    """The whole tiny model (layers: three Gated DeltaNet then one gated attention, every one MoE) on two token
+    rows: logits, and the names and shapes of every tensor (the fused experts as transformers 5 stores them)."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
+
+    model = Qwen3_5MoeForCausalLM(config).eval()
+    names = {k: list(v.shape) for k, v in model.state_dict().items()}
+    weights = model_weights(names)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(model_tokens())).logits.numpy()
+    np.savez(os.path.join(OUT, "model_golden.npz"), logits=logits)
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "config": CONFIG,
+            "layer_types": list(config.layer_types), "hf_names": names, "weights_sha256": weights_digest(weights),
+            "max_abs_logit": float(np.abs(logits).max())}
+    with open(os.path.join(OUT, "model_golden.json"), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {OUT}/model_golden.*: logits {logits.shape}, max |logit| {meta['max_abs_logit']:.3f}")
 
 
 def main() -> None:
@@ -108,6 +160,7 @@ def main() -> None:
     with open(os.path.join(OUT, "deltanet_golden.json"), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
         f.write("\n")
+    make_model_goldens(torch, transformers, config)
     print(f"wrote {OUT}: |full| max {np.abs(full).max():.3f}, full vs cached {meta['max_abs_full_minus_cached']:.2e}")
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from benchmarks.qwen35_397b_grpo.deltanet import (HF_NAMES, DeltaNetShape, GatedDeltaNet, gated_delta_chunked,
                                                   gated_delta_recurrent, prepare_qkv)
 from conftest import REPO
+from harness.runtime import distribute
 
 pytestmark = pytest.mark.quick
 
@@ -36,7 +37,9 @@ def golden():
                           c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"],
                           c["rms_norm_eps"])
     weights = goldens.golden_weights()
-    layer = GatedDeltaNet(shape)
+    runtime = distribute.make_default("float32", False)
+    with runtime.scope():
+        layer = GatedDeltaNet(runtime, "linear_attn", 0, shape)
     layer.load_hf(weights)
     return meta, arrays, layer, weights
 
@@ -54,7 +57,7 @@ def test_weights_and_names_are_the_ones_transformers_used(golden):
 @pytest.mark.parametrize("form", ["chunked", "recurrent"])
 def test_forward_equals_transformers(golden, form):
     meta, arrays, layer, _ = golden
-    y, _ = layer(tf.constant(goldens.golden_input()), form=form)
+    y, _ = layer.forward(tf.constant(goldens.golden_input()), form=form)
     np.testing.assert_allclose(y.numpy(), arrays["full"], rtol=1e-5, atol=2e-5)
 
 
@@ -62,11 +65,11 @@ def test_prefill_then_cached_decoding_equals_transformers(golden):
     meta, arrays, layer, _ = golden
     x = tf.constant(goldens.golden_input())
     prefill = meta["prefill"]
-    y, state = layer(x[:, :prefill], form="chunked")
+    y, state = layer.forward(x[:, :prefill], form="chunked")
     np.testing.assert_allclose(y.numpy(), arrays["full"][:, :prefill], rtol=1e-5, atol=2e-5)
     decoded = []
     for t in range(prefill, meta["length"]):
-        y_t, state = layer(x[:, t:t + 1], state, form="recurrent")
+        y_t, state = layer.forward(x[:, t:t + 1], state, form="recurrent")
         decoded.append(y_t.numpy())
     np.testing.assert_allclose(np.concatenate(decoded, axis=1), arrays["decoded"], rtol=1e-5, atol=2e-5)
 
@@ -108,7 +111,7 @@ def test_load_refuses_missing_or_misshapen_weights(golden):
 def test_chunked_form_compiles_under_xla(golden):
     """The training form inside a compiled step: XLA's program gives transformers' output too."""
     _, arrays, layer, _ = golden
-    compiled = tf.function(lambda x: layer(x, form="chunked")[0], jit_compile=True)
+    compiled = tf.function(lambda x: layer.forward(x, form="chunked")[0], jit_compile=True)
     np.testing.assert_allclose(compiled(tf.constant(goldens.golden_input())).numpy(), arrays["full"],
                                rtol=1e-5, atol=2e-5)
 
@@ -118,10 +121,10 @@ def test_left_padded_batch_equals_transformers(golden, form):
     """Padded positions are zeroed before the projections: the padded row's tokens give what they give unpadded."""
     _, arrays, layer, _ = golden
     batch, mask = goldens.golden_padded_batch()
-    y, _ = layer(tf.constant(batch), form=form, mask=tf.constant(mask))
+    y, _ = layer.forward(tf.constant(batch), form=form, mask=tf.constant(mask))
     np.testing.assert_allclose(y.numpy(), arrays["padded"], rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(y.numpy()[1, 5:], arrays["full"][0, :7], rtol=1e-5, atol=2e-5)
-    unmasked, _ = layer(tf.constant(batch), form=form)
+    unmasked, _ = layer.forward(tf.constant(batch), form=form)
     assert np.abs(unmasked.numpy()[1, 5:] - arrays["full"][0, :7]).max() > 1e-3  # the junk would leak in
 
 
@@ -139,9 +142,9 @@ def test_packed_segments_equal_separate_runs(golden, form):
     starts = np.zeros(packed.shape[:2], np.float32)
     for i, r in enumerate(rows):
         starts[i, np.cumsum([0] + [len(s) for s in r[:-1]])] = 1.0
-    y, (conv, state) = layer(tf.constant(packed), form=form, starts=tf.constant(starts))
+    y, (conv, state) = layer.forward(tf.constant(packed), form=form, starts=tf.constant(starts))
     for i, r in enumerate(rows):
-        alone = [layer(tf.constant(s[None]), form=form) for s in r]
+        alone = [layer.forward(tf.constant(s[None]), form=form) for s in r]
         np.testing.assert_allclose(y.numpy()[i], np.concatenate([a[0].numpy()[0] for a in alone]),
                                    rtol=1e-5, atol=2e-5)
         np.testing.assert_allclose(conv.numpy()[i], alone[-1][1][0].numpy()[0], rtol=1e-6, atol=1e-6)

@@ -1,7 +1,8 @@
 """The decoder LMs' model: token embedding, a stack of pre-norm layers, a final RMSNorm and the LM head.
 
-A model (llama31_8b, gpt_oss_20b) subclasses `Decoder` and chooses each layer's attention and feed-forward
-blocks (`attention`, `ffn`), and, for attention within documents, each position's document (`segments`).
+A model (llama31_8b, gpt_oss_20b, qwen35_397b_grpo's) subclasses `Decoder` and chooses each layer's attention
+(or other sequence mixer) and feed-forward blocks (`attention`, `ffn`), its norms (`norm`), and, for attention
+within documents, each position's document (`segments`).
 Untied input and output embeddings, both normal(init_stddev). Named dimensions: `vocab` (the embedding
 table through `vocab_parallel_lookup`, and the output layer, which the loss applies blockwise); the blocks
 name their own. Every shape is static and no op leaves the device, so a step compiles under XLA.
@@ -25,10 +26,9 @@ class DecoderLayer(Block):
 
     def __init__(self, decoder: Decoder, path: str, index: int) -> None:
         super().__init__(decoder.runtime, path, decoder.seed)
-        cfg, rt = decoder.cfg, decoder.runtime
-        self.attention_norm = RMSNorm(rt, f"{path}/attention_norm", self.seed, cfg.hidden_size, cfg.norm_epsilon)
+        self.attention_norm = decoder.norm(f"{path}/attention_norm")
         self.attention = decoder.attention(f"{path}/attention", index)
-        self.mlp_norm = RMSNorm(rt, f"{path}/mlp_norm", self.seed, cfg.hidden_size, cfg.norm_epsilon)
+        self.mlp_norm = decoder.norm(f"{path}/mlp_norm")
         self.ffn = decoder.ffn(f"{path}/{decoder.FFN_NAME}", index)
 
     def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
@@ -106,8 +106,12 @@ class Decoder(Block):
         self.embeddings = self.var("embedding/embeddings", (v, m), ("vocab", None),
                                    normal(sd, f"{name}/embedding/embeddings", seed))
         self.layers = [DecoderLayer(self, f"{name}/layer_{i}", i) for i in range(cfg.num_layers)]
-        self.final_norm = RMSNorm(runtime, f"{name}/final_norm", seed, m, cfg.norm_epsilon)
+        self.final_norm = self.norm(f"{name}/final_norm")
         self.output = self.var("output/kernel", (m, v), (None, "vocab"), normal(sd, f"{name}/output/kernel", seed))
+
+    def norm(self, path: str) -> Block:
+        """The RMSNorm over the hidden size at `path` (each layer's two and the final one)."""
+        return RMSNorm(self.runtime, path, self.seed, self.cfg.hidden_size, self.cfg.norm_epsilon)
 
     def attention(self, path: str, layer: int) -> Block:
         """Layer `layer`'s attention block at `path`, called as block(x, segments) -> x's shape."""

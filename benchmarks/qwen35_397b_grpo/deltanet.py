@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from harness.nn.layers import Block, constant, normal
+from harness.runtime.base import Runtime
+
 CHUNK = 64
 
 
@@ -66,34 +69,63 @@ HF_NAMES = {
     "norm.weight": ("norm", "same"),
     "out_proj.weight": ("out_proj", "linear"),
 }
+# this layer's variable -> its name under the layer's path
+VARIABLE_NAMES = {"in_proj_qkv": "in_proj_qkv/kernel", "in_proj_z": "in_proj_z/kernel",
+                  "in_proj_b": "in_proj_b/kernel", "in_proj_a": "in_proj_a/kernel", "conv1d": "conv1d/kernel",
+                  "dt_bias": "dt_bias", "A_log": "A_log", "norm": "norm/gamma", "out_proj": "out_proj/kernel"}
 
 
-class GatedDeltaNet(tf.Module):
-    """One Gated DeltaNet mixer. `__call__(x, state, form)` returns (y, state); state is (conv_state
-    [B, K-1, conv_dim]: the last K-1 projected qkv inputs, recurrent_state [B, Hv, dk, dv] float32), None at a
-    sequence start."""
+def hf_to_variable(layout: str, value: np.ndarray) -> np.ndarray:
+    """A transformers tensor in this layer's layout (HF_NAMES' `layout`)."""
+    if layout == "linear":
+        return value.T
+    if layout == "conv":
+        return value[:, 0, :].T
+    return value
 
-    def __init__(self, shape: DeltaNetShape, seed: int = 0, dtype: tf.DType = tf.float32, name: str = "linear_attn"):
-        super().__init__(name=name)
-        self.shape = shape
-        s, rng = shape, np.random.default_rng(seed)
 
-        def var(name: str, value: np.ndarray) -> tf.Variable:
-            return tf.Variable(tf.cast(value, dtype), name=name)
+def starts_of(segments: tf.Tensor) -> tf.Tensor:
+    """starts [b, s] (1 where a packed segment begins; the row's first position is no start: the incoming
+    state, zero in a forward from scratch, is the first segment's) from each position's document [b, s]."""
+    seg = tf.cast(segments, tf.int32)
+    return tf.concat([tf.zeros_like(seg[:, :1], tf.float32),
+                      tf.cast(tf.not_equal(seg[:, 1:], seg[:, :-1]), tf.float32)], axis=1)
 
-        def dense(n_in: int, n_out: int) -> np.ndarray:
-            return rng.normal(scale=n_in ** -0.5, size=(n_in, n_out))
 
-        with self.name_scope:
-            self.in_proj_qkv = var("in_proj_qkv", dense(s.hidden_size, s.conv_dim))
-            self.in_proj_z = var("in_proj_z", dense(s.hidden_size, s.value_dim))
-            self.in_proj_b = var("in_proj_b", dense(s.hidden_size, s.linear_num_value_heads))
-            self.in_proj_a = var("in_proj_a", dense(s.hidden_size, s.linear_num_value_heads))
-            self.conv1d = var("conv1d", rng.normal(scale=0.5, size=(s.linear_conv_kernel_dim, s.conv_dim)))
-            self.dt_bias = var("dt_bias", np.ones(s.linear_num_value_heads))
-            self.A_log = var("A_log", np.log(rng.uniform(0.01, 16, s.linear_num_value_heads)))
-            self.norm = var("norm", np.ones(s.linear_value_head_dim))
-            self.out_proj = var("out_proj", dense(s.value_dim, s.hidden_size))
+class GatedDeltaNet(Block):
+    """One Gated DeltaNet mixer. As a decoder layer's sequence mixer it is called as block(x, segments) -> y
+    (the chunked form, a fresh state, each document of `segments` on its own); `forward(x, state, form)`
+    returns (y, state) for prefill and decoding, state being (conv_state [B, K-1, conv_dim]: the last K-1
+    projected qkv inputs, recurrent_state [B, Hv, dk, dv] float32), None at a sequence start. Weights:
+    normal(stddev), out_proj normal(output_stddev), A = exp(A_log) evenly over [1, 16] (FLA draws U(0, 16)),
+    dt_bias 1,
+    the conv normal(0.5), the gated norm's weight 1."""
+
+    def __init__(self, runtime: Runtime, path: str, seed: int, shape: DeltaNetShape, stddev: float = 0.02,
+                 output_stddev: float | None = None, form: str = "chunked") -> None:
+        super().__init__(runtime, path, seed)
+        if form not in ("chunked", "recurrent"):
+            raise ValueError(f"form must be 'chunked' or 'recurrent', got {form!r}")
+        self.shape, self.form = shape, form
+        s = shape
+        init = lambda name, sd=stddev: normal(sd, f"{path}/{name}", seed)  # noqa: E731
+
+        def log_spread(shape_, dtype):  # A = exp(A_log) spread evenly over FLA's U(0, 16) range
+            return tf.cast(tf.math.log(tf.linspace(1.0, 16.0, shape_[0])), dtype)
+
+        def var(attr: str, dims: tuple, initializer) -> tf.Variable:
+            return self.var(VARIABLE_NAMES[attr], dims, (None,) * len(dims), initializer)
+
+        self.in_proj_qkv = var("in_proj_qkv", (s.hidden_size, s.conv_dim), init("in_proj_qkv"))
+        self.in_proj_z = var("in_proj_z", (s.hidden_size, s.value_dim), init("in_proj_z"))
+        self.in_proj_b = var("in_proj_b", (s.hidden_size, s.linear_num_value_heads), init("in_proj_b"))
+        self.in_proj_a = var("in_proj_a", (s.hidden_size, s.linear_num_value_heads), init("in_proj_a"))
+        self.conv1d = var("conv1d", (s.linear_conv_kernel_dim, s.conv_dim), init("conv1d", 0.5))
+        self.dt_bias = var("dt_bias", (s.linear_num_value_heads,), constant(1.0))
+        self.A_log = var("A_log", (s.linear_num_value_heads,), log_spread)
+        self.norm = var("norm", (s.linear_value_head_dim,), constant(1.0))
+        self.out_proj = var("out_proj", (s.value_dim, s.hidden_size),
+                            init("out_proj", stddev if output_stddev is None else output_stddev))
 
     def load_hf(self, tensors: dict[str, np.ndarray]) -> None:
         """Assigns transformers' tensors (names of HF_NAMES, without the layer prefix); every name is required."""
@@ -102,11 +134,7 @@ class GatedDeltaNet(tf.Module):
             raise ValueError(f"Gated DeltaNet weights missing: {', '.join(missing)}")
         laid_out = {}
         for hf_name, (attr, layout) in HF_NAMES.items():
-            value = np.asarray(tensors[hf_name])
-            if layout == "linear":
-                value = value.T
-            elif layout == "conv":
-                value = value[:, 0, :].T
+            value = hf_to_variable(layout, np.asarray(tensors[hf_name]))
             target = getattr(self, attr)
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"{hf_name}: shape {value.shape} after layout, expected {tuple(target.shape)}")
@@ -115,24 +143,30 @@ class GatedDeltaNet(tf.Module):
             target = getattr(self, attr)
             target.assign(tf.cast(value, target.dtype))
 
-    def __call__(self, x: tf.Tensor, state=None, form: str = "chunked", mask: tf.Tensor | None = None,
-                 starts: tf.Tensor | None = None):
-        """mask [B, T] (1 = token, 0 = padding) zeroes padded inputs first, as transformers'
+    def __call__(self, x: tf.Tensor, segments: tf.Tensor | None = None) -> tf.Tensor:
+        """The decoder's mixer call: y [b, s, hidden] of a fresh state, documents restarting it (`segments`)."""
+        starts = None if segments is None else starts_of(segments)
+        return self.forward(x, form=self.form, starts=starts)[0]
+
+    def forward(self, x: tf.Tensor, state=None, form: str = "chunked", mask: tf.Tensor | None = None,
+                starts: tf.Tensor | None = None):
+        """(y, state). mask [B, T] (1 = token, 0 = padding) zeroes padded inputs first, as transformers'
         apply_mask_to_padding_states does for left-padded batches. starts [B, T] (1 where a packed segment
         begins) cuts the row into independent sequences; the returned state is that of the last one."""
         s = self.shape
         if mask is not None:
             x = x * tf.cast(mask, x.dtype)[:, :, None]
+        w = lambda v: tf.cast(v, x.dtype)  # noqa: E731
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        qkv = tf.einsum("btd,dc->btc", x, self.in_proj_qkv)
-        z = tf.einsum("btd,dc->btc", x, self.in_proj_z)
-        b = tf.einsum("btd,dh->bth", x, self.in_proj_b)
-        a = tf.einsum("btd,dh->bth", x, self.in_proj_a)
+        qkv = tf.einsum("btd,dc->btc", x, w(self.in_proj_qkv))
+        z = tf.einsum("btd,dc->btc", x, w(self.in_proj_z))
+        b = tf.einsum("btd,dh->bth", x, w(self.in_proj_b))
+        a = tf.einsum("btd,dh->bth", x, w(self.in_proj_a))
         conv_state, recurrent_state = state if state is not None else (None, None)
         if starts is None:
             starts = tf.zeros([batch, length], tf.float32)
         starts = tf.cast(starts, tf.float32)
-        qkv, conv_state = causal_conv(qkv, self.conv1d, conv_state, starts)
+        qkv, conv_state = causal_conv(qkv, w(self.conv1d), conv_state, starts)
         qkv = tf.nn.silu(qkv)
         q, k, v = tf.split(qkv, [s.key_dim, s.key_dim, s.value_dim], axis=-1)
         q = tf.reshape(q, [batch, length, s.linear_num_key_heads, s.linear_key_head_dim])
@@ -147,9 +181,9 @@ class GatedDeltaNet(tf.Module):
         rule = gated_delta_chunked if form == "chunked" else gated_delta_recurrent
         o, recurrent_state = rule(q, k, v, g, beta, recurrent_state, starts)
         z = tf.reshape(z, [batch, length, s.linear_num_value_heads, s.linear_value_head_dim])
-        y = gated_rms_norm(tf.cast(o, x.dtype), z, self.norm, s.rms_norm_eps)
+        y = gated_rms_norm(tf.cast(o, x.dtype), z, w(self.norm), s.rms_norm_eps)
         y = tf.reshape(y, [batch, length, s.value_dim])
-        return tf.einsum("btc,cd->btd", y, self.out_proj), (conv_state, recurrent_state)
+        return tf.einsum("btc,cd->btd", y, w(self.out_proj)), (conv_state, recurrent_state)
 
 
 def causal_conv(x: tf.Tensor, kernel: tf.Tensor, state: tf.Tensor | None = None, starts: tf.Tensor | None = None):
@@ -199,6 +233,9 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
         s = s + k_t[:, :, :, None] * delta[:, :, None, :]
         return s, tf.einsum("bhkv,bhk->bhv", s, q_t)
 
+    if q.shape[1] == 1:  # a decoding step: the one update, without a scan's loop
+        state, out = step((state, None), [t[:, 0] for t in (q, k, v, g, beta, keep)])
+        return out[:, None], state
     time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta, keep)]
     first = tf.zeros_like(time_major[2][0])
     states, outs = tf.scan(step, time_major, initializer=(state, first))

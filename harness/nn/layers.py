@@ -339,16 +339,20 @@ class MultiHeadAttention(Block):
 
 
 class RMSNorm(Block):
-    """Root-mean-square norm (no centering, no bias), as in Llama/GPT-OSS: x * rsqrt(mean(x^2) + eps) * gamma."""
+    """Root-mean-square norm (no centering, no bias), as in Llama/GPT-OSS: x * rsqrt(mean(x^2) + eps) * gamma.
+    `offset` 1: the zero-centred form x * rsqrt(...) * (1 + gamma), gamma initialized to 0 (Qwen3.5's
+    Qwen3_5MoeRMSNorm, its weight stored as w, not 1 + w), the sum taken in float32."""
 
-    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-6) -> None:
+    def __init__(self, runtime: Runtime, path: str, seed: int, dim: int, epsilon: float = 1e-6,
+                 offset: float = 0.0) -> None:
         super().__init__(runtime, path, seed)
-        self.epsilon = epsilon
-        self.gamma = self.var("gamma", (dim,), (None,), constant(1.0))
+        self.epsilon, self.offset = epsilon, offset
+        self.gamma = self.var("gamma", (dim,), (None,), constant(1.0 - offset))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         xf = tf.cast(x, tf.float32)
-        y = xf * tf.math.rsqrt(tf.reduce_mean(tf.square(xf), -1, keepdims=True) + self.epsilon) * self.gamma
+        gamma = tf.cast(self.gamma, tf.float32) + self.offset if self.offset else self.gamma
+        y = xf * tf.math.rsqrt(tf.reduce_mean(tf.square(xf), -1, keepdims=True) + self.epsilon) * gamma
         return tf.cast(y, x.dtype)
 
 
@@ -411,14 +415,19 @@ def rope_frequencies(dim: int, base: float, scaling: RopeScaling | YarnScaling |
     return tf.where(wavelength < s.original_context / s.high_freq_factor, inv, low)
 
 
-def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | YarnScaling | None = None) -> tf.Tensor:
+def rotary(x: tf.Tensor, base: float, scaling: RopeScaling | YarnScaling | None = None,
+           start: tf.Tensor | int = 0) -> tf.Tensor:
     """Rotary position embedding (RoPE, rotate-half form as Megatron/Llama) of x [batch, seq, ..., dim]
-    at positions 0..seq-1: pairs (i, i + dim/2) turn by position * base^(-2i/dim) (frequencies scaled by
-    `scaling` when given; YaRN also scales cos and sin by its attention factor). Static shapes only."""
+    at positions start..start+seq-1 (`start` may be a scalar tensor: a decoding step's): pairs (i, i + dim/2)
+    turn by position * base^(-2i/dim) (frequencies scaled by `scaling` when given; YaRN also scales cos and
+    sin by its attention factor). Static shapes only."""
     seq, dim = x.shape[1], x.shape[-1]
     half = dim // 2
     inv = rope_frequencies(dim, base, scaling)
-    angle = tf.range(seq, dtype=tf.float32)[:, None] * inv[None, :]          # [seq, half]
+    position = tf.range(seq, dtype=tf.float32)
+    if not isinstance(start, int) or start:
+        position += tf.cast(start, tf.float32)
+    angle = position[:, None] * inv[None, :]                                  # [seq, half]
     shape = [1, seq] + [1] * (len(x.shape) - 3) + [half]
     cos, sin = tf.reshape(tf.cos(angle), shape), tf.reshape(tf.sin(angle), shape)
     if isinstance(scaling, YarnScaling) and scaling.attention_factor() != 1.0:
