@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rotary, vocab_parallel_lookup
+from harness.nn.layers import NEG_INF, Block, RMSNorm, normal, rope_frequencies, rotary, vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.lm.attention import Attention, _attend, causal_attention, windowed_attention
@@ -39,12 +39,28 @@ from benchmarks.qwen35_397b_grpo.deltanet import GatedDeltaNet
 NAME = "qwen35"  # the decoder's variable path prefix
 
 
-def partial_rotary(x: tf.Tensor, dims: int, base: float, start: tf.Tensor | int = 0) -> tf.Tensor:
-    """RoPE (rotate-half) on the first `dims` of x's last axis at positions start..start+seq-1; the rest
-    unchanged (transformers' apply_rotary_pos_emb with a partial_rotary_factor)."""
+def partial_rotary(x: tf.Tensor, dims: int, base: float, start: tf.Tensor | int = 0,
+                   pads: tf.Tensor | None = None) -> tf.Tensor:
+    """RoPE (rotate-half) on the first `dims` of x's last axis at positions start..start+seq-1, less each row's
+    left padding `pads` [b] when given (a row's first token at position 0, as transformers' position_ids
+    from the attention mask); the rest unchanged (apply_rotary_pos_emb with a partial_rotary_factor)."""
+    turn = (lambda t: rotary(t, base, start=start)) if pads is None else (lambda t: rotary_rows(t, base, start, pads))
     if dims >= x.shape[-1]:
-        return rotary(x, base, start=start)
-    return tf.concat([rotary(x[..., :dims], base, start=start), x[..., dims:]], -1)
+        return turn(x)
+    return tf.concat([turn(x[..., :dims]), x[..., dims:]], -1)
+
+
+def rotary_rows(x: tf.Tensor, base: float, start: tf.Tensor | int, pads: tf.Tensor) -> tf.Tensor:
+    """harness.nn.layers.rotary with a position per row: start + i - pads[row] for x [b, t, ..., dim]."""
+    b, t, dim = x.shape[0], x.shape[1], x.shape[-1]
+    half = dim // 2
+    position = tf.cast(tf.cast(start, tf.int32) + tf.range(t)[None, :] - tf.cast(pads, tf.int32)[:, None],
+                       tf.float32)                                                          # [b, t]
+    angle = position[:, :, None] * rope_frequencies(dim, base)[None, None, :]               # [b, t, half]
+    shape = [b, t] + [1] * (len(x.shape) - 3) + [half]
+    cos, sin = (tf.cast(tf.reshape(f(angle), shape), x.dtype) for f in (tf.cos, tf.sin))
+    x1, x2 = x[..., :half], x[..., half:]
+    return tf.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
 def write_cache(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor | int) -> tf.Tensor:
@@ -68,14 +84,14 @@ class GatedAttention(Attention):
         self.q_norm = RMSNorm(runtime, f"{path}/query_norm", seed, d, cfg.norm_epsilon, offset=1.0)
         self.k_norm = RMSNorm(runtime, f"{path}/key_norm", seed, d, cfg.norm_epsilon, offset=1.0)
 
-    def _heads(self, x: tf.Tensor, start: tf.Tensor | int) -> tuple[tf.Tensor, ...]:
-        """q, gate [b, s, kv, g, d] and k, v [b, s, kv, d] of x at positions start..start+s-1."""
+    def _heads(self, x: tf.Tensor, start: tf.Tensor | int, pads: tf.Tensor | None = None) -> tuple[tf.Tensor, ...]:
+        """q, gate [b, s, kv, g, d] and k, v [b, s, kv, d] of x at positions start..start+s-1 (less `pads`)."""
         c = self.cfg
         q = self.q_norm(self._project(x, "bsm,mhgd->bshgd", self.wq, None))
         k = self.k_norm(self._project(x, "bsm,mhd->bshd", self.wk, None))
         v = self._project(x, "bsm,mhd->bshd", self.wv, None)
         gate = self._project(x, "bsm,mhgd->bshgd", self.wg, None)
-        q, k = (partial_rotary(t, c.rotary_dim, c.rope_base, start) for t in (q, k))
+        q, k = (partial_rotary(t, c.rotary_dim, c.rope_base, start, pads) for t in (q, k))
         return q, gate, k, v
 
     def __call__(self, x: tf.Tensor, segments: tf.Tensor | None) -> tf.Tensor:
@@ -87,15 +103,21 @@ class GatedAttention(Attention):
             ctx = windowed_attention(q, k, v, segments, x.shape[1], self.block, like=x[:, :, 0], xla=xla)
         return self._project(ctx * tf.sigmoid(gate), "bshgd,hgdm->bsm", self.wo, None)
 
-    def step(self, x: tf.Tensor, cache: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor | int
-             ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
-        """Cached attention: x [b, t, hidden] at positions start..start+t-1 and the cache (keys, values
-        [b, length, kv, d], positions < start filled) -> (output, the cache with these t positions written).
-        Each query sees the cached positions up to its own; static shapes (the cache's length)."""
-        q, gate, k, v = self._heads(x, start)
+    def step(self, x: tf.Tensor, cache: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor | int,
+             pads: tf.Tensor | None = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+        """Cached attention: x [b, t, hidden] at cache columns start..start+t-1 and the cache (keys, values
+        [b, length, kv, d], columns < start filled) -> (output, the cache with these t columns written).
+        Each query sees the cached columns up to its own; static shapes (the cache's length). `pads` [b]: row
+        r's first pads[r] columns are left padding, never seen, and its positions count from the first
+        column after them."""
+        q, gate, k, v = self._heads(x, start, pads)
         keys, values = write_cache(cache[0], k, start), write_cache(cache[1], v, start)
         query_pos = tf.cast(start, tf.int32) + tf.range(x.shape[1])
-        bias = tf.where(tf.range(keys.shape[1])[None, :] <= query_pos[:, None], 0.0, NEG_INF)     # [t, length]
+        column = tf.range(keys.shape[1])[None, :]
+        bias = tf.where(column <= query_pos[:, None], 0.0, NEG_INF)                               # [t, length]
+        if pads is not None:
+            seen = column >= tf.cast(pads, tf.int32)[:, None]                                      # [b, length]
+            bias = tf.where(seen[:, None, :], bias[None], NEG_INF)                             # [b, t, length]
         ctx = _attend(q, tf.cast(keys, q.dtype), tf.cast(values, q.dtype), bias, self.runtime.jit_compile)
         return self._project(ctx * tf.sigmoid(gate), "bshgd,hgdm->bsm", self.wo, None), (keys, values)
 
@@ -192,20 +214,28 @@ class Qwen35(Decoder):
                                         s.linear_value_head_dim], tf.float32)))
         return cache
 
-    def step(self, tokens: tf.Tensor, cache: list, start: tf.Tensor | int) -> tuple[tf.Tensor, list]:
-        """Prefill (t > 1) or decode (t = 1): float32 logits [b, t, vocab] of tokens [b, t] at positions
-        start..start+t-1 after the positions `cache` holds, and the cache after them. Gated attention reads and
+    def step(self, tokens: tf.Tensor, cache: list, start: tf.Tensor | int, pads: tf.Tensor | None = None
+             ) -> tuple[tf.Tensor, list]:
+        """Prefill (t > 1) or decode (t = 1): float32 logits [b, t, vocab] of tokens [b, t] at cache columns
+        start..start+t-1 after the columns `cache` holds, and the cache after them. Gated attention reads and
         writes its key/value cache; Gated DeltaNet carries its state, in the chunked form over several tokens
-        and the recurrent one over one. The same numbers as the whole row's forward, to float32 rounding."""
+        and the recurrent one over one. The same numbers as the whole row's forward, to float32 rounding.
+        `pads` [b]: a left-padded batch, row r's real tokens starting at column pads[r]; the padding is masked
+        (zeroed DeltaNet inputs leave its state and conv inputs those of a fresh start; attention never sees
+        it) and positions count from each row's first real token."""
         x = tf.cast(vocab_parallel_lookup(self.runtime, self.embeddings, tokens), self.dtype)
         form = "chunked" if tokens.shape[1] > 1 else "recurrent"
+        mask = None
+        if pads is not None:
+            column = tf.cast(start, tf.int32) + tf.range(tokens.shape[1])
+            mask = tf.cast(column[None, :] >= tf.cast(pads, tf.int32)[:, None], tf.float32)
         after = []
         for layer, state in zip(self.layers, cache):
             h = layer.attention_norm(x)
             if isinstance(layer.attention, GatedAttention):
-                y, state = layer.attention.step(h, state, start)
+                y, state = layer.attention.step(h, state, start, pads)
             else:
-                y, state = layer.attention.forward(h, state, form=form)
+                y, state = layer.attention.forward(h, state, form=form, mask=mask)
             x = x + y
             x = x + layer.ffn(layer.mlp_norm(x))
             after.append(state)

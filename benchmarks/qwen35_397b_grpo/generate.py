@@ -1,0 +1,185 @@
+"""The generation engine: batched, KV-cached sampling of the Qwen3.5 model (`Qwen35.step`) under XLA.
+
+A batch of `slots` prompts is left-padded to `prompt_length` columns (the padding masked: see `Qwen35.step`);
+one compiled prefill writes the attention caches and the DeltaNet states and samples each slot's first token;
+one compiled decode step feeds the last token and samples the next, called once per token with the same
+static shapes (the cache holds prompt_length + max_new_tokens columns). A slot stops on a stop token (kept as
+its last generated token) or at max_new_tokens; the loop ends when every slot has stopped.
+
+Sampling as the reference's generator does it (vLLM, vllm-project/vllm v1 sampler: `Sampler.sample`,
+`apply_temperature`, `TopKTopPSampler.forward_native`, `apply_top_k_top_p`): logits in float32 divided by the
+temperature, then top-p: sort ascending, drop the tokens whose cumulative probability is <= 1 - p, the largest
+always kept; the token drawn from the softmax of what remains. Temperature < 1e-5 is greedy (argmax of the raw
+logits). The defaults are the training rollouts' (temperature 1, top-p 1); `VALIDATION` is the evaluation's
+(0.1, 0.95); mlcommons/training@aa344c7 llm_post_training, NeMo-RL@3fca04c9 recipe
+grpo_qwen35_397b_swe_openhands_async.yaml `policy.generation`, `grpo.validation_generation`.
+
+The randomness is stateless: the draw of slot s's n-th generated token uses the seed pair (seed, key_s * 2^32
++ n), key_s the slot's key (default: its index), so a run is reproducible and a slot's tokens do not depend on
+the batch around it (given the same logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.qwen35_397b_grpo.model import Qwen35
+
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature (< 1e-5: greedy) and top-p (1: no truncation); no top-k (the reference sets none)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+TRAINING = SamplingParams(1.0, 1.0)     # policy.generation
+VALIDATION = SamplingParams(0.1, 0.95)  # grpo.validation_generation
+
+
+def top_p_keep(logits: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+    """Which tokens top-p keeps, bool [b, vocab] of float32 logits [b, vocab] (already temperature-scaled):
+    in ascending order of probability, a token is dropped when the cumulative probability up to and including
+    it is <= 1 - top_p; the most probable token always stays (vLLM's apply_top_k_top_p)."""
+    order = tf.argsort(logits, axis=-1, direction="ASCENDING", stable=True)
+    sorted_logits = tf.gather(logits, order, batch_dims=1)
+    cumulative = tf.cumsum(tf.nn.softmax(sorted_logits, -1), axis=-1)
+    vocab = logits.shape[-1]
+    drop = tf.logical_and(cumulative <= 1.0 - tf.cast(top_p, tf.float32), tf.range(vocab)[None, :] < vocab - 1)
+    # back to vocabulary order: the inverse permutation of `order`
+    return tf.logical_not(tf.gather(drop, tf.argsort(order, axis=-1), batch_dims=1))
+
+
+def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+    """The logits the draw samples from: float32 logits / temperature (1 when greedy), tokens top-p drops at
+    -inf. Its log-softmax is vLLM's `processed_logprobs` (the generator's lp_gen in GRPO)."""
+    temperature = tf.cast(temperature, tf.float32)
+    scaled = tf.cast(logits, tf.float32) / tf.where(temperature < GREEDY_BELOW, 1.0, temperature)
+    return tf.cond(top_p < 1.0, lambda: tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), lambda: scaled)
+
+
+def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: tf.Tensor
+           ) -> tuple[tf.Tensor, tf.Tensor]:
+    """(tokens [b] int32, their log-probabilities [b] float32) of float32 logits [b, vocab], seeds [b, 2] int64
+    (one stateless seed per row).
+
+    The log-probability is that of the distribution drawn from, as vLLM reports `processed_logprobs` (the
+    reference's logprobs mode; NeMo-RL's lp_gen): log_softmax(processed_logits) at the token, i.e. after
+    temperature and top-p; at temperature 1 and top-p 1 (training) the raw log-softmax. Greedy
+    (temperature < 1e-5): the argmax and the raw log-softmax at it (vLLM's all-greedy path). The draw is
+    Gumbel-max, argmax(processed + G), G = -log(-log U), U ~ uniform(seed of the row): exactly a draw from
+    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution)."""
+    processed = processed_logits(logits, temperature, top_p)
+    greedy = temperature < GREEDY_BELOW
+    vocab = logits.shape[-1]
+
+    def gumbel(seed: tf.Tensor) -> tf.Tensor:
+        u = tf.random.stateless_uniform([vocab], seed, minval=np.finfo(np.float32).tiny, maxval=1.0)
+        return -tf.math.log(-tf.math.log(u))
+
+    noise = tf.map_fn(gumbel, seeds, fn_output_signature=tf.float32)
+    drawn = tf.argmax(processed + tf.where(greedy, 0.0, noise), -1, output_type=tf.int32)
+    lp = tf.nn.log_softmax(tf.where(greedy, tf.cast(logits, tf.float32), processed), -1)
+    return drawn, tf.gather(lp, drawn, batch_dims=1)
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """What one `Generator.generate` returns, in the trainer's layout (rows start at column 0, right-padded
+    with `pad_id`): tokens [b, S] int32 (prompt, then the generated tokens); generated [b, S] float32 (1 on
+    generated tokens: the flags `grpo.generated_token_mask` takes); logprobs [b, S] float32 (the generator's
+    log-probability of the token at that column, 0 elsewhere: lp_gen next-token aligned is logprobs[:, 1:]);
+    lengths [b] (prompt + generated); stopped [b] (ended on a stop token, not the length cap).
+    S = prompt_length + max_new_tokens."""
+    tokens: np.ndarray
+    generated: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    stopped: np.ndarray
+
+
+class Generator:
+    """Batched generation with the model's current weights (they are read at every call: no copy to refit).
+
+    slots: rows per call; prompt_length: the longest prompt (shorter ones left-padded); max_new_tokens: the
+    length cap per slot; stop_ids: tokens that end a slot. One XLA compile of the prefill and one of the decode
+    step for these shapes, reused by every call, whatever the sampling settings (they are inputs)."""
+
+    def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
+                 stop_ids: tuple[int, ...] = (), pad_id: int = 0) -> None:
+        if slots < 1 or prompt_length < 1 or max_new_tokens < 1:
+            raise ValueError(f"slots, prompt_length, max_new_tokens must be >= 1, got {slots}, {prompt_length}, "
+                             f"{max_new_tokens}")
+        self.model, self.slots, self.prompt_length, self.max_new_tokens = model, slots, prompt_length, max_new_tokens
+        self.stop_ids = tuple(int(t) for t in stop_ids)
+        self.pad_id = pad_id
+        self.length = prompt_length + max_new_tokens
+        self._prefill = tf.function(self._prefill_fn, jit_compile=True, reduce_retracing=False)
+        self._decode = tf.function(self._decode_fn, jit_compile=True, reduce_retracing=False)
+
+    def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+        second = tf.cast(keys, tf.int64) * (2 ** 32) + tf.cast(n, tf.int64)
+        return tf.stack([tf.fill([self.slots], tf.cast(seed, tf.int64)), second], -1)
+
+    def _prefill_fn(self, tokens, pads, seed, keys, temperature, top_p):
+        cache = self.model.empty_cache(self.slots, self.length)
+        logits, cache = self.model.step(tokens, cache, 0, pads)
+        drawn, lp = sample(logits[:, -1], temperature, top_p, self._seeds(seed, keys, 0))
+        return drawn, lp, cache
+
+    def _decode_fn(self, token, cache, column, pads, seed, keys, n, temperature, top_p):
+        logits, cache = self.model.step(token[:, None], cache, column, pads)
+        drawn, lp = sample(logits[:, 0], temperature, top_p, self._seeds(seed, keys, n))
+        return drawn, lp, cache
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams = TRAINING, seed: int = 0,
+                 keys: list[int] | None = None) -> Rollouts:
+        """Samples up to max_new_tokens after each prompt (at most `slots`; missing slots run empty prompts
+        whose rows are dropped from the result) with the seed `seed` and per-slot keys (default 0..)."""
+        n_rows = len(prompts)
+        if not 1 <= n_rows <= self.slots:
+            raise ValueError(f"between 1 and {self.slots} prompts per call, got {n_rows}")
+        if any(not 1 <= len(p) <= self.prompt_length for p in prompts):
+            raise ValueError(f"prompt lengths must be in [1, {self.prompt_length}], got {[len(p) for p in prompts]}")
+        rows = list(prompts) + [[self.pad_id]] * (self.slots - n_rows)
+        keys = list(range(self.slots)) if keys is None else list(keys) + list(range(n_rows, self.slots))
+        pads = np.array([self.prompt_length - len(p) for p in rows], np.int32)
+        block = np.full([self.slots, self.prompt_length], self.pad_id, np.int32)
+        for r, p in enumerate(rows):
+            block[r, pads[r]:] = p
+        args = dict(seed=tf.constant(seed, tf.int64), keys=tf.constant(keys, tf.int64),
+                    temperature=tf.constant(sampling.temperature, tf.float32),
+                    top_p=tf.constant(sampling.top_p, tf.float32))
+        pads_t = tf.constant(pads)
+        token, lp, cache = self._prefill(tf.constant(block), pads_t, **args)
+        out_tokens, out_lps = [token.numpy()], [lp.numpy()]
+        done = np.isin(out_tokens[0], self.stop_ids)
+        for n in range(1, self.max_new_tokens):
+            if done[:n_rows].all():
+                break
+            token, lp, cache = self._decode(token, cache, tf.constant(self.prompt_length + n - 1, tf.int32),
+                                            pads_t, n=tf.constant(n, tf.int64), **args)
+            out_tokens.append(token.numpy())
+            out_lps.append(lp.numpy())
+            done |= np.isin(out_tokens[-1], self.stop_ids)
+        return self._rollouts(prompts, np.stack(out_tokens, 1), np.stack(out_lps, 1))
+
+    def _rollouts(self, prompts: list[list[int]], new: np.ndarray, lps: np.ndarray) -> Rollouts:
+        """Each slot's prompt and generated tokens, cut after its first stop token, as `Rollouts`."""
+        b, width = len(prompts), self.length
+        tokens = np.full([b, width], self.pad_id, np.int32)
+        generated, logprobs = np.zeros([b, width], np.float32), np.zeros([b, width], np.float32)
+        lengths, stopped = np.zeros([b], np.int32), np.zeros([b], bool)
+        for r, prompt in enumerate(prompts):
+            hits = np.flatnonzero(np.isin(new[r], self.stop_ids))
+            count = int(hits[0]) + 1 if hits.size else new.shape[1]
+            stopped[r] = bool(hits.size)
+            p = len(prompt)
+            tokens[r, :p], tokens[r, p:p + count] = prompt, new[r, :count]
+            generated[r, p:p + count], logprobs[r, p:p + count] = 1.0, lps[r, :count]
+            lengths[r] = p + count
+        return Rollouts(tokens, generated, logprobs, lengths, stopped)
