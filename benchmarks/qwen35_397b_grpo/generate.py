@@ -137,9 +137,11 @@ class Generator:
         return drawn, lp, cache
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams = TRAINING, seed: int = 0,
-                 keys: list[int] | None = None) -> Rollouts:
-        """Samples up to max_new_tokens after each prompt (at most `slots`; missing slots run empty prompts
-        whose rows are dropped from the result) with the seed `seed` and per-slot keys (default 0..)."""
+                 keys: list[int] | None = None, stop_ids: tuple[int, ...] | None = None) -> Rollouts:
+        """Samples up to max_new_tokens after each prompt (at most `slots`; missing slots run one-token prompts
+        whose rows are dropped from the result) with the seed `seed` and per-slot keys (default 0..); stop_ids
+        (default: the generator's) end a slot."""
+        stops = self.stop_ids if stop_ids is None else tuple(int(t) for t in stop_ids)
         n_rows = len(prompts)
         if not 1 <= n_rows <= self.slots:
             raise ValueError(f"between 1 and {self.slots} prompts per call, got {n_rows}")
@@ -157,7 +159,7 @@ class Generator:
         pads_t = tf.constant(pads)
         token, lp, cache = self._prefill(tf.constant(block), pads_t, **args)
         out_tokens, out_lps = [token.numpy()], [lp.numpy()]
-        done = np.isin(out_tokens[0], self.stop_ids)
+        done = np.isin(out_tokens[0], stops)
         for n in range(1, self.max_new_tokens):
             if done[:n_rows].all():
                 break
@@ -165,17 +167,18 @@ class Generator:
                                             pads_t, n=tf.constant(n, tf.int64), **args)
             out_tokens.append(token.numpy())
             out_lps.append(lp.numpy())
-            done |= np.isin(out_tokens[-1], self.stop_ids)
-        return self._rollouts(prompts, np.stack(out_tokens, 1), np.stack(out_lps, 1))
+            done |= np.isin(out_tokens[-1], stops)
+        return self._rollouts(prompts, np.stack(out_tokens, 1), np.stack(out_lps, 1), stops)
 
-    def _rollouts(self, prompts: list[list[int]], new: np.ndarray, lps: np.ndarray) -> Rollouts:
+    def _rollouts(self, prompts: list[list[int]], new: np.ndarray, lps: np.ndarray, stops: tuple[int, ...]
+                  ) -> Rollouts:
         """Each slot's prompt and generated tokens, cut after its first stop token, as `Rollouts`."""
         b, width = len(prompts), self.length
         tokens = np.full([b, width], self.pad_id, np.int32)
         generated, logprobs = np.zeros([b, width], np.float32), np.zeros([b, width], np.float32)
         lengths, stopped = np.zeros([b], np.int32), np.zeros([b], bool)
         for r, prompt in enumerate(prompts):
-            hits = np.flatnonzero(np.isin(new[r], self.stop_ids))
+            hits = np.flatnonzero(np.isin(new[r], stops))
             count = int(hits[0]) + 1 if hits.size else new.shape[1]
             stopped[r] = bool(hits.size)
             p = len(prompt)
