@@ -118,8 +118,8 @@ class Generator:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.pad_id = pad_id
         self.length = prompt_length + max_new_tokens
-        self._prefill = tf.function(self._prefill_fn, jit_compile=True, reduce_retracing=False)
-        self._decode = tf.function(self._decode_fn, jit_compile=True, reduce_retracing=False)
+        self._prefill = tf.function(self._prefill_fn, jit_compile=True, autograph=False)
+        self._decode = tf.function(self._decode_fn, jit_compile=True, autograph=False)
 
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
         second = tf.cast(keys, tf.int64) * (2 ** 32) + tf.cast(n, tf.int64)
