@@ -1,8 +1,9 @@
-"""benchmarks/qwen35_397b_grpo/generate.py: the XLA generation engine on a tiny Qwen3.5 MoE (random weights,
-one compile of prefill and decode shared by every test): greedy cached generation of a left-padded batch equals
-greedy decoding by full recomputation of each prompt alone; the reported log-probabilities are those of the
-full forward after temperature and top-p; top-p keeps exactly vLLM's set, and seeded draws follow the
-truncated, renormalised distribution; a stop token ends its slot while the others go on."""
+"""benchmarks/qwen35_397b_grpo/generate.py: the XLA generation engine on a tiny Qwen3.5 MoE (random weights; one
+Gated DeltaNet and one gated attention layer; one compile of prefill and decode shared by every test): greedy
+cached generation of a left-padded batch equals greedy decoding by full recomputation of each prompt alone; the
+reported log-probabilities are those of the full forward after temperature and top-p; top-p keeps exactly
+vLLM's set, and seeded draws follow the truncated, renormalised distribution; a stop token ends its slot while
+the others go on."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,6 @@ from benchmarks.qwen35_397b_grpo import generate as gen
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from benchmarks.qwen35_397b_grpo.model import Qwen35
 from harness.runtime import distribute
-
-pytestmark = pytest.mark.quick
 
 PROMPTS = [[5, 17, 3, 250, 9, 77, 41], [12, 8], [300, 1, 2, 3, 4]]   # different lengths: left padding matters
 SLOTS, PROMPT_LENGTH, NEW = 4, 8, 7
