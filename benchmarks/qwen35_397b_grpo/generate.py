@@ -147,6 +147,8 @@ class Generator:
             raise ValueError(f"between 1 and {self.slots} prompts per call, got {n_rows}")
         if any(not 1 <= len(p) <= self.prompt_length for p in prompts):
             raise ValueError(f"prompt lengths must be in [1, {self.prompt_length}], got {[len(p) for p in prompts]}")
+        if keys is not None and len(keys) != n_rows:
+            raise ValueError(f"one key per prompt: {len(keys)} keys for {n_rows} prompts")
         rows = list(prompts) + [[self.pad_id]] * (self.slots - n_rows)
         keys = list(range(self.slots)) if keys is None else list(keys) + list(range(n_rows, self.slots))
         pads = np.array([self.prompt_length - len(p) for p in rows], np.int32)
