@@ -159,3 +159,21 @@ def test_a_stop_token_ends_its_slot_while_the_others_continue(generator):
     assert (out.tokens[0, p0 + 3:] == 0).all() and (out.logprobs[0, p0 + 3:] == 0).all()
     for name in ("tokens", "generated", "logprobs"):
         np.testing.assert_array_equal(getattr(out, name)[1:], getattr(free, name)[1:])
+
+
+def test_one_trace_of_each_step_reads_the_current_weights(model, generator):
+    """Weights changed in place (a refit from the trainer) are what the next call generates with, and no
+    call of this file (greedy, sampled, other stop tokens, other weights) traced either step a second time."""
+    before = generator.generate(PROMPTS, gen.SamplingParams(temperature=0.0))
+    variable = model.embeddings
+    saved = variable.numpy()
+    try:
+        variable.assign(saved[::-1].copy())
+        after = generator.generate(PROMPTS, gen.SamplingParams(temperature=0.0))
+        logits = full_logits(model, list(after.tokens[0, :len(PROMPTS[0]) + 1]))
+        assert after.tokens[0, len(PROMPTS[0])] == np.argmax(logits[len(PROMPTS[0]) - 1])
+    finally:
+        variable.assign(saved)
+    assert not np.array_equal(after.tokens, before.tokens)
+    assert generator._prefill.experimental_get_tracing_count() == 1
+    assert generator._decode.experimental_get_tracing_count() == 1
