@@ -1,11 +1,12 @@
 """Every registered workload, every ruleset it accepts: one real tiny run whose log the official checker
 passes for all of them (an aborted run may miss only the quality target).
 
-One run per workload: the harness checks its log against `ruleset` and every `check_rulesets` entry and
-writes each verdict to summary.json. The runs use the smoke configs shrunk to a few steps and one eval,
-in the closed division, but keep the reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks,
-BERT-large's 24 layers, at tiny widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for
-each of the reference model's tensors, and the harness refuses a model that cannot name them all.
+One run per workload, all in one process (conftest.runs_in_one_process: one TensorFlow start): the harness
+checks its log against `ruleset` and every `check_rulesets` entry and writes each verdict to summary.json.
+The runs use the smoke configs shrunk to a few steps and one eval, in the closed division, but keep the
+reference architecture's structure (ResNet-50's 3-4-6-3 bottlenecks, BERT-large's 24 layers, at tiny
+widths): rulesets 1.1.0-2.1.0 require a weights_initialization event for each of the reference model's
+tensors, and the harness refuses a model that cannot name them all.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from benchmarks import registry
 from harness.review import logparse
 from harness.train import weights_init
 
-from conftest import REPO, read_summary, run_cli, sets
+from conftest import REPO, read_summary, runs_in_one_process, sets
 
 # Closed division: its rules are the strict superset (hyperparameters, weights_initialization).
 MATRIX = {
@@ -84,14 +85,34 @@ SMOKE_PROVES = {"flux1": "tests/test_flux1_runs.py"}
 ELSEWHERE = {**SIZE_BOUND, **SMOKE_PROVES}
 
 
-@pytest.mark.parametrize("workload", [n for n in registry.names() if n not in ELSEWHERE])
-def test_every_accepted_ruleset_passes_the_official_checker(workload, tmp_out):
+MATRIXED = [n for n in registry.names() if n not in ELSEWHERE]
+
+
+def rulesets_of(workload: str) -> list[str]:
+    config, overrides, *checked = MATRIX[workload]
+    return list(checked[0] if checked else registry.get(workload).RULESETS)
+
+
+@pytest.fixture(scope="module")
+def matrix_runs(tmp_path_factory) -> dict:
+    """workload -> (its CompletedProcess, its output dir): every MATRIX run, one after another in one process."""
+    runs, names = [], [n for n in MATRIXED if n in MATRIX]
+    for workload in names:
+        config, overrides, *_ = MATRIX[workload]
+        rulesets = rulesets_of(workload)
+        runs.append([os.path.join(REPO, config), *overrides,
+                     *sets(ruleset=rulesets[-1], check_rulesets="[" + ",".join(rulesets[:-1]) + "]")])
+    out = str(tmp_path_factory.mktemp("matrix"))
+    procs = runs_in_one_process(1, runs, out)
+    return {w: (p, os.path.join(out, str(n))) for n, (w, p) in enumerate(zip(names, procs))}
+
+
+@pytest.mark.parametrize("workload", MATRIXED)
+def test_every_accepted_ruleset_passes_the_official_checker(workload, matrix_runs):
     assert workload in MATRIX, (f"add a tiny run for {workload} to MATRIX: every workload's accepted "
                                 f"rulesets must be proven by a real log")
-    config, overrides, *checked = MATRIX[workload]
-    rulesets = list(checked[0] if checked else registry.get(workload).RULESETS)
-    proc = run_cli("run", os.path.join(REPO, config), "--output_dir", tmp_out, *overrides,
-                   *sets(ruleset=rulesets[-1], check_rulesets="[" + ",".join(rulesets[:-1]) + "]"))
+    rulesets = rulesets_of(workload)
+    proc, tmp_out = matrix_runs[workload]
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     summary = read_summary(tmp_out, workload)
     verdicts = {r: v["verdict"] for r, v in summary["compliance"].items()}
