@@ -97,7 +97,8 @@ def compile_step(fn: Callable, specs: Any, workload: str, which: str, optimize: 
     def step(*tensors: tf.Tensor) -> Any:
         return fn(tf.nest.pack_sequence_as(specs, list(tensors)))
 
-    compiled = tf.function(step, jit_compile=True)
+    # Traced as written, as the run's steps are (harness/train/loop.py: no AutoGraph conversion of the step).
+    compiled = tf.function(step, jit_compile=True, autograph=False)
     hlo = _hlo_pb2()
     t0 = time.time()
     try:
