@@ -82,9 +82,7 @@ class DlrmV4Workload(Workload):
                                "does not wire; run on GPU or CPU")
         # A mesh step looks up the global batch's ids on every device (owner_lookup deduplicates them over the
         # whole batch); a tf.distribute replica its own batch's.
-        batch = self.cfg.schedule.global_batch_size
-        if self.cfg.runtime.kind != "mesh":
-            batch //= max(1, self.runtime.num_replicas)
+        batch = self.runtime.program_batch(self.cfg.schedule.global_batch_size)
         limit = device_memory(self.cfg.submission.platform) or memory.REFERENCE_DEVICE
         line = memory.refusal(self.cfg, self.runtime.shards("vocab"), batch, limit)
         if line:

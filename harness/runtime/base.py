@@ -147,6 +147,11 @@ class Runtime(abc.ABC):
             raise HarnessError(f"{what}={global_batch} does not divide over {self.num_replicas} replicas "
                                f"({self.description}); use a multiple of {self.num_replicas}")
 
+    def program_batch(self, global_batch: int) -> int:
+        """The examples one program of a step holds: a replica's share under tf.distribute (the mesh runtime,
+        whose one program holds the global batch, says so). What a workload sizes per-step buffers by."""
+        return global_batch // max(1, self.num_replicas)
+
     def host_batch(self, global_batch: int) -> int:
         return global_batch // self.num_hosts
 

@@ -117,6 +117,10 @@ class MeshRuntime(Runtime):
         shape = " x ".join(f"{k}={v}" for k, v in self.sizes.items())
         return f"mesh {shape} on {math.prod(self.sizes.values())} {self.device_type} device(s)"
 
+    def program_batch(self, global_batch: int) -> int:
+        """One SPMD program holds the global batch (DTensor splits it underneath)."""
+        return global_batch
+
     def batch_norm_group(self, span: int, replica_batch: int, what: str = "model.bn_span") -> int:
         """Statistics over a sharded batch are global here: the only span is the global batch."""
         global_batch = replica_batch * self.num_replicas
