@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import registry  # noqa: E402

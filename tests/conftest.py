@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+import harness  # noqa: F401 - before any test module imports TensorFlow: it then starts without Keras
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "configs", "resnet", "smoke.yaml")
 

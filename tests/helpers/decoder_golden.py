@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf  # noqa: E402
 
 GOLDEN = os.path.join(REPO, "tests", "data", "decoder_golden.json")

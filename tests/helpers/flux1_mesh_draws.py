@@ -9,6 +9,7 @@ again from a fresh pipeline (a rerun), and one device (tests/test_workload_contr
 from __future__ import annotations
 
 import numpy as np
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 

@@ -11,6 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf  # noqa: E402
 
 from harness.config import RuntimeConfig  # noqa: E402

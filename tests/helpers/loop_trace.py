@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))

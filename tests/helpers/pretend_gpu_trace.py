@@ -18,6 +18,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.distribute import mirrored_run, mirrored_strategy  # noqa: E402
 

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import harness  # noqa: E402,F401 - before TensorFlow: it then starts without Keras (harness/__init__.py)
 import tensorflow as tf
 
 from harness import config as config_lib
