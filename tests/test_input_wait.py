@@ -1,6 +1,12 @@
 """The loop names an input-bound run: the share of training time its steps waited for data, measured on
-the real loop (in-process, the one-variable toy workload with a heavier step) fed once by a pipeline that
-sleeps a known time per example and once from memory. Shares, never absolute times, are asserted."""
+the real loop (in-process, the one-variable toy workload with a heavier step) fed once by a pipeline whose
+map does ten times the step's compute per batch and once from memory. Shares, never absolute times, are
+asserted: both sides slow down alike on a loaded machine.
+
+The slow pipeline computes rather than sleeps: TensorFlow's test-only `sleep` dataset
+(tensorflow.python.data.experimental.ops.testing) deadlocked here when its iterator was destroyed
+mid-sleep (its cancellation callback waits on the mutex its GetNext holds; seen with TF 2.21 as a test
+that never returned), and a Python sleep in the pipeline would need the GIL the tearing-down thread holds."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +16,6 @@ import sys
 
 import pytest
 import tensorflow as tf
-from tensorflow.python.data.experimental.ops import testing as data_testing
 
 from conftest import REPO
 from harness.config import RuntimeConfig
@@ -24,7 +29,8 @@ import toy  # noqa: E402
 
 pytestmark = pytest.mark.quick
 
-SLEEP_US = 30_000  # per example: 0.3 s per batch of 10, far above the step's compute even under load
+STEP_MATMULS = 8      # the step's compute: this many 384x384 matmuls
+INPUT_MATMULS = 8     # per example, so a batch of 10 is ten times the step's
 
 
 class BusyToy(toy.ToyWorkload):
@@ -34,16 +40,22 @@ class BusyToy(toy.ToyWorkload):
 
     def train_dataset(self, ctx):
         ds = super().train_dataset(ctx)
-        return ds.apply(data_testing.sleep(SLEEP_US)) if self.slow else ds
+        return ds.map(lambda e: {"x": e["x"] + 0.0 * busy(tf.cast(e["x"], tf.int32), INPUT_MATMULS)}) \
+            if self.slow else ds
 
     def loss(self, batch, seed):
         terms = super().loss(batch, seed)
-        # Seeded by the step, so graph optimization cannot fold the work into a constant.
-        m = tf.random.stateless_uniform([384, 384], seed)
-        for _ in range(8):
-            m = tf.tanh(tf.matmul(m, m) * 0.01)
         term = terms["squared_error"]
-        return {"squared_error": toy.LossTerm(term.total + 0.0 * tf.reduce_sum(m), term.count)}
+        return {"squared_error": toy.LossTerm(term.total + 0.0 * busy(seed[0], STEP_MATMULS), term.count)}
+
+
+def busy(seed: tf.Tensor, matmuls: int) -> tf.Tensor:
+    """`matmuls` 384x384 matmuls from a seeded matrix (seeded, so graph optimization cannot fold the work into
+    a constant)."""
+    m = tf.random.stateless_uniform([384, 384], tf.stack([tf.cast(seed, tf.int32), 7]))
+    for _ in range(matmuls):
+        m = tf.tanh(tf.matmul(m, m) * 0.01)
+    return tf.reduce_sum(m)
 
 
 def run(tmp_path, name: str, slow: bool) -> tuple[object, str]:
