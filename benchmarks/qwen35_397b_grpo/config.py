@@ -5,7 +5,6 @@ brackets are transformers' config keys."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from harness.config import field
 
@@ -105,6 +104,3 @@ class GrpoConfig:
     eval_temperature: float = field(0.1, min=0.0)
     eval_top_p: float = field(0.95, min=0.0, max=1.0)
     generation_slots: int = field(64, min=1, doc="rows per generator call (the engine's batch)")
-
-    def first_eval(self, global_batch: int) -> int:
-        return self.first_eval_step or math.ceil(2.5 + 3840 / global_batch)

@@ -119,11 +119,12 @@ class Generator:
     """Batched generation with the model's current weights (they are read at every call: no copy to refit).
 
     slots: rows per call; prompt_length: the longest prompt (shorter ones left-padded); max_new_tokens: the
-    length cap per slot; stop_ids: tokens that end a slot. One XLA compile of the prefill and one of the decode
-    step for these shapes, reused by every call, whatever the sampling settings (they are inputs)."""
+    length cap per slot; stop_ids: tokens that end a slot. One XLA compile (jit_compile; else one trace) of the
+    prefill and one of the decode step for these shapes, reused by every call, whatever the sampling settings
+    (they are inputs)."""
 
     def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
-                 stop_ids: tuple[int, ...] = (), pad_id: int = 0) -> None:
+                 stop_ids: tuple[int, ...] = (), pad_id: int = 0, jit_compile: bool = True) -> None:
         if slots < 1 or prompt_length < 1 or max_new_tokens < 1:
             raise ValueError(f"slots, prompt_length, max_new_tokens must be >= 1, got {slots}, {prompt_length}, "
                              f"{max_new_tokens}")
@@ -131,8 +132,8 @@ class Generator:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.pad_id = pad_id
         self.length = prompt_length + max_new_tokens
-        self._prefill = tf.function(self._prefill_fn, jit_compile=True, autograph=False)
-        self._decode = tf.function(self._decode_fn, jit_compile=True, autograph=False)
+        self._prefill = tf.function(self._prefill_fn, jit_compile=jit_compile, autograph=False)
+        self._decode = tf.function(self._decode_fn, jit_compile=jit_compile, autograph=False)
 
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
         return row_seeds(seed, keys, n)

@@ -20,13 +20,11 @@ one generated token. The reference's tasks need R2E-Gym containers and an OpenHa
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from harness.benchmark_rules import SAMPLE, Cadence, ClosedRules
 from harness.errors import HarnessError
 from harness.mlperf import Logged
 from harness.nn.optim import AdamW
@@ -35,50 +33,14 @@ from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_sche
 from benchmarks.qwen35_397b_grpo import config, generate, grpo
 from benchmarks.qwen35_397b_grpo.environment import KeyedAnswerTask
 from benchmarks.qwen35_397b_grpo.model import Qwen35
+from benchmarks.qwen35_397b_grpo.rules import (REFERENCE_TRAIN_TASKS, RULES, cadence, closed_clip_norm,
+                                               closed_learning_rate)
 
 PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
-SNAPSHOT = "Qwen/Qwen3.5-397B-A17B@8472618112abcbd45acbcdc58436aff4233c23f7"  # mlcommons/training llm_post_training
 SMOKE_LABEL = "qwen35_397b_grpo-smoke (toy verifiable task; not an MLPerf result)"
 R2E_REFUSAL = ("qwen35_397b_grpo: data.source=r2e_gym needs the reference's R2E-Gym task containers and an "
                "OpenHands agent driving the generator, which this harness does not provide; data.source=synthetic "
                "runs the in-process toy task (a smoke)")
-
-
-def closed_learning_rate(global_batch: int) -> float:
-    return 1e-6 * math.sqrt(global_batch / 256)
-
-
-def closed_clip_norm(global_batch: int) -> float:
-    return 0.125 * math.sqrt(256 / global_batch)
-
-
-def cadence(cfg: Any, global_batch: int) -> Cadence:
-    """After step grpo.first_eval (the rules: ceil(2.5 + 3840 / GBS)), then every grpo.eval_every_steps, in
-    training samples (rollouts)."""
-    g = cfg.section("grpo")
-    return Cadence(SAMPLE, g.first_eval(global_batch) * global_batch, g.eval_every_steps * global_batch)
-
-
-def _closed_checks(cfg: Any) -> str | None:
-    gbs, o = cfg.schedule.global_batch_size, cfg.optimizer
-    if gbs % 16:
-        return f"closed qwen35_397b_grpo takes 16 rollouts per task: a global batch multiple of 16 (got {gbs})"
-    for key, got, want in (("base_learning_rate", o.base_learning_rate, closed_learning_rate(gbs)),
-                           ("clip_norm", o.clip_norm, closed_clip_norm(gbs))):
-        if got and abs(got - want) > 1e-9 * want:
-            return (f"closed qwen35_397b_grpo at global batch {gbs} has optimizer.{key}={want:.10g} (got {got:g}; "
-                    f"0 = it)")
-    return None
-
-
-RULES = ClosedRules(
-    fixed=(("grpo.num_generations_per_prompt", 16), ("data.eval_tasks", 251), ("grpo.max_trajectory_tokens", 65536),
-           ("grpo.first_eval_step", 0), ("grpo.eval_every_steps", 1), ("grpo.eval_generations", 4),
-           ("grpo.train_temperature", 1.0), ("grpo.train_top_p", 1.0), ("grpo.eval_temperature", 0.1),
-           ("grpo.eval_top_p", 0.95), ("optimizer.beta_1", 0.9), ("optimizer.beta_2", 0.999),
-           ("optimizer.epsilon", 1e-8), ("optimizer.weight_decay", 0.0), ("schedule.gradient_accumulation_steps", 1)),
-    data_source="r2e_gym", data_text="runs the reference's R2E-Gym tasks", checkpoint=SNAPSHOT,
-    cadence=cadence, checks=_closed_checks)
 
 
 class QwenGrpoWorkload(Workload):
@@ -123,7 +85,8 @@ class QwenGrpoWorkload(Workload):
     @property
     def train_samples(self) -> int:
         """Rollouts in one pass over the training tasks (the reference logs 685 x 16)."""
-        return len(self.env.train_ids) * self.group if self.cfg.data.source == "synthetic" else 685 * self.group
+        tasks = len(self.env.train_ids) if self.cfg.data.source == "synthetic" else REFERENCE_TRAIN_TASKS
+        return tasks * self.group
 
     @property
     def eval_samples(self) -> int:
@@ -185,8 +148,9 @@ class QwenGrpoWorkload(Workload):
                                weight_decay=o.weight_decay, exclude_from_decay=(), beta_1=o.beta_1,
                                beta_2=o.beta_2, epsilon=o.epsilon)
         self.optimizer.build()
+        # The generator compiles with XLA unless the config turns XLA off (runtime.jit_compile false).
         self.generator = generate.Generator(self.model, min(self.gcfg.generation_slots, gbs), self.env.prompt_length,
-                                            self.gcfg.max_new_tokens)
+                                            self.gcfg.max_new_tokens, jit_compile=c.runtime.jit_compile is not False)
         self.pending = None
 
     def rollouts(self, step: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -217,11 +181,20 @@ class QwenGrpoWorkload(Workload):
                                    ("tokens", "generated", "logprobs", "lengths", "stopped")))
 
     def train_dataset(self, ctx) -> tf.data.Dataset:
-        """The pending rollout batch (`rollout.run_grpo` sets it before each step); the harness's own loop (step
-        cases, warm-up) gets the initial policy's first batch, repeated."""
-        if self.pending is None:
-            self.pending, _ = self.rollouts(1)
-        return tf.data.Dataset.from_tensor_slices(dict(self.pending)).repeat()
+        """The rows of the pending rollout batch, repeated (`rollout.run_grpo` sets it before each step and reads
+        one global batch of a fresh dataset). Where nothing is pending (the harness's own loop: step cases,
+        warm-up) the first iteration makes step 1's batch with the current weights."""
+        train, _, _ = self.dry_run_inputs()
+
+        def rows():
+            if self.pending is None:
+                self.pending, _ = self.rollouts(1)
+            batch = self.pending
+            while True:
+                for i in range(len(batch["lengths"])):
+                    yield {k: v[i] for k, v in batch.items()}
+
+        return tf.data.Dataset.from_generator(rows, output_signature=train)
 
     def eval_records(self, ctx) -> tf.data.Dataset:
         env = self.env
