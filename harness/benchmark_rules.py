@@ -505,7 +505,7 @@ METRICS = {
     "dlrm_dcnv2": "AUC", "rnnt": "word error rate", "unet3d": "mean Dice", "gpt3": "log perplexity",
     "stable_diffusion": "FID / CLIP score", "gnn": "accuracy", "rgat": "accuracy", "llama2_70b_lora": "eval loss",
     "llama31_405b": "log perplexity", "llama31_8b": "log perplexity", "flux1": "validation loss",
-    "gpt_oss_20b": "log perplexity", "deepseekv3_671b": "log perplexity",
+    "gpt_oss_20b": "log perplexity", "deepseekv3_671b": "log perplexity", "qwen35_397b_grpo": "pass@4",
 }
 
 

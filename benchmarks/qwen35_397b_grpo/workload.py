@@ -27,10 +27,11 @@ import tensorflow as tf
 
 from harness.errors import HarnessError
 from harness.mlperf import Logged
+from harness.nn import hf_checkpoint
 from harness.nn.optim import AdamW
 from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_schedule
 
-from benchmarks.qwen35_397b_grpo import config, generate, grpo
+from benchmarks.qwen35_397b_grpo import config, generate, grpo, hf_names
 from benchmarks.qwen35_397b_grpo.environment import KeyedAnswerTask
 from benchmarks.qwen35_397b_grpo.model import Qwen35
 from benchmarks.qwen35_397b_grpo.rules import (REFERENCE_TRAIN_TASKS, RULES, cadence, closed_clip_norm,
@@ -52,6 +53,10 @@ class QwenGrpoWorkload(Workload):
                 "grpo": config.GrpoConfig}
     METRIC = "pass@k"  # k = grpo.eval_generations (the rules: 4)
     RULES = RULES
+    # transformers' Qwen3_5MoeForCausalLM layout (hf_names.py); an export's max_position_embeddings is the
+    # trajectory cap.
+    HF_FORMAT = hf_checkpoint.Format(hf_names.layout, hf_names.config_problems, lambda cfg, dtype: hf_names.hf_config(
+        cfg.model, cfg.section("grpo").max_trajectory_tokens, dtype))
     # Rollouts in the step's batch, those masked by the logprob-error rule, those seq-mask-tis drops, overlong ones.
     STEP_TOTALS = ("rollouts", "logprob_error_masked", "tis_dropped", "overlong")
 
@@ -125,6 +130,8 @@ class QwenGrpoWorkload(Workload):
 
     def validate(self) -> None:
         self.validate_config()
+        if self.cfg.model.init_checkpoint:
+            hf_checkpoint.check_config(self.cfg.model.init_checkpoint, self.HF_FORMAT, self.cfg.model)
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
         self.validate_config()
@@ -148,6 +155,8 @@ class QwenGrpoWorkload(Workload):
                                weight_decay=o.weight_decay, exclude_from_decay=(), beta_1=o.beta_1,
                                beta_2=o.beta_2, epsilon=o.epsilon)
         self.optimizer.build()
+        if c.model.init_checkpoint:
+            hf_checkpoint.load_into(self.runtime, c.model.init_checkpoint, self.HF_FORMAT, c.model)
         # The generator compiles with XLA unless the config turns XLA off (runtime.jit_compile false).
         self.generator = generate.Generator(self.model, min(self.gcfg.generation_slots, gbs), self.env.prompt_length,
                                             self.gcfg.max_new_tokens, jit_compile=c.runtime.jit_compile is not False)
