@@ -18,6 +18,7 @@ _WORKLOADS = {
     "deepseekv3_671b": "benchmarks.deepseekv3_671b.workload:DeepseekV3Workload",
     "flux1": "benchmarks.flux1.workload:FluxWorkload",
     "dlrmv4": "benchmarks.dlrmv4.workload:DlrmV4Workload",
+    "qwen35_397b_grpo": "benchmarks.qwen35_397b_grpo.workload:QwenGrpoWorkload",
 }
 
 

@@ -387,7 +387,9 @@ _ALL = [
     _bench("deepseekv3_671b", _at(span("6.0.0", "6.1.0"), 3.6), False, 3, span("6.0.0", "6.1.0"),
            unit=SAMPLE, cadence=_dsv3_cadence,
            size_bound={"global_batch_size": 15360, "max_sequence_length": 4096, "eval_samples": 1024}),
-    _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE),
+    # Its checker (open too) fixes max_sequence_length 65536, which no toy trajectory holds.
+    _bench("qwen35_397b_grpo", _at(("6.1.0",), 0.69, text="> 0.69"), True, 3, ("6.1.0",), unit=SAMPLE,
+           size_bound={"max_sequence_length": 65536}),
     _bench("dlrmv4", _at(("6.1.0",), 0.75), True, 10, ("6.1.0",), unit=SAMPLE, cadence=_dlrmv4_cadence,
            closed_fixed={"train_samples": DLRMV4_TRAIN_SAMPLES, "eval_samples": DLRMV4_EVAL_SAMPLES,
                          "max_sequence_length": 4096, "opt_name": "Adam", "opt_adam_beta_1": 0.95,
@@ -503,7 +505,7 @@ METRICS = {
     "dlrm_dcnv2": "AUC", "rnnt": "word error rate", "unet3d": "mean Dice", "gpt3": "log perplexity",
     "stable_diffusion": "FID / CLIP score", "gnn": "accuracy", "rgat": "accuracy", "llama2_70b_lora": "eval loss",
     "llama31_405b": "log perplexity", "llama31_8b": "log perplexity", "flux1": "validation loss",
-    "gpt_oss_20b": "log perplexity", "deepseekv3_671b": "log perplexity",
+    "gpt_oss_20b": "log perplexity", "deepseekv3_671b": "log perplexity", "qwen35_397b_grpo": "pass@4",
 }
 
 

@@ -59,6 +59,15 @@ REDUCED = {
                "model.tables={item_id: 256, artist_id: 64, album_id: 128, uid: 128, user_x_artist: 128, "
                "user_x_album: 128, user_x_hour: 128, item_x_hour: 128, artist_x_hour: 128, user_x_is_organic: 64, "
                "user_x_artist_x_hour: 128}"],
+    # qwen35_397b_grpo on its 8 x 8 mesh with FSDP at width 64 (8 heads of 8, kv heads 8 so the model axis
+    # splits them), one gated attention + MoE layer (a Gated DeltaNet layer doubles the compile), open on the toy
+    # task (the reference's R2E-Gym tasks are refused: configs/qwen35_397b_grpo/reference.yaml's header).
+    "qwen35_397b_grpo": ["submission.division=open", "data.source=synthetic", "data.data_dir=",
+                         "model.init_checkpoint=", "model.vocab_size=32", "model.hidden_size=64", "model.num_layers=1",
+                         "model.full_attention_interval=1", "model.num_heads=8", "model.num_kv_heads=8",
+                         "model.head_dim=8", "model.rotary_dim=4", "model.num_experts=8", "model.experts_per_token=2",
+                         "model.expert_hidden=16", "model.shared_expert_hidden=16", "grpo.max_new_tokens=1",
+                         "grpo.max_trajectory_tokens=64", "schedule.global_batch_size=128"],
 }
 
 HARDWARE_CONFIGS = sorted(os.path.relpath(f, REPO) for pattern in ("reference", "gpu-*", "tpu-*")

@@ -54,6 +54,13 @@ SMALL = {
                "model.input_dropout=0", "model.linear_dropout=0"],
     "ssd": ["data.train_samples=64", "data.eval_samples=45", "schedule.global_batch_size=16",
             "schedule.eval_batch_size=16", "model.bn_span=16"],
+    # qwen35_397b_grpo: 2 groups of 16 rollouts of the initial policy (the same on one device and two replicas:
+    # seeded weights and draws), repeated; an LR small enough that step 2's log-probs stay within seq-mask-tis's
+    # bounds of the generator's, so the second loss follows the update. One gated attention + MoE layer: each
+    # case builds the generator's XLA prefill too, and a Gated DeltaNet layer made the case 3 min of CPU.
+    "qwen35_397b_grpo": ["data.eval_tasks=45", "schedule.global_batch_size=32", "schedule.eval_batch_size=16",
+                         "grpo.generation_slots=32", "optimizer.base_learning_rate=0.00001", "model.num_layers=1",
+                         "model.full_attention_interval=1"],
 }
 STEPS = 2
 

@@ -77,7 +77,8 @@ MATRIX = {
 # (hours of CPU even for its 0.36M-parameter tiny model); its smoke logs are held to every other rule there.
 # dlrmv4's open checker pins Yambda-5B's train and eval sample counts and a base LR of 0.5-1.5 x 1e-6 x GBS / 8192
 # (too small to train a CPU-size batch); its smoke logs are held to every other rule there.
-SIZE_BOUND = {"deepseekv3_671b": "tests/test_deepseek_v3.py", "dlrmv4": "tests/test_dlrmv4_runs.py"}
+SIZE_BOUND = {"deepseekv3_671b": "tests/test_deepseek_v3.py", "dlrmv4": "tests/test_dlrmv4_runs.py",
+              "qwen35_397b_grpo": "tests/test_qwen35_grpo_runs.py"}
 # Workloads whose shipped smoke already is the tiny run: its test holds every accepted ruleset's verdict and
 # the weights_initialization names. flux1's open checker binds the quality target itself (averaged_validation_loss
 # <= 0.586), which only a run that trains a few epochs reaches: its smoke, run once in the suite, there.

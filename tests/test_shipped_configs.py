@@ -35,6 +35,7 @@ COVERED_ELSEWHERE = {
     "configs/gpt_oss_20b/smoke.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
+    "configs/qwen35_397b_grpo/smoke.yaml": ("tests/test_qwen35_grpo_runs.py", "smoke"),
     "configs/llama31_8b/smoke-mesh.yaml": ("tests/test_llama31_8b.py", "smokes"),
     "configs/resnet/smoke.yaml": ("tests/test_e2e_resnet.py", "smoke_run"),
     "configs/ssd/smoke.yaml": ("tests/test_ssd.py", "smoke_run"),
@@ -57,6 +58,7 @@ RUN_HERE = {
 REFUSED: dict[str, str] = {
     "configs/dlrmv4/reference.yaml": "needs ids routed to their owners",
     "configs/dlrmv4/gpu-8x-h200.yaml": "needs ids routed to their owners",
+    "configs/qwen35_397b_grpo/reference.yaml": "R2E-Gym task containers and an OpenHands agent",
 }
 
 

@@ -58,3 +58,49 @@ class ModelConfig(DecoderModelConfig):
         return DeltaNetShape(self.hidden_size, self.linear_num_key_heads, self.linear_num_value_heads,
                              self.linear_key_head_dim, self.linear_value_head_dim, self.linear_conv_kernel_dim,
                              self.norm_epsilon)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the tasks come from. r2e_gym: the reference's R2E-Gym tasks (685 training, 251 validation), run in
+    its Apptainer containers by an OpenHands agent: not built here, so refused. synthetic: the in-process toy
+    task (benchmarks/qwen35_397b_grpo/environment.py KeyedAnswerTask), a smoke."""
+    source: str = field("r2e_gym", choices=("r2e_gym", "synthetic"))
+    data_dir: str = field("", doc="r2e_gym: folder holding the reference's train and validation jsonl files")
+    eval_tasks: int = field(251, min=1, doc="held-out validation tasks (MLPerf eval_samples; closed 251)")
+    synthetic_keys: int = field(8, min=2, doc="synthetic: keys (and answers) of the toy task")
+    synthetic_seed: int = field(0, doc="synthetic: fixes the hidden answers and the held-out split")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """Adam(W) with a constant LR, no warmup, a global-norm clip over the trained weights (the frozen router
+    excluded): NeMo-RL@3fca04c9 grpo_qwen35_397b_swe_openhands_async_gbs256.yaml megatron_cfg.optimizer.
+    The closed values depend on the global batch (1e-6 x sqrt(GBS / 256), clip 0.125 x sqrt(256 / GBS));
+    0 here means them."""
+    base_learning_rate: float = field(0.0, min=0.0, doc="0 = 1e-6 x sqrt(GBS / 256)")
+    clip_norm: float = field(0.0, min=0.0, doc="0 = 0.125 x sqrt(256 / GBS)")
+    beta_1: float = field(0.9, min=0.0, max=1.0)
+    beta_2: float = field(0.999, min=0.0, max=1.0)
+    epsilon: float = field(1e-8, min=0.0)
+    weight_decay: float = field(0.0, min=0.0)
+
+
+@dataclasses.dataclass
+class GrpoConfig:
+    """The rollout loop: NeMo-RL@3fca04c9 grpo_qwen35_397b_swe_openhands_async.yaml (grpo, policy.generation,
+    grpo.validation_generation) and the 6.1.0 checker's eval schedule."""
+    num_generations_per_prompt: int = field(16, min=1, doc="G: rollouts per task, one group")
+    max_steps: int = field(30, min=1, doc="the step budget (logged max_steps); the run aborts when spent")
+    max_trajectory_tokens: int = field(65536, min=2, doc="a trajectory's total token cap (MLPerf "
+                                       "max_sequence_length); one that reaches it is masked from the loss")
+    max_new_tokens: int = field(65536, min=1, doc="tokens generated per turn at most")
+    first_eval_step: int = field(0, min=0, doc="the first eval follows this step (0 = the rules: "
+                                 "ceil(2.5 + 3840 / GBS))")
+    eval_every_steps: int = field(1, min=1, doc="then an eval every this many steps (the rules: 1)")
+    eval_generations: int = field(4, min=1, doc="rollouts per validation task (pass@k's k; the rules: 4)")
+    train_temperature: float = field(1.0, min=0.0)
+    train_top_p: float = field(1.0, min=0.0, max=1.0)
+    eval_temperature: float = field(0.1, min=0.0)
+    eval_top_p: float = field(0.95, min=0.0, max=1.0)
+    generation_slots: int = field(64, min=1, doc="rows per generator call (the engine's batch)")

@@ -14,9 +14,11 @@ logits). The defaults are the training rollouts' (temperature 1, top-p 1); `VALI
 (0.1, 0.95); mlcommons/training@aa344c7 llm_post_training, NeMo-RL@3fca04c9 recipe
 grpo_qwen35_397b_swe_openhands_async.yaml `policy.generation`, `grpo.validation_generation`.
 
-The randomness is stateless: the draw of slot s's n-th generated token uses the seed pair (seed, key_s * 2^32
-+ n), key_s the slot's key (default: its index), so a run is reproducible and a slot's tokens do not depend on
-the batch around it (given the same logits).
+The randomness is stateless: the draw of slot s's n-th generated token uses the seed pair `row_seeds(seed,
+key_s, n)`, key_s the slot's key (default: its index), so a run is reproducible and a slot's tokens do not depend
+on the batch around it (given the same logits). Under XLA a stateless seed's components count only through
+their low 32 bits (measured on TF 2 CPU: seeds (0, 2^32) and (0, 0) draw the same numbers), so the pair is
+(a 64-bit hash of (seed, key), n), never key and n packed into one component.
 """
 from __future__ import annotations
 
@@ -87,6 +89,17 @@ def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: t
     return drawn, tf.gather(lp, drawn, batch_dims=1)
 
 
+def row_seeds(seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor | int) -> tf.Tensor:
+    """Stateless seed pairs [b, 2] int64 for draw n of rows keyed keys [b] under run seed `seed`: the key, then
+    n, folded into (seed, 0) (tf.random.experimental.stateless_fold_in: (hash of the seed pair, data)). Distinct
+    keys and distinct n give distinct streams, under XLA too (which reads each component's low 32 bits: keep
+    seed, key and n below 2^32)."""
+    base = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
+    n = tf.cast(n, tf.int64)
+    fold = tf.random.experimental.stateless_fold_in
+    return tf.map_fn(lambda k: fold(fold(base, k), n), tf.cast(keys, tf.int64), fn_output_signature=tf.int64)
+
+
 @dataclasses.dataclass
 class Rollouts:
     """What one `Generator.generate` returns, in the trainer's layout (rows start at column 0, right-padded
@@ -106,11 +119,12 @@ class Generator:
     """Batched generation with the model's current weights (they are read at every call: no copy to refit).
 
     slots: rows per call; prompt_length: the longest prompt (shorter ones left-padded); max_new_tokens: the
-    length cap per slot; stop_ids: tokens that end a slot. One XLA compile of the prefill and one of the decode
-    step for these shapes, reused by every call, whatever the sampling settings (they are inputs)."""
+    length cap per slot; stop_ids: tokens that end a slot. One XLA compile (jit_compile; else one trace) of the
+    prefill and one of the decode step for these shapes, reused by every call, whatever the sampling settings
+    (they are inputs)."""
 
     def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
-                 stop_ids: tuple[int, ...] = (), pad_id: int = 0) -> None:
+                 stop_ids: tuple[int, ...] = (), pad_id: int = 0, jit_compile: bool = True) -> None:
         if slots < 1 or prompt_length < 1 or max_new_tokens < 1:
             raise ValueError(f"slots, prompt_length, max_new_tokens must be >= 1, got {slots}, {prompt_length}, "
                              f"{max_new_tokens}")
@@ -118,12 +132,11 @@ class Generator:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.pad_id = pad_id
         self.length = prompt_length + max_new_tokens
-        self._prefill = tf.function(self._prefill_fn, jit_compile=True, autograph=False)
-        self._decode = tf.function(self._decode_fn, jit_compile=True, autograph=False)
+        self._prefill = tf.function(self._prefill_fn, jit_compile=jit_compile, autograph=False)
+        self._decode = tf.function(self._decode_fn, jit_compile=jit_compile, autograph=False)
 
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
-        second = tf.cast(keys, tf.int64) * (2 ** 32) + tf.cast(n, tf.int64)
-        return tf.stack([tf.fill([self.slots], tf.cast(seed, tf.int64)), second], -1)
+        return row_seeds(seed, keys, n)
 
     def _prefill_fn(self, tokens, pads, seed, keys, temperature, top_p):
         cache = self.model.empty_cache(self.slots, self.length)

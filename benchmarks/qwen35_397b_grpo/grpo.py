@@ -128,13 +128,22 @@ def grpo_loss(lp: tf.Tensor, lp_gen: tf.Tensor, advantages: tf.Tensor, token_mas
     all micro-batches and replicas gives the token mean over the global batch, whatever the split; the gradient
     is -(1/N) sum M w A grad(lp).
     """
+    total = grpo_loss_sum(lp, lp_gen, advantages, token_mask, sample_mask, ratio_min, ratio_max)
+    return total / (tf.cast(global_valid_tokens, tf.float32) + LOSS_EPS)
+
+
+def grpo_loss_sum(lp: tf.Tensor, lp_gen: tf.Tensor, advantages: tf.Tensor, token_mask: tf.Tensor,
+                  sample_mask: tf.Tensor, ratio_min: float = TIS_RATIO_MIN, ratio_max: float = TIS_RATIO_MAX
+                  ) -> tf.Tensor:
+    """grpo_loss's numerator, sum_t M_t w_t (-A_i ratio_t) over this shard: what a loop that sums numerators and
+    token counts over micro-batches and replicas before dividing (harness LossTerm) takes."""
     lp_sg = tf.stop_gradient(lp)
     ratio = tf.exp(lp - lp_sg)
     per_token = -advantages[:, None] * ratio
     keep = seq_tis_keep(lp_sg, lp_gen, token_mask, ratio_min, ratio_max)
     weights = token_importance_weights(lp_sg, lp_gen) * keep[:, None]
     mask = token_mask * sample_mask[:, None]
-    return tf.reduce_sum(weights * per_token * mask) / (tf.cast(global_valid_tokens, tf.float32) + LOSS_EPS)
+    return tf.reduce_sum(weights * per_token * mask)
 
 
 def _finite_or_zero(x: tf.Tensor) -> tf.Tensor:

@@ -350,6 +350,12 @@ class Workload(abc.ABC):
         dispatch keeps): printed and kept in summary.json beside the verdicts, which the checker cannot see."""
         return []
 
+    def own_loop(self) -> Any:
+        """None: the harness's timed loop (harness.train.loop.run_timed) runs this workload. A workload whose
+        batches are made with the weights of the step they train (GRPO's rollouts) returns its own loop, with
+        run_timed's signature and result, which must still log the run as run_timed does."""
+        return None
+
     # ----------------------------------------------------------------------------------- logging
     def score_keys(self) -> tuple[str, ...]:
         """Keys logged with each eval's score besides eval_accuracy, with its metadata (a division's checker that
