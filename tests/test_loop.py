@@ -54,7 +54,7 @@ def test_target_reached_stops_with_success_and_per_example_metrics(tmp_path):
 
 def test_budget_spent_is_aborted(tmp_path):
     wl, result, _ = run_toy(tmp_path, "budget", target=1.5)
-    assert result.status == "aborted" and "budget of 2 epochs spent" in result.reason
+    assert result.status == "aborted" and "budget spent at step" in result.reason and "(epoch 2)" in result.reason
     assert [e["epoch_num"] for e in result.evals] == [0.5, 1, 1.5, 2]
 
 

@@ -10,10 +10,11 @@ valid-token count as one LossTerm, which the loop sums over micro-batches and re
 global token normalisation. The generator reads the model's variables at every call, so the updated weights
 are the next step's policy with no copy and no retrace (the reference broadcasts them to vLLM: "refit").
 
-The loop (`rollout.run_grpo`) replaces the harness's train blocks; evaluation is the harness's: pass@4, pass^4
-and pass@1 over `eval_generations` rollouts of every held-out task at the validation sampling settings, after
-step ceil(2.5 + 3840 / GBS) and every step after (compliance_checker/training_6.1.0/closed_qwen35_397b_grpo.yaml
-in mlperf-logging 4.1.68); the run stops at the first pass@4 above the target.
+The harness's loop runs it with train blocks of rollout steps (`rollout.RolloutBlocks`); evaluation is the
+harness's: pass@4, pass^4 and pass@1 over `eval_generations` rollouts of every held-out task at the validation
+sampling settings, after step ceil(2.5 + 3840 / GBS) and every step after
+(compliance_checker/training_6.1.0/closed_qwen35_397b_grpo.yaml in mlperf-logging 4.1.68); the run stops at the
+first pass@4 above the target.
 
 Only data.source=synthetic runs here: the in-process toy task (environment.KeyedAnswerTask), whose episode is
 one generated token. The reference's tasks need R2E-Gym containers and an OpenHands agent, refused in one line.
@@ -190,7 +191,7 @@ class QwenGrpoWorkload(Workload):
                                    ("tokens", "generated", "logprobs", "lengths", "stopped")))
 
     def train_dataset(self, ctx) -> tf.data.Dataset:
-        """The rows of the pending rollout batch, repeated (`rollout.run_grpo` sets it before each step and reads
+        """The rows of the pending rollout batch, repeated (`rollout.RolloutBlocks` sets it before each step and reads
         one global batch of a fresh dataset). Where nothing is pending (the harness's own loop: step cases,
         warm-up) the first iteration makes step 1's batch with the current weights."""
         train, _, _ = self.dry_run_inputs()
@@ -266,9 +267,9 @@ class QwenGrpoWorkload(Workload):
     def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:
         return pass_metrics(np.concatenate(state["rewards"]))
 
-    def own_loop(self):
+    def train_block(self) -> Any:
         from benchmarks.qwen35_397b_grpo import rollout
-        return rollout.run_grpo
+        return rollout.RolloutBlocks(self)
 
     # ---------------------------------------------------------------------------------------- logging
     def mllog_hparams(self) -> dict[str, Any]:

@@ -540,9 +540,12 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     with runtime.scope():
         workload.build()
     steps = CompiledSteps(runtime, workload)
-    dist_train = train_input(runtime, workload, gbs, cfg.seed, wait=wait)
+    own_blocks = workload.train_block()  # None: blocks fed by the workload's train pipeline
+    dist_train = None if own_blocks else train_input(runtime, workload, gbs, cfg.seed, wait=wait)
     dist_eval = eval_input(runtime, workload, cfg.schedule.eval_batch_size or gbs, cfg.seed)
     warm_up_and_restore(steps)
+    if own_blocks:
+        own_blocks.warm_up(steps)
     traces_at_start = dict(steps.traces)
     observer = RunObserver(steps, progress or Progress(enabled=False), wait, schedule)
     log.end(K.INIT_STOP)
@@ -550,7 +553,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
 
     log.start(K.RUN_START)
     t_run = time.time()
-    iterator = iter(dist_train)
+    iterator = None if dist_train is None else iter(dist_train)
+    run_block = own_blocks or train_block
     # A cached eval set repeats: one iterator across evals (the first eval fills the cache).
     eval_data = iter(dist_eval) if pipeline_config(cfg.data).cache_eval else dist_eval
     observer.run_started()
@@ -558,7 +562,7 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     train_time = eval_time = 0.0
     prev, done_steps, stop, totals = EvalPoint(0, 0, 0), 0, None, dict.fromkeys(workload.STEP_TOTALS, 0.0)
     for point in schedule.points:
-        block = train_block(steps, iterator, log, observer, prev, point, done_steps)
+        block = run_block(steps, iterator, log, observer, prev, point, done_steps)
         here, done_steps, train_time = block.end, block.end.step, train_time + block.seconds
         totals = {name: totals[name] + block.totals.get(name, 0.0) for name in totals}
         t1 = time.time()
@@ -569,13 +573,13 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
         metrics = metrics or {workload.METRIC: score}
         evals.append({"epoch_num": here.epoch_num, "score": score, "metrics": metrics,
                       "elapsed_s": round(elapsed, 3), "counted": counted, "loss": block.loss,
-                      "samples_per_s": round(rate, 1)})
+                      "samples_per_s": round(rate, 1), "step": here.step})
         observer.evaluated(here, block.loss, rate, metrics, elapsed, train_time)
         stop = stop_reason(workload, block, reached, score)
         if stop:
             break
         prev = here
-    status, reason = stop or ("aborted", f"budget of {cfg.schedule.max_epochs:g} epochs spent; best "
+    status, reason = stop or ("aborted", f"budget spent at step {done_steps} (epoch {prev.epoch_num}); best "
                               f"{workload.METRIC} {workload.best_score(e['score'] for e in evals):.4f}, "
                               f"target {workload.target_relation} {workload.target}")
     log.end(K.RUN_STOP, metadata={"status": status})

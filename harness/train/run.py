@@ -156,9 +156,9 @@ def _timed_run(cfg: config_lib.Config, runtime: Any, checked: Checked, log: MLPe
                         tuple(p.step for p in checked.schedule.points), cfg.schedule.global_batch_size)
     with data_service.StallGuard(wait, pipeline_config(cfg.data).service):
         # The submission keys come after init_start, so the loop calls back for them.
-        loop = workload.own_loop() or run_timed
-        result = loop(runtime, workload, log, lambda: log_submission_keys(log, cfg, workload, checked.initialized),
-                      progress=progress, wait=wait)
+        result = run_timed(runtime, workload, log,
+                           lambda: log_submission_keys(log, cfg, workload, checked.initialized),
+                           progress=progress, wait=wait)
     if cfg.save_final_weights:  # after the log's run_stop: outside the time to train
         print(f"final weights: {export.save(runtime, workload, run_dir)}", flush=True)
     return result

@@ -350,10 +350,11 @@ class Workload(abc.ABC):
         dispatch keeps): printed and kept in summary.json beside the verdicts, which the checker cannot see."""
         return []
 
-    def own_loop(self) -> Any:
-        """None: the harness's timed loop (harness.train.loop.run_timed) runs this workload. A workload whose
-        batches are made with the weights of the step they train (GRPO's rollouts) returns its own loop, with
-        run_timed's signature and result, which must still log the run as run_timed does."""
+    def train_block(self) -> Any:
+        """None: the loop's blocks (harness.train.loop.train_block) feed the steps from this workload's train
+        pipeline. A workload whose batches are made with the weights of the step that trains on them (GRPO's
+        rollouts) returns its own block runner: `warm_up(steps)` (in init, after the loop's warm-up) and a call
+        with train_block's arguments and result; the loop then makes no train pipeline."""
         return None
 
     # ----------------------------------------------------------------------------------- logging
