@@ -2,8 +2,9 @@
 in a thread on an ephemeral 127.0.0.1 port and asked through urllib (no network beyond the loopback): an answer
 carries token ids and log-probabilities equal to the generator's own for the same seed and settings (greedy ones
 equal to a full forward's log-softmax), max_tokens and stop ids cut it where they should, concurrent requests get
-what they would alone, bad requests answer 400 with one JSON line naming the field, and a non-local host is
-refused in one line. The engine runs traced without XLA here (its XLA form: tests/test_qwen35_generate.py)."""
+what they would alone, bad requests answer 400 with one JSON line naming the field (an engine fault: 500, one
+line), and a non-local host is refused in one line. The engine runs traced without XLA here (its XLA form:
+tests/test_qwen35_generate.py)."""
 from __future__ import annotations
 
 import json
@@ -163,3 +164,18 @@ def test_only_localhost_is_served(served, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "127.0.0.1 only" in err
     status, text = post(url.replace("/v1/chat/completions", "/v1/completions"), {"prompt": [1]})
     assert status == 404 and json.loads(text)["error"]["message"]
+
+
+def test_an_engine_fault_is_a_500_with_one_error_line(served, monkeypatch):
+    _, endpoint, url = served
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(endpoint.generator, "generate", broken)
+    status, text = post(url, {"messages": [{"role": "user", "content": [1, 2]}]})
+    assert status == 500 and text.count("\n") == 1 and "Traceback" not in text, text
+    assert json.loads(text)["error"] == {"message": "generation failed: RuntimeError: the engine broke",
+                                         "type": "server_error", "param": None}
+    monkeypatch.undo()
+    assert post(url, {"messages": [{"role": "user", "content": [1, 2]}], "max_tokens": 1})[0] == 200
