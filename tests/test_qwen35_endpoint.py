@@ -88,7 +88,8 @@ def test_answers_with_the_generators_token_ids_and_log_probs(served):
         assert out["object"] == "chat.completion" and out["model"] == "toy" and choice["finish_reason"] == "length"
         assert len(ids) == MAX_TOKENS and message["role"] == "assistant"
         assert message["content"] == " ".join(map(str, ids)) and message["generation_token_ids"] == ids
-        assert message["prompt_token_ids"] == prompt and message["generation_log_probs"] == lps
+        assert message["prompt_token_ids"] == out["prompt_token_ids"] == prompt
+        assert message["generation_log_probs"] == lps
         assert [c["token"] for c in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in ids]
         assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": MAX_TOKENS, "total_tokens": 5 + MAX_TOKENS}
         # the generator's own numbers for the same prompt, settings and seed (float32 through JSON: exact)

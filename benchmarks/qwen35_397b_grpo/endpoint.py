@@ -11,8 +11,9 @@ appends, as environment.py keeps it). Any other content is refused with a 400 na
 
 The answer is OpenAI's chat.completion (`choices[0].message`, `finish_reason` "stop" on a stop token, kept as
 the last token, else "length"; `usage`) with the token ids where the reference's agent side reads them: the
-choice's `token_ids` (vLLM's return_token_ids), the message's `prompt_token_ids`, `generation_token_ids` and
-`generation_log_probs` (NVIDIA-NeMo/Gym's token fields for training) and, when `logprobs` is true,
+choice's `token_ids` and the answer's `prompt_token_ids` (vLLM's return_token_ids), the message's
+`prompt_token_ids`, `generation_token_ids` and `generation_log_probs` (NVIDIA-NeMo/Gym's token fields for
+training) and, when `logprobs` is true,
 `logprobs.content[i]` = {"token": "token_id:N", "logprob": ...} (vLLM's return_tokens_as_token_ids form). The
 message's `content` is the generated ids as a space-separated string, so it can be sent back as the next turn.
 
@@ -50,6 +51,13 @@ HOST = "127.0.0.1"
 PATH = "/v1/chat/completions"
 MAX_BODY = 1 << 20  # bytes of one request body
 SEED_LIMIT = 1 << 32  # generate.row_seeds: seeds count through their low 32 bits under XLA
+
+
+def check_host(host: str) -> None:
+    """Refuses any host but this machine's loopback in one line: the endpoint has no authentication."""
+    if host not in (HOST, "localhost"):
+        raise HarnessError(f"the chat endpoint binds {HOST} only (no authentication: a local agent), got host "
+                           f"{host!r}")
 
 
 class RequestError(ValueError):
@@ -138,8 +146,7 @@ class Endpoint:
         if not 1 <= len(prompt) <= g.prompt_length:
             raise RequestError("messages", f"the prompt has {len(prompt)} tokens; this endpoint takes 1 to "
                                            f"{g.prompt_length}")
-        if _integer(body, "n", 1, 1, 1) != 1:
-            raise RequestError("n", "'n' must be 1")
+        _integer(body, "n", 1, 1, 1)  # one completion per request
         if body.get("top_logprobs"):
             raise RequestError("top_logprobs", "'top_logprobs' is not supported (only the sampled token's)")
         if body.get("stream"):
@@ -174,7 +181,7 @@ class Endpoint:
         logprobs = ({"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
                                  for t, lp in zip(new, lps)]} if request["logprobs"] else None)
         return {"id": f"chatcmpl-{next(self._ids)}", "object": "chat.completion", "created": int(time.time()),
-                "model": request["model"],
+                "model": request["model"], "prompt_token_ids": prompt,
                 "choices": [{"index": 0, "message": message, "logprobs": logprobs, "token_ids": new,
                              "finish_reason": "stop" if stopped else "length"}],
                 "usage": {"prompt_tokens": p, "completion_tokens": len(new), "total_tokens": p + len(new)}}
@@ -197,9 +204,7 @@ class Endpoint:
     def server(self, port: int = 0, host: str = HOST) -> ThreadingHTTPServer:
         """A server on host:port (port 0: an ephemeral one, `server.server_address` says which), not yet
         serving. Any host but 127.0.0.1 is refused."""
-        if host not in (HOST, "localhost"):
-            raise HarnessError(f"the chat endpoint binds {HOST} only (no authentication: a local agent), got "
-                               f"host {host!r}")
+        check_host(host)
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -265,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a config override, as the harness's (e.g. model.init_checkpoint=DIR); repeatable")
     args = parser.parse_args(argv)
     try:
-        if args.host not in (HOST, "localhost"):
-            raise HarnessError(f"the chat endpoint binds {HOST} only (no authentication: a local agent), got "
-                               f"--host {args.host}")
+        check_host(args.host)
         if not 0 <= args.port < 65536 or args.prompt_tokens < 1 or args.max_tokens < 1:
             raise HarnessError("--port must be in [0, 65535], --prompt_tokens and --max_tokens >= 1")
         try:
