@@ -13,9 +13,9 @@ The answer is OpenAI's chat.completion (`choices[0].message`, `finish_reason` "s
 the last token, else "length"; `usage`) with the token ids where the reference's agent side reads them: the
 choice's `token_ids` and the answer's `prompt_token_ids` (vLLM's return_token_ids), the message's
 `prompt_token_ids`, `generation_token_ids` and `generation_log_probs` (NVIDIA-NeMo/Gym's token fields for
-training) and, when `logprobs` is true,
-`logprobs.content[i]` = {"token": "token_id:N", "logprob": ...} (vLLM's return_tokens_as_token_ids form). The
-message's `content` is the generated ids as a space-separated string, so it can be sent back as the next turn.
+training) and, when `logprobs` is true, `logprobs.content[i]` = {"token": "token_id:N", "logprob": ...} (vLLM's
+return_tokens_as_token_ids form). The message's `content` is the generated ids as a space-separated string, so it
+can be sent back as the next turn.
 
 The numbers are `generate.Generator`'s: one slot, the prompt left-padded to the server's prompt cap, one XLA
 compile of prefill and decode reused by every request (sampling settings are inputs); the log-probability is
