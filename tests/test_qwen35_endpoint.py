@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from tests.helpers import decoder_golden
 
 CONFIG = os.path.join(REPO, "configs", "qwen35_397b_grpo", "smoke.yaml")
 PROMPT_TOKENS, MAX_TOKENS = 8, 6
@@ -24,16 +25,9 @@ PROMPT_TOKENS, MAX_TOKENS = 8, 6
 
 @pytest.fixture(scope="module")
 def served():
-    from harness import config as config_lib
-    from harness.runtime import make_runtime
-
     from benchmarks.qwen35_397b_grpo.endpoint import Endpoint
 
-    cfg = config_lib.load_config(CONFIG, [])
-    runtime = make_runtime(cfg.runtime, cfg.submission.platform)
-    workload = cfg.workload_class(cfg, runtime)
-    with runtime.scope():
-        workload.build()
+    workload = decoder_golden.build_workload(CONFIG, [])
     # One trace, no XLA: the engine's XLA compile costs about 20 s of CPU here and is tested by
     # test_qwen35_generate.py; what this file tests (the HTTP side) is the same either way.
     endpoint = Endpoint(workload.model, PROMPT_TOKENS, MAX_TOKENS, jit_compile=False)

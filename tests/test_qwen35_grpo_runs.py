@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, read_summary, run_cli
+from tests.helpers import decoder_golden
 
 CONFIG = os.path.join(REPO, "configs", "qwen35_397b_grpo", "smoke.yaml")
 
@@ -98,15 +99,7 @@ def test_pass_metrics_on_a_fixed_reward_matrix():
 
 @pytest.fixture(scope="module")
 def workload():
-    from harness import config as config_lib
-    from harness.runtime import make_runtime
-
-    cfg = config_lib.load_config(CONFIG, [])
-    runtime = make_runtime(cfg.runtime, cfg.submission.platform)
-    w = cfg.workload_class(cfg, runtime)
-    with runtime.scope():
-        w.build()
-    return w
+    return decoder_golden.build_workload(CONFIG, [])
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -50,7 +50,8 @@ EXACT = 3  # leading gradient values kept per variable
 def build_workload(config: str, overrides: list[str]):
     """The workload of `config` with `overrides`, its config checked and its model built, on the runtime the
     overrides give (ONE_DEVICE: one CPU device, float32, eager): the tests that compute with a model in
-    process (these cases, the transformers goldens, the all-to-all) build it here."""
+    process (these cases, the transformers goldens, the all-to-all, qwen35's GRPO pieces and endpoint) build it
+    here."""
     from benchmarks import registry
     from harness import config as C
     from harness.runtime import make_runtime
