@@ -6,17 +6,23 @@ this replay say where the critical path is and what a split would give.
 
     pytest -q -p no:xdist --durations=0 tests/test_a.py tests/test_b.py > durations.txt
     python scripts/suite_schedule.py durations.txt [more.txt ...] [--workers 2] [--units] [--whole_files]
+    SUITE_CPU_LOG=cpu.jsonl make test; python scripts/suite_schedule.py --cpu cpu.jsonl [--units]
 
 A test's seconds are its setup + call + teardown lines (a module fixture's cost is in the setup of the first
 test that uses it). Tests are replayed in the order of the files given, within a file in the order listed
 there (pytest's --durations output is sorted by time, so the order inside a unit is approximate; the units'
 order and sizes, which decide the critical path, are not). Prints each worker's busy seconds, the projected
 wall time (the last worker's end) and, with --units, every unit's seconds.
+
+With --cpu, the input is tests/conftest.py's per-test CPU log instead, and a test's seconds are the CPU seconds
+of its pytest process and of the subprocesses it reaped: what it costs, however busy the machine was. Their sum
+over the cores is the least wall time the suite can take on that many cores.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import sys
@@ -38,6 +44,17 @@ def read_durations(paths: list[str]) -> dict[str, float]:
                 m = LINE.match(line)
                 if m:
                     seconds[m.group(3)] = seconds.get(m.group(3), 0.0) + float(m.group(1))
+    return seconds
+
+
+def read_cpu_log(paths: list[str]) -> dict[str, float]:
+    """nodeid -> CPU seconds (the pytest process's and its reaped subprocesses'), from SUITE_CPU_LOG files."""
+    seconds: dict[str, float] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                seconds[r["test"]] = seconds.get(r["test"], 0.0) + r["cpu"] + r["children"]
     return seconds
 
 
@@ -78,13 +95,14 @@ def replay(queue: "collections.OrderedDict[str, list[float]]", workers: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("durations", nargs="+", help="pytest --durations=0 outputs")
+    parser.add_argument("durations", nargs="+", help="pytest --durations=0 outputs (with --cpu: SUITE_CPU_LOG files)")
+    parser.add_argument("--cpu", action="store_true", help="the inputs are per-test CPU logs (tests/conftest.py)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--units", action="store_true", help="print every work unit's seconds")
     parser.add_argument("--whole_files", action="store_true",
                         help="one unit per file (SHARED_WORKER groups kept): the scheduling before the splits")
     args = parser.parse_args()
-    seconds = read_durations(args.durations)
+    seconds = read_cpu_log(args.durations) if args.cpu else read_durations(args.durations)
     if not seconds:
         sys.exit("error: no duration lines found (run pytest with --durations=0)")
     queue = units(seconds, whole_file if args.whole_files else conftest._scope)
@@ -96,6 +114,8 @@ def main() -> None:
     print(f"{len(seconds)} tests, {len(queue)} work units, {total:.0f} s serial; on {args.workers} workers: "
           + ", ".join(f"{e:.0f} s" for e in ends) + f"; projected wall {max(ends):.0f} s "
           f"(the longest unit {max(sum(t) for t in queue.values()):.0f} s)")
+    if args.cpu:
+        print(f"{total:.0f} CPU seconds: at least {total / args.workers:.0f} s of wall time on {args.workers} cores")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -297,6 +299,27 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False
     return SharedFileScheduling(config, log)
+
+
+# Per-test CPU seconds, `SUITE_CPU_LOG=FILE make test`: one JSON line per test (its id, its xdist work unit, wall
+# seconds, the CPU seconds of the pytest process and of the subprocesses it reaped meanwhile), appended by every
+# worker. On a shared machine a test's wall time says how busy the machine was; its CPU seconds say what it costs
+# (`scripts/suite_schedule.py --cpu FILE` sums them per work unit). A subprocess is counted when it is reaped, by
+# the test that waits for it (the step cases' processes, started by one test, land on the one that reads them).
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get("SUITE_CPU_LOG")
+    if not path:
+        yield
+        return
+    cpu = lambda who: sum(resource.getrusage(who)[:2])  # noqa: E731 - user + system seconds
+    t0, self0, children0 = time.time(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = json.dumps({"test": item.nodeid, "unit": _scope(item.nodeid), "wall": round(time.time() - t0, 2),
+                       "cpu": round(cpu(resource.RUSAGE_SELF) - self0, 2),
+                       "children": round(cpu(resource.RUSAGE_CHILDREN) - children0, 2)})
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def pytest_configure(config):
