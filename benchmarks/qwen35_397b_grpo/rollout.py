@@ -9,15 +9,14 @@ the stop at the target are the harness's loop, unchanged.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import tensorflow as tf
 
-from harness.mlperf import KEYS as K
 from harness.mlperf import MLPerfLog
-from harness.train.loop import BlockResult, CompiledSteps, EvalPoint, RunObserver, train_input
-from harness.train.workload import tidy
+from harness.train.blocks import BlockResult, RunObserver, run_block
+from harness.train.loop import CompiledSteps, train_input
+from harness.train.workload import EvalPoint
 
 
 class RolloutBlocks:
@@ -32,32 +31,18 @@ class RolloutBlocks:
 
     def __call__(self, steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: RunObserver,
                  prev: EvalPoint, point: EvalPoint, done: int) -> BlockResult:
-        """block_start, rollout steps from `done` to `point` (each: generate, score, one optimizer step),
-        block_stop. `iterator` is None: each step makes its own input over its rollouts."""
+        """The loop's block framing (harness.train.blocks.run_block) over rollout steps, each: generate, score,
+        one optimizer step. `iterator` is None: each step makes its own input over its rollouts."""
         workload = self.workload
-        cfg, runtime, schedule = workload.cfg, steps.runtime, observer.schedule
-        gbs = cfg.schedule.global_batch_size
-        first = schedule.first_epoch_num(prev)
-        log.start(K.BLOCK_START, metadata={"first_epoch_num": first,
-                                           "epoch_count": tidy(point.epoch_num - prev.epoch_num),
-                                           "samples_count": prev.samples})
-        t0 = time.time()
-        finite, loss, totals = True, float("nan"), {}
-        while done < point.step:
-            t_step = time.time()
+        cfg, runtime = workload.cfg, steps.runtime
+        every = cfg.schedule.log_every_steps
+
+        def advance(done: int, until: int) -> tuple[dict[str, Any], int, str]:
             workload.pending, facts = workload.rollouts(done + 1)
-            out = steps.train_loop(iter(train_input(runtime, workload, gbs, cfg.seed)), tf.constant(1))
-            loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
-            for name, value in out["totals"].items():
-                totals[name] = totals.get(name, 0.0) + float(value)
-            done += 1
-            observer.train_chunk(done, 1, max(time.time() - t_step, 1e-9), loss, lr, point.step)
-            if cfg.schedule.log_every_steps and done % cfg.schedule.log_every_steps == 0:
-                print(f"step {done}: mean reward {facts['reward']:.4f}, groups with signal "
-                      f"{facts['groups_with_signal']:.2f}", flush=True)
-            if not finite:
-                break
-        seconds = time.time() - t0
-        end = point if finite else EvalPoint(done, schedule.position(done * gbs), done * gbs)
-        log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": end.samples})
-        return BlockResult(end, loss, finite, seconds, totals)
+            out = steps.train_loop(iter(train_input(runtime, workload, cfg.schedule.global_batch_size, cfg.seed)),
+                                   tf.constant(1))
+            note = (f"step {done + 1}: mean reward {facts['reward']:.4f}, groups with signal "
+                    f"{facts['groups_with_signal']:.2f}") if every and (done + 1) % every == 0 else ""
+            return out, 1, note
+
+        return run_block(log, observer, prev, point, done, advance)

@@ -25,6 +25,7 @@ from absl import logging
 from harness.errors import HarnessError
 from harness.mlperf import KEYS as K
 from harness.data import service as data_service
+from harness.train.blocks import BlockResult, RunObserver, run_block
 from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, train_options
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
@@ -32,7 +33,7 @@ from harness.train.snapshot import host_snapshot, restore_snapshot
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import (COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload,
-                                    split_loss, tidy)
+                                    split_loss)
 from harness.train.xla_errors import out_of_memory_error, xla_compile_error
 
 
@@ -386,61 +387,6 @@ def first_call_errors_as_one_line(runtime: Runtime, workload: Workload, which: s
         raise
 
 
-class RunObserver:
-    """What the timed run reports as it goes, from values already on the host: the progress lines and
-    TensorBoard scalars, loss-scale changes (float16) and the input-wait meter."""
-
-    def __init__(self, steps: CompiledSteps, progress: Progress, wait: InputWait, schedule: EvalSchedule) -> None:
-        self.steps, self.progress, self.wait, self.schedule = steps, progress, wait, schedule
-        self.gbs = steps.workload.cfg.schedule.global_batch_size
-        self.log_every = steps.workload.cfg.schedule.log_every_steps
-        self.scale_state = steps.loss_scale_state()  # read before run_start: no device read inside the run
-        self.input_wait = 0.0  # seconds of training time spent waiting for batches
-        self.waited = 0.0
-
-    def run_started(self) -> None:
-        self.waited = self.wait.total()
-
-    def train_chunk(self, done_steps: int, n: int, seconds: float, loss: float, lr: float, until_step: int) -> None:
-        """After a host call of `n` steps that took `seconds`, with `done_steps` done of the block's `until_step`."""
-        rate = n * self.gbs / seconds
-        # The pipeline's own meter (a host variable, read after the loss, so no extra sync): the
-        # loop has no clock of its own, which would tie each batch's fetch to the step before.
-        total = self.wait.total()  # read once: a wait landing between two reads would be lost
-        measured, self.waited = total - self.waited, total
-        chunk_wait = min(measured, seconds)
-        self.input_wait += chunk_wait
-        if self.scale_state is not None:
-            now = self.steps.loss_scale_state()
-            if now != self.scale_state:
-                logging.info("loss scale %g -> %g by step %d (%d step(s) skipped so far)",
-                             self.scale_state["scale"], now["scale"], done_steps, now["skipped_steps"])
-            self.scale_state = now
-        self.progress.train(done_steps, self.schedule.position(done_steps * self.gbs), loss, lr, rate,
-                            (until_step - done_steps) * self.gbs / rate,
-                            print_line=bool(self.log_every) and done_steps % self.log_every == 0,
-                            input_wait=min(chunk_wait / seconds, 1.0))
-
-    def evaluated(self, here: EvalPoint, loss: float, rate: float, metrics: dict[str, float], elapsed: float,
-                  train_time: float) -> None:
-        self.progress.eval(here.step, here.epoch_num, loss, rate, metrics, elapsed,
-                           input_wait=min(self.input_wait / train_time, 1.0) if train_time > 0 else None)
-
-    def close(self, train_time: float, source: str) -> None:
-        self.progress.input_wait(self.input_wait / train_time if train_time > 0 else 0.0, source)
-        self.progress.close()
-
-
-@dataclasses.dataclass
-class BlockResult:
-    """One training block's outcome."""
-    end: EvalPoint   # where it stopped: its eval point, or where a non-finite loss cut it short
-    loss: float      # the global loss of its last step
-    finite: bool     # every step's loss was finite
-    seconds: float
-    totals: dict[str, float]  # the workload's STEP_TOTALS summed over the block's steps
-
-
 def warm_up_and_restore(steps: CompiledSteps) -> None:
     """Compiles both steps and runs each once on zeros, then puts every variable back, so the timed run
     starts from the initial model. The copy waits in host memory: a device copy of every weight and
@@ -461,33 +407,17 @@ def warm_up_and_restore(steps: CompiledSteps) -> None:
 
 def train_block(steps: CompiledSteps, iterator: Any, log: MLPerfLog, observer: RunObserver, prev: EvalPoint,
                 point: EvalPoint, done_steps: int) -> BlockResult:
-    """block_start, the optimizer steps from `done_steps` to `point` (host calls of at most steps_per_loop
-    steps, cut at each log_every_steps line; stopped by a non-finite loss), block_stop."""
-    s, schedule = steps.workload.cfg.schedule, observer.schedule
-    first = schedule.first_epoch_num(prev)
-    log.start(K.BLOCK_START, metadata={"first_epoch_num": first,
-                                       "epoch_count": tidy(point.epoch_num - prev.epoch_num),
-                                       "samples_count": prev.samples})
-    t0 = time.time()
-    finite, loss, totals = True, float("nan"), {}
-    while done_steps < point.step:
-        n = min(s.steps_per_loop, point.step - done_steps)
+    """The loop's own block (harness.train.blocks.run_block): host calls of at most steps_per_loop steps from
+    the train pipeline's `iterator`, cut at each log_every_steps line."""
+    s = steps.workload.cfg.schedule
+
+    def advance(done: int, until: int) -> tuple[dict[str, Any], int, str]:
+        n = min(s.steps_per_loop, until - done)
         if s.log_every_steps:
-            n = min(n, s.log_every_steps - done_steps % s.log_every_steps)
-        t_chunk = time.time()
-        out = steps.train_loop(iterator, tf.constant(n))
-        loss, lr, finite = float(out["loss"]), float(out["lr"]), bool(out["finite"])
-        for name, value in out["totals"].items():
-            totals[name] = totals.get(name, 0.0) + float(value)
-        done_steps += n
-        observer.train_chunk(done_steps, n, max(time.time() - t_chunk, 1e-9), loss, lr, point.step)
-        if not finite:
-            break
-    seconds = time.time() - t0
-    samples = done_steps * s.global_batch_size
-    end = point if finite else EvalPoint(done_steps, schedule.position(samples), samples)
-    log.end(K.BLOCK_STOP, metadata={"first_epoch_num": first, "samples_count": end.samples})
-    return BlockResult(end, loss, finite, seconds, totals)
+            n = min(n, s.log_every_steps - done % s.log_every_steps)
+        return steps.train_loop(iterator, tf.constant(n)), n, ""
+
+    return run_block(log, observer, prev, point, done_steps, advance)
 
 
 def evaluate_and_judge(steps: CompiledSteps, eval_data: Any, log: MLPerfLog, schedule: EvalSchedule,
@@ -547,7 +477,8 @@ def run_timed(runtime: Runtime, workload: Workload, log: MLPerfLog, hparams_fn: 
     if own_blocks:
         own_blocks.warm_up(steps)
     traces_at_start = dict(steps.traces)
-    observer = RunObserver(steps, progress or Progress(enabled=False), wait, schedule)
+    observer = RunObserver(gbs, cfg.schedule.log_every_steps, steps.loss_scale_state,
+                           progress or Progress(enabled=False), wait, schedule)
     log.end(K.INIT_STOP)
     init_time = time.time() - t_init
 

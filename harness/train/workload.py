@@ -354,7 +354,8 @@ class Workload(abc.ABC):
         """None: the loop's blocks (harness.train.loop.train_block) feed the steps from this workload's train
         pipeline. A workload whose batches are made with the weights of the step that trains on them (GRPO's
         rollouts) returns its own block runner: `warm_up(steps)` (in init, after the loop's warm-up) and a call
-        with train_block's arguments and result; the loop then makes no train pipeline."""
+        with train_block's arguments and result, framed by harness.train.blocks.run_block as the loop's own
+        blocks are; the loop then makes no train pipeline."""
         return None
 
     # ----------------------------------------------------------------------------------- logging
