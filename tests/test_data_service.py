@@ -226,12 +226,9 @@ def served(fleet, workload, epochs: int = 2) -> list[list[dict]]:
 
 
 def make_workload(name: str, overrides: list[str]):
-    from benchmarks import registry
-    from harness import config as config_lib
-    from harness.runtime import make_runtime
+    from tests.helpers.decoder_golden import build_workload
 
-    cfg = config_lib.load_config(os.path.join(REPO, "configs", name, "smoke.yaml"), overrides)
-    return registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
+    return build_workload(os.path.join(REPO, "configs", name, "smoke.yaml"), overrides, build=False)
 
 
 @pytest.mark.parametrize("name", ["resnet", "bert", "transformer", "ssd", "gpt_oss_20b", "llama31_8b"])
@@ -334,17 +331,12 @@ def test_killed_worker_is_survived_or_ends_the_run_with_one_error(fleet, imagene
     ("resnet-tfds", "grpc://127.0.0.1:{free}", "cannot send data.source=tfds"),
 ])
 def test_service_refusals_come_before_the_log(workload, dispatcher, message):
-    from benchmarks import registry
-    from harness import config as config_lib
     from harness.errors import HarnessError
-    from harness.runtime import make_runtime
     from harness.data import service as data_service
 
     workload, _, source = workload.partition("-")
-    cfg = config_lib.load_config(os.path.join(REPO, "configs", workload, "smoke.yaml"),
-                                 [f"data.service.dispatcher={dispatcher.format(free=free_port())}"]
-                                 + ([f"data.source={source}"] if source else []))
-    wl = registry.get(cfg.workload)(cfg, make_runtime(cfg.runtime))
+    wl = make_workload(workload, [f"data.service.dispatcher={dispatcher.format(free=free_port())}"]
+                       + ([f"data.source={source}"] if source else []))
     with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
         data_service.validate(wl)
 

@@ -5,22 +5,14 @@ import os
 
 import pytest
 
-from benchmarks import registry
-from harness import config as config_lib
-from harness.runtime import make_runtime
-
 from conftest import REPO
+from tests.helpers.decoder_golden import build_workload
 
 pytestmark = pytest.mark.quick
 
 
 def built(config: str):
-    cfg = config_lib.load_config(os.path.join(REPO, config))
-    runtime = make_runtime(cfg.runtime)
-    workload = registry.get(cfg.workload)(cfg, runtime)
-    with runtime.scope():
-        workload.build()
-    return workload.optimizer
+    return build_workload(os.path.join(REPO, config)).optimizer
 
 
 @pytest.mark.parametrize("config", ["configs/resnet/smoke.yaml", "configs/bert/smoke.yaml"])

@@ -47,21 +47,23 @@ CASES = {
 EXACT = 3  # leading gradient values kept per variable
 
 
-def build_workload(config: str, overrides: list[str]):
-    """The workload of `config` with `overrides`, its config checked and its model built, on the runtime the
-    overrides give (ONE_DEVICE: one CPU device, float32, eager): the tests that compute with a model in
-    process (these cases, the transformers goldens, the all-to-all, qwen35's GRPO pieces and endpoint) build it
-    here."""
+def build_workload(config: str, overrides: list[str] = (), build: bool = True):
+    """The workload of `config` with `overrides` on the runtime the overrides give (ONE_DEVICE: one CPU device,
+    float32, eager), its config checked and its model built (`build=False`: only made, for a test of what is
+    checked before the build): the tests that work with a workload in process (these cases, the transformers
+    goldens, the all-to-all, qwen35's GRPO pieces and endpoint, the weight-decay paths, the data service's
+    pipelines) make it here."""
     from benchmarks import registry
     from harness import config as C
     from harness.runtime import make_runtime
 
-    cfg = C.load_config(config, overrides)
+    cfg = C.load_config(config, list(overrides))
     rt = make_runtime(cfg.runtime)
     wl = registry.get(cfg.workload)(cfg, rt)
-    wl.validate_config()
-    with rt.scope():
-        wl.build()
+    if build:
+        wl.validate_config()
+        with rt.scope():
+            wl.build()
     return wl
 
 
