@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup clean
+.PHONY: run test quick setup clean
 
 # pip byte-compiles what it installs (no --no-compile): where PYTHONDONTWRITEBYTECODE is set, as on these
 # machines, every process would otherwise compile TensorFlow's and Keras's Python anew (import tensorflow
@@ -25,6 +25,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
+
+# The quick tier (docs/testing.md): the files marked `quick`, on the same workers as `make test`.
+quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m quick -n auto --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) logs/*/ .pytest_cache
