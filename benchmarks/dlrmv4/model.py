@@ -26,7 +26,7 @@ from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot
 from harness.runtime.base import Runtime
 
 from benchmarks.dlrmv4.config import CONTEXT_TABLES, ITEM_TABLES, NUM_ACTION_BITS, ModelConfig
-from benchmarks.dlrmv4.owner_lookup import owner_lookup
+from benchmarks.dlrmv4.owner_lookup import owner_lookup, routed, routed_lookup
 
 NUM_CONTEXT = len(CONTEXT_TABLES)
 # TimestampLayerNormPostprocessor's periods: (seconds per unit, units per period), hour of day, day of week;
@@ -62,9 +62,13 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
     The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
     and the ids are looked up by `owner_lookup` (each distinct id read on the device owning its row, one sum
     over the split), whose gradient reaches each device for its own rows only, repeats summed: no device
-    holds a tensor of (its rows) x (the step's ids), which the reference's tables could not afford.
+    holds a tensor of (its rows) x (the step's ids), which the reference's tables could not afford. A layout
+    splitting the batch over the same devices (`routed`) sends each device's own ids to their owners instead
+    (`routed_lookup`, two all-to-alls), so a device handles its batch share's ids only.
     """
     size = ids.shape.num_elements()
+    if routed(runtime):
+        return routed_lookup(runtime, table, ids)
     if runtime.shards("vocab") > 1:
         return owner_lookup(runtime, table, ids)
     if runtime.jit_compile:

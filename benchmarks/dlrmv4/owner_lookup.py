@@ -122,6 +122,12 @@ def segment_sum_rows(values: tf.Tensor, segment: tf.Tensor, segments: int) -> tf
     return _rows(x, where)
 
 
+def routed(runtime: Runtime) -> bool:
+    """Whether the layout splits the batch over the very devices that split the tables' rows (`batch` and
+    `vocab` on one mesh axis), so each device's ids are routed to their owners (`routed_lookup`)."""
+    return runtime.shards("vocab") > 1 and runtime.rules.get("vocab") == runtime.rules.get("batch")
+
+
 def routed_capacity(ids_per_device: int, rows_per_device: int) -> int:
     """Slots per (sender, owner) pair: a device's distinct ids owned by one device number at most its ids and at
     most that owner's rows, so this capacity never drops an id."""
@@ -137,48 +143,51 @@ def routed_lookup(runtime: Runtime, table: tf.Variable | tf.Tensor, ids: tf.Tens
     distinct id, the all-to-all takes them to the owners, and each owner sums what arrives per row of its own
     rows (`segment_sum_rows`) into its shard of the table's gradient. Capacity: `routed_capacity`, no id dropped."""
     n = runtime.shards("vocab")
+    # the batch shares this program holds: all n on a DTensor mesh (one SPMD program), one where a runtime
+    # compiles one replica's program (the dry run's stand-in: its all-to-alls are relayouts of its own blocks)
+    s = runtime.program_batch(n)
     t = runtime.read(table) if isinstance(table, tf.Variable) else table
     vocab, dim = t.shape
     rows = vocab // n
     shape = ids.shape.as_list()
-    if shape[0] % n:
-        raise ValueError(f"routed_lookup: a batch of {shape[0]} does not split over {n} devices")
+    if shape[0] % s:
+        raise ValueError(f"routed_lookup: a batch of {shape[0]} does not split over {s} devices")
     by_sender = ("batch",) + (None,) * len(shape[1:])
-    flat = runtime.place(tf.reshape(runtime.place(tf.cast(ids, tf.int32), by_sender), [n, -1]), ("batch", None))
+    flat = runtime.place(tf.reshape(runtime.place(tf.cast(ids, tf.int32), by_sender), [s, -1]), ("batch", None))
     k = flat.shape[1]
     cap = routed_capacity(k, rows)
     distinct, index, count = dedup_rows(flat)
     u = tf.range(k, dtype=tf.int32)[None, :]
-    owner = tf.where(u < count[:, None], distinct // rows, n)                # [n, k]; padding: nobody's
-    per_owner = tf.cast(tf.reduce_sum(tf.one_hot(owner, n, dtype=tf.float32), 1), tf.int32)   # [n, n]
+    owner = tf.where(u < count[:, None], distinct // rows, n)                # [s, k]; padding: nobody's
+    per_owner = tf.cast(tf.reduce_sum(tf.one_hot(owner, n, dtype=tf.float32), 1), tf.int32)   # [s, n]
     start = tf.cumsum(per_owner, axis=1, exclusive=True)
     # the distinct ids are ascending, so each owner's are one run: slot (o, c) holds distinct id start[o] + c
     o = tf.range(n * cap, dtype=tf.int32) // cap
     c = tf.range(n * cap, dtype=tf.int32) % cap
     filled = c[None, :] < tf.gather(per_owner, o, axis=1)
     src = tf.minimum(tf.gather(start, o, axis=1) + c[None, :], k - 1)
-    local = tf.where(filled, _rows(distinct, src) - o[None, :] * rows, 0)  # [n, n * cap]: owner-local rows
-    send = runtime.place(tf.reshape(local, [n, n, cap]), ("batch", None, None))
+    local = tf.where(filled, _rows(distinct, src) - o[None, :] * rows, 0)  # [s, n * cap]: owner-local rows
+    send = runtime.place(tf.reshape(local, [s, n, cap]), ("batch", None, None))
     # each id's slot: its distinct id's owner's run, at its place within the run
     slot_of = tf.where(owner < n, owner * cap + u - _rows(start, tf.minimum(owner, n - 1)), 0)
-    slot = _rows(slot_of, index)                                             # [n, k]
+    slot = _rows(slot_of, index)                                             # [s, k]
     arrived = runtime.place(send, (None, "vocab", None))                     # all-to-all: split by owner
-    asked = runtime.place(tf.reshape(tf.transpose(arrived, [1, 0, 2]), [n, n * cap]), ("vocab", None))
+    asked = runtime.place(tf.reshape(tf.transpose(arrived, [1, 0, 2]), [n, s * cap]), ("vocab", None))
 
     @tf.custom_gradient
     def gather(tab: tf.Tensor) -> tf.Tensor:
         view = runtime.place(tf.reshape(tab, [n, rows, dim]), ("vocab", None, None))
-        got = runtime.place(_rows(view, asked), ("vocab", None, None))      # [owner, n * cap, dim]
-        back = tf.transpose(tf.reshape(got, [n, n, cap, dim]), [1, 0, 2, 3])
+        got = runtime.place(_rows(view, asked), ("vocab", None, None))      # [owner, s * cap, dim]
+        back = tf.transpose(tf.reshape(got, [n, s, cap, dim]), [1, 0, 2, 3])
         back = runtime.place(runtime.place(back, (None, "vocab", None, None)), ("batch", None, None, None))
-        out = _rows(tf.reshape(back, [n, n * cap, dim]), slot)              # [n, k, dim]
+        out = _rows(tf.reshape(back, [s, n * cap, dim]), slot)              # [s, k, dim]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             dy = runtime.place(tf.convert_to_tensor(dy), ("batch", None, None))
             per_slot = segment_sum_rows(dy, slot, n * cap)                   # repeats summed per distinct id
-            g = runtime.place(tf.reshape(per_slot, [n, n, cap, dim]), ("batch", None, None, None))
+            g = runtime.place(tf.reshape(per_slot, [s, n, cap, dim]), ("batch", None, None, None))
             g = runtime.place(g, (None, "vocab", None, None))                # all-to-all to the owners
-            g = tf.reshape(tf.transpose(g, [1, 0, 2, 3]), [n, n * cap, dim])
+            g = tf.reshape(tf.transpose(g, [1, 0, 2, 3]), [n, s * cap, dim])
             own = segment_sum_rows(runtime.place(g, ("vocab", None, None)), asked, rows)
             own = runtime.place(own, ("vocab", None, None))
             return tf.cast(tf.reshape(own, [vocab, dim]), tab.dtype)
