@@ -21,7 +21,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal, \
+from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal, silu, \
     vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
@@ -145,7 +145,7 @@ class STULayer(Block):
         normed = self.input_norm(x)
         proj = tf.matmul(normed, tf.cast(self.uvqk, x.dtype)) + tf.cast(self.uvqk_bias, x.dtype)
         u, v, q, k = tf.split(proj, [h * uv, h * uv, h * qk, h * qk], axis=-1)
-        u = tf.nn.silu(u)
+        u = silu(u)
         q = tf.reshape(q, [b, s, h, qk])
         k = tf.reshape(k, [b, s, h, qk])
         v = tf.reshape(v, [b, s, h, uv])
@@ -153,7 +153,7 @@ class STULayer(Block):
         causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)
         mask = causal[None, None] * tf.cast(valid, tf.float32)[:, None, None, :]
         scale = 1.0 / tf.cast(n_max, tf.float32)[:, None, None, None]
-        attn = tf.cast(tf.nn.silu(scores) * scale * mask, x.dtype)
+        attn = tf.cast(silu(scores) * scale * mask, x.dtype)
         a = tf.reshape(tf.einsum("bhij,bjhd->bihd", attn, v), [b, s, h * uv])
         uf, af = tf.cast(u, tf.float32), tf.cast(a, tf.float32)
         y = tf.concat([uf, af, uf * tf.cast(self.output_norm(af), tf.float32)], axis=-1)

@@ -11,8 +11,8 @@ computed exactly over all of them (benchmarks/dlrmv4/metrics.py), never averaged
 
 On a mesh whose layout splits `vocab`, every table and its Adagrad accumulator are held in row shards (model.py
 `lookup`); a layout splitting the batch over the same axis routes each device's ids to their owners by
-all-to-all (owner_lookup.py `routed_lookup`). On TPU the native engine for such tables is TPUEmbedding, which the harness does not wire: a TPU run
-is refused.
+all-to-all (owner_lookup.py `routed_lookup`). On TPU the native engine for such tables is TPUEmbedding, which
+the harness does not wire: a TPU run is refused.
 """
 from __future__ import annotations
 
