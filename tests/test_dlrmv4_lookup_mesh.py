@@ -25,6 +25,8 @@ class _RowsSplitFour:
     """The part of a runtime owner_lookup reads, for one device standing in for 4 splitting the rows (as the dry
     run's stand-in replica compiles it): layouts are no-ops, the arithmetic is the mesh's."""
 
+    rules = {"batch": "data", "vocab": "model"}
+
     def shards(self, name: str) -> int:
         return 4
 
