@@ -62,9 +62,10 @@ class DlrmV4Workload(Workload):
 
     @property
     def groups(self) -> int:
-        """Replicas whose batches one call of the model holds: a mesh step sees the global batch (the runtime's
-        group of a batch statistic over a span of 0: one replica's batch on tf.distribute, all on a mesh)."""
-        return self.runtime.batch_norm_group(0, self.replica_batch)
+        """Replicas whose batches one call of the model holds: all of them on a mesh (its step sees the global
+        batch), one on tf.distribute and on the dry run's stand-in replica (which compiles one replica's share of
+        a mesh whose batch axis is split)."""
+        return self.runtime.program_batch(self.runtime.num_replicas)
 
     def eval_schedule(self) -> EvalSchedule:
         """The cadence's evals (rules.py, which `plan` reads too) within schedule.max_epochs passes, then one at the
