@@ -12,9 +12,13 @@ into [own rows, dim]). No per-device tensor has (rows) x (ids) elements, unlike
 
 The split is laid out as the table viewed [rows per device, devices, dim] with the devices' axis split: a gather
 or scatter along the first axis is then local to each device (DTensor splits only a non-indexed axis), and the
-view is the table's storage transposed, never a copy of the whole table. A batch split over the rows' devices
-would need each device to send only its own ids and add only arriving gradients into its rows: DTensor
-all-gathers a scatter's or segment sum's batch-split indices and lays out no `LowerBound`, so that is not built.
+view is the table's storage transposed, never a copy of the whole table.
+
+`routed_lookup` is the form for a batch split over the rows' devices (`routed`): each device sends only its own
+ids to their owners and gets their rows back (all-to-alls, as relayouts between split-by-sender and
+split-by-owner buffers), and each owner adds only the arriving gradients into its rows. DTensor all-gathers a
+scatter's or segment sum's batch-split indices and lays out no `LowerBound`, so those sums are sorts and a
+segmented scan (`segment_sum_rows`), each local to a device's row of a [devices, ...] tensor.
 """
 from __future__ import annotations
 
