@@ -49,8 +49,9 @@ REDUCED = {
     "flux1": ["submission.division=open", "model.hidden_size=64", "model.num_heads=4", "model.axes_dim=[4, 6, 6]",
               "model.depth=1", "model.depth_single_blocks=1", "model.context_in_dim=64", "model.vec_in_dim=32",
               "data.text_tokens=16", "data.latent_size=8"],
-    # dlrmv4 at width 16 (2 heads of 8), 1 STU layer, histories of 8 events, tables of 64-256 rows split over the 8
-    # devices, open (closed needs the reference model and its Yambda cache).
+    # dlrmv4 at width 16 (2 heads of 8), 1 STU layer, histories of 8 events, tables of 64-256 rows and the batch (2
+    # samples a device) split over the 8 devices, ids routed to their owners, open (closed needs the reference
+    # model and its Yambda cache).
     "dlrmv4": ["submission.division=open", "model.embedding_dim=16", "model.num_heads=2", "model.attention_dim=8",
                "model.linear_dim=8", "model.preprocessor_hidden_dim=16", "model.item_hidden_dim=16",
                "model.head_hidden_dim=16", "model.history_length=8", "model.max_seq_len=17",

@@ -7,6 +7,8 @@ after one row-wise Adagrad step from each lookup's gradient, tables and accumula
 compiled by XLA in-process, its rows and gradient equal numpy's."""
 from __future__ import annotations
 
+import numpy as np
+
 from tests.spmd_trace import run_spmd_helper
 
 
@@ -23,6 +25,8 @@ class _RowsSplitFour:
     """The part of a runtime owner_lookup reads, for one device standing in for 4 splitting the rows (as the dry
     run's stand-in replica compiles it): layouts are no-ops, the arithmetic is the mesh's."""
 
+    rules = {"batch": "data", "vocab": "model"}
+
     def shards(self, name: str) -> int:
         return 4
 
@@ -36,7 +40,6 @@ class _RowsSplitFour:
 def test_owner_lookup_under_xla_equals_numpy():
     """owner_lookup compiled by XLA (the dry run's and a GPU mesh's compiler; the 2-device test above runs
     DTensor's CPU ops): rows and the table's gradient, repeats summed, equal numpy's, in-process."""
-    import numpy as np
     import tensorflow as tf
 
     from benchmarks.dlrmv4.owner_lookup import owner_lookup
@@ -51,6 +54,63 @@ def test_owner_lookup_under_xla_equals_numpy():
     def step(ids, dy):
         with tf.GradientTape() as tape:
             rows = owner_lookup(_RowsSplitFour(), table, ids)
+            loss = tf.reduce_sum(rows * dy)
+        return rows, tf.convert_to_tensor(tape.gradient(loss, table))
+
+    rows, grad = step(tf.constant(ids), tf.constant(dy))
+    want = np.zeros_like(table0)
+    np.add.at(want, ids.reshape(-1), dy.reshape(-1, 3))
+    np.testing.assert_array_equal(rows.numpy(), table0[ids])
+    np.testing.assert_allclose(grad.numpy(), want, rtol=0, atol=1e-6)
+
+
+def test_routed_lookup_on_four_devices_moves_ids_by_all_to_all(tmp_path):
+    """`routed_lookup` (batch and rows split over the same 4 devices, tests/helpers/dlrmv4_routed_mesh.py in a
+    subprocess): rows and the table's gradient equal one device's (numpy), with ids repeated within and across
+    devices, rows of every owner and a device asking one owner for all its ids; the per-device program moves
+    ids and rows by three all-to-alls over the split (ids out, rows back, rows' gradients out; a device's
+    [1 sender, 4 owners, 12 slots] buffer arriving as [4 senders, 1 owner, 12 slots]) and all-gathers nothing,
+    neither the table nor the step's ids; 4 train steps of the smoke model on that mesh have one device's losses
+    (dropout off and histories of one length, so each replica's N is the batch's)."""
+    result = run_spmd_helper("tests/helpers/dlrmv4_routed_mesh.py", str(tmp_path / "dump"), timeout=900)
+    assert result["forward"] == 0.0 and result["grad"] < 1e-6, result
+    assert result["shards"] == [[24, 8]] * 4
+    assert sorted(result["program"]["all_to_alls"]) == ["1x4x12->4x1x12", "1x4x12x8->4x1x12x8",
+                                                        "4x1x12x8->1x4x12x8"], result["program"]
+    assert result["program"]["all_gathers"] == [], result["program"]
+    mesh, one = result["losses"]["mesh"], result["losses"]["one"]
+    assert len(mesh) == 4 and len(set(one)) == 4
+    np.testing.assert_allclose(mesh, one, rtol=1e-5)
+
+
+class _RoutedStandIn(_RowsSplitFour):
+    """One device compiling one replica's program of a 4-device routed mesh (the dry run's stand-in): its own
+    batch share, its all-to-alls relayouts of its own blocks."""
+
+    rules = {"batch": "model", "vocab": "model"}
+
+    def program_batch(self, global_batch: int) -> int:
+        return global_batch // 4
+
+
+def test_routed_lookup_under_xla_on_a_stand_in_replica_equals_numpy():
+    """routed_lookup as the dry run compiles it (XLA, one replica's share standing in for 4 devices): rows and
+    the table's gradient, repeats summed, equal numpy's; `routed` selects it for batch and vocab on one axis."""
+    import tensorflow as tf
+
+    from benchmarks.dlrmv4.owner_lookup import routed, routed_lookup
+
+    assert routed(_RoutedStandIn()) and not routed(_RowsSplitFour())
+    rng = np.random.default_rng(2)
+    table0 = rng.normal(size=(12, 3)).astype(np.float32)
+    ids = np.array([[11, 0, 5, 5, 3], [3, 3, 8, 11, 2]], np.int32)
+    dy = rng.normal(size=(2, 5, 3)).astype(np.float32)
+    table = tf.Variable(table0)
+
+    @tf.function(jit_compile=True)
+    def step(ids, dy):
+        with tf.GradientTape() as tape:
+            rows = routed_lookup(_RoutedStandIn(), table, ids)
             loss = tf.reduce_sum(rows * dy)
         return rows, tf.convert_to_tensor(tape.gradient(loss, table))
 

@@ -88,8 +88,11 @@ def test_closed_log_of_the_reference_keys_passes_the_checker(tmp_path):
 
 def test_memory_bound_per_device_and_the_smallest_mesh():
     """benchmarks/dlrmv4/memory.py: the reference's tables split 8 ways are 75.02 GB of float32 rows and 0.15 GB of
-    accumulators per device (the sizes worked by hand); GBS 8192 on 8 H200s is refused with no split fitting (its
-    looked-up rows alone exceed the device), a batch of 512 names 16 devices, which then fits."""
+    accumulators per device (the sizes worked by hand). Every device looking up the whole step's ids (GBS 8192 on
+    8 H200s, batch not split over the rows' devices) is refused with no split fitting; a batch of 512 names 16
+    devices, which then fits. Routed (batch split over the rows' devices): a device's lookups are its share's ids,
+    its routing buffers n x min(its ids, an owner's rows) rows per lookup in each direction; GBS 8192 on 8 H200s
+    is refused naming 32 devices, which fit, and fits the reference's 288 GB MI350X on 8."""
     from harness import config as config_lib
 
     from benchmarks.dlrmv4 import memory
@@ -99,10 +102,21 @@ def test_memory_bound_per_device_and_the_smallest_mesh():
     b = memory.per_device(cfg, 8, 8192)
     assert b.tables == b.table_gradients == 4 * 512 * sum(-(-n // 8) for n in cfg.model.tables.values())
     assert round(b.tables / 1e9, 2) == 75.02 and round(b.accumulators / 1e9, 2) == 0.15
-    assert b.lookups == 8 * 8192 * (3 * 4087 + 8) * 512 and b.dense == 16 * 15_243_057
+    assert b.lookups == 8 * 8192 * (3 * 4088 + 8) * 512 and b.dense == 16 * 15_243_057  # 3 candidate ids too
+    assert b.routing == 0
     h200 = (141 * 10**9, "H200 141 GB")
     line = memory.refusal(cfg, 8, 8192, h200)
-    assert line.startswith("dlrmv4 needs at least 523.5 GiB") and "no split of the rows fits" in line, line
+    assert line.startswith("dlrmv4 needs at least") and "no split of the rows fits" in line, line
     assert memory.smallest_mesh(cfg, 512, h200[0]) == 16
     assert "splits the rows 16 ways" in memory.refusal(cfg, 8, 512, h200)
     assert memory.refusal(cfg, 16, 512, h200) is None
+    r = memory.per_device(cfg, 8, 1024, routed=True)
+    assert r.lookups == 8 * 1024 * (3 * 4088 + 8) * 512 and r.tables == b.tables
+    rows = {t: -(-n // 8) for t, n in cfg.model.tables.items()}
+    slots = sum(8 * min(1024 * 4087, rows[t]) + 8 * min(1024, rows[t]) for t in ("item_id", "artist_id", "album_id"))
+    assert r.routing == 2 * 4 * 512 * (slots + 8 * 1024 * 8)
+    line = memory.refusal(cfg, 8, 8192, h200, routed=True)
+    assert "1,024-sample share" in line and line.endswith("the smallest mesh that fits splits the rows 32 ways "
+                                                          "(101.1 GiB)"), line
+    assert memory.refusal(cfg, 32, 8192, h200, routed=True) is None
+    assert memory.refusal(cfg, 8, 8192, memory.REFERENCE_DEVICE, routed=True) is None

@@ -112,13 +112,13 @@ def test_closed_reference_log_passes_the_closed_checker(tmp_path):
     from benchmarks.dlrmv4.workload import DlrmV4Workload
     from conftest import REPO
 
-    # The config as shipped is refused before the log (its header says why); its keys are the workload's own,
-    # on the stand-in runtime of its 8 devices, with the cache's counts given (it is not read).
+    # On 8 H200s the config is refused before the log (gpu-8x-h200.yaml's header says why); its keys are the
+    # workload's own, on the stand-in runtime of its 8 devices, with the cache's counts given (it is not read).
     cfg = config_lib.load_config(os.path.join(REPO, "configs/dlrmv4/reference.yaml"),
                                  ["submission.platform=8xh200-141gb-gpu", "data.train_samples=2290835423",
                                   "data.eval_samples=2058204"])
     workload = DlrmV4Workload(cfg, StandInRuntime(cfg, device_plan(cfg)))
-    with pytest.raises(HarnessError, match="needs ids routed to their owners"):
+    with pytest.raises(HarnessError, match="the smallest mesh that fits splits the rows 32 ways"):
         workload.validate_model()
     workload.validate_closed()
     assert (workload.train_samples, workload.eval_samples) == (2_290_835_423, 2_058_204)

@@ -56,8 +56,7 @@ RUN_HERE = {
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
 REFUSED: dict[str, str] = {
-    "configs/dlrmv4/reference.yaml": "needs ids routed to their owners",
-    "configs/dlrmv4/gpu-8x-h200.yaml": "needs ids routed to their owners",
+    "configs/dlrmv4/gpu-8x-h200.yaml": "the smallest mesh that fits splits the rows 32 ways",
     "configs/qwen35_397b_grpo/reference.yaml": "R2E-Gym task containers and an OpenHands agent",
 }
 

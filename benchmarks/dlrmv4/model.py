@@ -21,12 +21,12 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal, \
+from harness.nn.layers import Block, Dense, LayerNorm, constant, dropout, glorot_uniform, normal, silu, \
     vocab_parallel_lookup
 from harness.runtime.base import Runtime
 
 from benchmarks.dlrmv4.config import CONTEXT_TABLES, ITEM_TABLES, NUM_ACTION_BITS, ModelConfig
-from benchmarks.dlrmv4.owner_lookup import owner_lookup
+from benchmarks.dlrmv4.owner_lookup import owner_lookup, routed, routed_lookup
 
 NUM_CONTEXT = len(CONTEXT_TABLES)
 # TimestampLayerNormPostprocessor's periods: (seconds per unit, units per period), hour of day, day of week;
@@ -62,9 +62,13 @@ def lookup(runtime: Runtime, table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
     The tables' rows are the `vocab` dimension: a mesh whose layout splits it keeps each table in row shards,
     and the ids are looked up by `owner_lookup` (each distinct id read on the device owning its row, one sum
     over the split), whose gradient reaches each device for its own rows only, repeats summed: no device
-    holds a tensor of (its rows) x (the step's ids), which the reference's tables could not afford.
+    holds a tensor of (its rows) x (the step's ids), which the reference's tables could not afford. A layout
+    splitting the batch over the same devices (`routed`) sends each device's own ids to their owners instead
+    (`routed_lookup`, two all-to-alls), so a device handles its batch share's ids only.
     """
     size = ids.shape.num_elements()
+    if routed(runtime):
+        return routed_lookup(runtime, table, ids)
     if runtime.shards("vocab") > 1:
         return owner_lookup(runtime, table, ids)
     if runtime.jit_compile:
@@ -141,7 +145,7 @@ class STULayer(Block):
         normed = self.input_norm(x)
         proj = tf.matmul(normed, tf.cast(self.uvqk, x.dtype)) + tf.cast(self.uvqk_bias, x.dtype)
         u, v, q, k = tf.split(proj, [h * uv, h * uv, h * qk, h * qk], axis=-1)
-        u = tf.nn.silu(u)
+        u = silu(u)
         q = tf.reshape(q, [b, s, h, qk])
         k = tf.reshape(k, [b, s, h, qk])
         v = tf.reshape(v, [b, s, h, uv])
@@ -149,7 +153,7 @@ class STULayer(Block):
         causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)
         mask = causal[None, None] * tf.cast(valid, tf.float32)[:, None, None, :]
         scale = 1.0 / tf.cast(n_max, tf.float32)[:, None, None, None]
-        attn = tf.cast(tf.nn.silu(scores) * scale * mask, x.dtype)
+        attn = tf.cast(silu(scores) * scale * mask, x.dtype)
         a = tf.reshape(tf.einsum("bhij,bjhd->bihd", attn, v), [b, s, h * uv])
         uf, af = tf.cast(u, tf.float32), tf.cast(a, tf.float32)
         y = tf.concat([uf, af, uf * tf.cast(self.output_norm(af), tf.float32)], axis=-1)

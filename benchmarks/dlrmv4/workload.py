@@ -10,8 +10,9 @@ The eval scores every sample of the eval window: each replica's logits are gathe
 computed exactly over all of them (benchmarks/dlrmv4/metrics.py), never averaged over replicas.
 
 On a mesh whose layout splits `vocab`, every table and its Adagrad accumulator are held in row shards (model.py
-`lookup`). On TPU the native engine for such tables is TPUEmbedding, which the harness does not wire: a TPU run
-is refused.
+`lookup`); a layout splitting the batch over the same axis routes each device's ids to their owners by
+all-to-all (owner_lookup.py `routed_lookup`). On TPU the native engine for such tables is TPUEmbedding, which
+the harness does not wire: a TPU run is refused.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from harness.train.workload import EvalSchedule, LossTerm, Workload, sample_sche
 from benchmarks.dlrmv4 import config, data, hparams, memory, training
 from benchmarks.dlrmv4.metrics import exact_auc
 from benchmarks.dlrmv4.model import HSTURanker
+from benchmarks.dlrmv4.owner_lookup import routed
 from benchmarks.dlrmv4.rules import RULES
 
 PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
@@ -60,9 +62,10 @@ class DlrmV4Workload(Workload):
 
     @property
     def groups(self) -> int:
-        """Replicas whose batches one call of the model holds: a mesh step sees the global batch (the runtime's
-        group of a batch statistic over a span of 0: one replica's batch on tf.distribute, all on a mesh)."""
-        return self.runtime.batch_norm_group(0, self.replica_batch)
+        """Replicas whose batches one call of the model holds: all of them on a mesh (its step sees the global
+        batch), one on tf.distribute and on the dry run's stand-in replica (which compiles one replica's share of
+        a mesh whose batch axis is split)."""
+        return self.runtime.program_batch(self.runtime.num_replicas)
 
     def eval_schedule(self) -> EvalSchedule:
         """The cadence's evals (rules.py, which `plan` reads too) within schedule.max_epochs passes, then one at the
@@ -80,11 +83,18 @@ class DlrmV4Workload(Workload):
         if self.runtime.device_type == "TPU":
             raise HarnessError("dlrmv4 does not run on TPU: its tables belong in TPUEmbedding, which the harness "
                                "does not wire; run on GPU or CPU")
-        # A mesh step looks up the global batch's ids on every device (owner_lookup deduplicates them over the
-        # whole batch); a tf.distribute replica its own batch's.
-        batch = self.runtime.program_batch(self.cfg.schedule.global_batch_size)
+        gbs, shards = self.cfg.schedule.global_batch_size, self.runtime.shards("vocab")
         limit = device_memory(self.cfg.submission.platform) or memory.REFERENCE_DEVICE
-        line = memory.refusal(self.cfg, self.runtime.shards("vocab"), batch, limit)
+        if routed(self.runtime):
+            # Each device routes its batch share's ids to their owners (owner_lookup.py `routed_lookup`).
+            if gbs % shards:
+                raise HarnessError(f"schedule.global_batch_size={gbs}: the routed lookup splits the batch over the "
+                                   f"{shards} devices splitting the tables' rows; use a multiple of {shards}")
+            line = memory.refusal(self.cfg, shards, gbs, limit, routed=True)
+        else:
+            # A mesh step looks up the global batch's ids on every device (owner_lookup deduplicates them over
+            # the whole batch); a tf.distribute replica its own batch's.
+            line = memory.refusal(self.cfg, shards, self.runtime.program_batch(gbs), limit)
         if line:
             raise HarnessError(line)
 
