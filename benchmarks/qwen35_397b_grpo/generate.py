@@ -22,10 +22,13 @@ their low 32 bits (measured on TF 2 CPU: seeds (0, 2^32) and (0, 0) draw the sam
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from benchmarks.qwen35_397b_grpo.model import Qwen35
 
@@ -121,7 +124,13 @@ class Generator:
     slots: rows per call; prompt_length: the longest prompt (shorter ones left-padded); max_new_tokens: the
     length cap per slot; stop_ids: tokens that end a slot. One XLA compile (jit_compile; else one trace) of the
     prefill and one of the decode step for these shapes, reused by every call, whatever the sampling settings
-    (they are inputs)."""
+    (they are inputs).
+
+    On a DTensor mesh runtime (the model's variables DVariables) the inputs are placed on the mesh as the
+    training step's are: rows split over the batch mesh dimension (prompts, pads, keys, the drawn tokens),
+    scalars replicated; the caches take the weights' splits (`Qwen35.empty_cache`), and the drawn tokens
+    and log-probabilities come back to the host whole. XLA as the runtime's own steps take it (a CPU mesh
+    builds no XLA program: see harness/runtime/mesh.py `replica_function`)."""
 
     def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
                  stop_ids: tuple[int, ...] = (), pad_id: int = 0, jit_compile: bool = True) -> None:
@@ -132,8 +141,26 @@ class Generator:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.pad_id = pad_id
         self.length = prompt_length + max_new_tokens
+        self.mesh = getattr(model.runtime, "mesh", None)  # a DTensor mesh, or None (one device, replicas)
+        if self.mesh is not None:
+            jit_compile = jit_compile and model.runtime.device_type == "GPU"
         self._prefill = tf.function(self._prefill_fn, jit_compile=jit_compile, autograph=False)
         self._decode = tf.function(self._decode_fn, jit_compile=jit_compile, autograph=False)
+
+    def _put(self, value: Any, dtype: tf.DType, dims: tuple[str | None, ...] = ()) -> tf.Tensor:
+        """A host value as the compiled functions' input: on a mesh, a DTensor laid out by named `dims`."""
+        t = tf.constant(value, dtype)
+        if self.mesh is None:
+            return t
+        runtime = self.model.runtime
+        return runtime.to_mesh(t, runtime.layout_for(dims or (None,) * t.shape.rank))
+
+    def _host(self, t: tf.Tensor) -> np.ndarray:
+        """A compiled function's per-row output, whole, on the host."""
+        if self.mesh is None:
+            return t.numpy()
+        runtime = self.model.runtime
+        return runtime.to_host(runtime.gather(t))
 
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
         return row_seeds(seed, keys, n)
@@ -168,21 +195,22 @@ class Generator:
         block = np.full([self.slots, self.prompt_length], self.pad_id, np.int32)
         for r, p in enumerate(rows):
             block[r, pads[r]:] = p
-        args = dict(seed=tf.constant(seed, tf.int64), keys=tf.constant(keys, tf.int64),
-                    temperature=tf.constant(sampling.temperature, tf.float32),
-                    top_p=tf.constant(sampling.top_p, tf.float32))
-        pads_t = tf.constant(pads)
-        token, lp, cache = self._prefill(tf.constant(block), pads_t, **args)
-        out_tokens, out_lps = [token.numpy()], [lp.numpy()]
-        done = np.isin(out_tokens[0], stops)
-        for n in range(1, self.max_new_tokens):
-            if done[:n_rows].all():
-                break
-            token, lp, cache = self._decode(token, cache, tf.constant(self.prompt_length + n - 1, tf.int32),
-                                            pads_t, n=tf.constant(n, tf.int64), **args)
-            out_tokens.append(token.numpy())
-            out_lps.append(lp.numpy())
-            done |= np.isin(out_tokens[-1], stops)
+        args = dict(seed=self._put(seed, tf.int64), keys=self._put(keys, tf.int64, ("batch",)),
+                    temperature=self._put(sampling.temperature, tf.float32),
+                    top_p=self._put(sampling.top_p, tf.float32))
+        pads_t = self._put(pads, tf.int32, ("batch",))
+        with contextlib.nullcontext() if self.mesh is None else dtensor.default_mesh(self.mesh):
+            token, lp, cache = self._prefill(self._put(block, tf.int32, ("batch", None)), pads_t, **args)
+            out_tokens, out_lps = [self._host(token)], [self._host(lp)]
+            done = np.isin(out_tokens[0], stops)
+            for n in range(1, self.max_new_tokens):
+                if done[:n_rows].all():
+                    break
+                token, lp, cache = self._decode(token, cache, self._put(self.prompt_length + n - 1, tf.int32),
+                                                pads_t, n=self._put(n, tf.int64), **args)
+                out_tokens.append(self._host(token))
+                out_lps.append(self._host(lp))
+                done |= np.isin(out_tokens[-1], stops)
         return self._rollouts(prompts, np.stack(out_tokens, 1), np.stack(out_lps, 1), stops)
 
     def _rollouts(self, prompts: list[list[int]], new: np.ndarray, lps: np.ndarray, stops: tuple[int, ...]
