@@ -285,7 +285,7 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
     # the identity compared from positions, not tf.eye: DTensor has no layout rule for MatrixDiag
     eye = tf.cast(tf.equal(tf.range(chunk)[:, None], tf.range(chunk)[None, :]), tf.float32)
     strict = lower - eye
-    ut = eye + tf.einsum("...ik,...jk->...ij", k_beta, k) * decay * strict
+    ut = eye + tf.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay * strict
     decayed_keys = k_beta * tf.exp(cum)[..., None] * reads
     if dtensor_ops:
         inverse = unit_lower_inverse(ut, eye)
@@ -293,7 +293,7 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
     else:
         new_values = tf.linalg.triangular_solve(ut, v_beta, lower=True)
         k_cumdecay = tf.linalg.triangular_solve(ut, decayed_keys, lower=True)
-    intra = tf.einsum("...ik,...jk->...ij", q, k) * decay
+    intra = tf.einsum("nbhik,nbhjk->nbhij", q, k) * decay
     q_in = q * tf.exp(cum)[..., None] * reads
     k_out = k * tf.exp(cum[..., -1:] - cum)[..., None] * writes
     chunk_decay = tf.exp(cum[..., -1])[..., None, None] * carries

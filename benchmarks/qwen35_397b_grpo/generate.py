@@ -67,7 +67,15 @@ def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor
     return tf.cond(top_p < 1.0, lambda: tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), lambda: scaled)
 
 
-def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: tf.Tensor
+def per_row(fn: Any, rows: tf.Tensor, dtype: tf.DType, unroll: bool = False) -> tf.Tensor:
+    """fn over the rows of `rows`, stacked: a map_fn, or with `unroll` (a static row count) a Python loop of
+    the same ops, which a DTensor mesh lays out (it has none for map_fn's TensorList ops)."""
+    if unroll:
+        return tf.stack([fn(rows[i]) for i in range(rows.shape[0])])
+    return tf.map_fn(fn, rows, fn_output_signature=dtype)
+
+
+def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: tf.Tensor, unroll: bool = False
            ) -> tuple[tf.Tensor, tf.Tensor]:
     """(tokens [b] int32, their log-probabilities [b] float32) of float32 logits [b, vocab], seeds [b, 2] int64
     (one stateless seed per row).
@@ -77,7 +85,8 @@ def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: t
     temperature and top-p; at temperature 1 and top-p 1 (training) the raw log-softmax. Greedy
     (temperature < 1e-5): the argmax and the raw log-softmax at it (vLLM's all-greedy path). The draw is
     Gumbel-max, argmax(processed + G), G = -log(-log U), U ~ uniform(seed of the row): exactly a draw from
-    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution)."""
+    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution). `unroll`: see
+    `per_row` (the same numbers)."""
     processed = processed_logits(logits, temperature, top_p)
     greedy = temperature < GREEDY_BELOW
     vocab = logits.shape[-1]
@@ -86,21 +95,21 @@ def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: t
         u = tf.random.stateless_uniform([vocab], seed, minval=np.finfo(np.float32).tiny, maxval=1.0)
         return -tf.math.log(-tf.math.log(u))
 
-    noise = tf.map_fn(gumbel, seeds, fn_output_signature=tf.float32)
+    noise = per_row(gumbel, seeds, tf.float32, unroll)
     drawn = tf.argmax(processed + tf.where(greedy, 0.0, noise), -1, output_type=tf.int32)
     lp = tf.nn.log_softmax(tf.where(greedy, tf.cast(logits, tf.float32), processed), -1)
     return drawn, tf.gather(lp, drawn, batch_dims=1)
 
 
-def row_seeds(seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor | int) -> tf.Tensor:
+def row_seeds(seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor | int, unroll: bool = False) -> tf.Tensor:
     """Stateless seed pairs [b, 2] int64 for draw n of rows keyed keys [b] under run seed `seed`: the key, then
     n, folded into (seed, 0) (tf.random.experimental.stateless_fold_in: (hash of the seed pair, data)). Distinct
     keys and distinct n give distinct streams, under XLA too (which reads each component's low 32 bits: keep
-    seed, key and n below 2^32)."""
+    seed, key and n below 2^32). `unroll`: see `per_row`."""
     base = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
     n = tf.cast(n, tf.int64)
     fold = tf.random.experimental.stateless_fold_in
-    return tf.map_fn(lambda k: fold(fold(base, k), n), tf.cast(keys, tf.int64), fn_output_signature=tf.int64)
+    return per_row(lambda k: fold(fold(base, k), n), tf.cast(keys, tf.int64), tf.int64, unroll)
 
 
 @dataclasses.dataclass
@@ -163,17 +172,17 @@ class Generator:
         return runtime.to_host(runtime.gather(t))
 
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
-        return row_seeds(seed, keys, n)
+        return row_seeds(seed, keys, n, unroll=self.mesh is not None)
 
     def _prefill_fn(self, tokens, pads, seed, keys, temperature, top_p):
         cache = self.model.empty_cache(self.slots, self.length)
         logits, cache = self.model.step(tokens, cache, 0, pads)
-        drawn, lp = sample(logits[:, -1], temperature, top_p, self._seeds(seed, keys, 0))
+        drawn, lp = sample(logits[:, -1], temperature, top_p, self._seeds(seed, keys, 0), self.mesh is not None)
         return drawn, lp, cache
 
     def _decode_fn(self, token, cache, column, pads, seed, keys, n, temperature, top_p):
         logits, cache = self.model.step(token[:, None], cache, column, pads)
-        drawn, lp = sample(logits[:, 0], temperature, top_p, self._seeds(seed, keys, n))
+        drawn, lp = sample(logits[:, 0], temperature, top_p, self._seeds(seed, keys, n), self.mesh is not None)
         return drawn, lp, cache
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams = TRAINING, seed: int = 0,
