@@ -59,11 +59,16 @@ def top_p_keep(logits: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
     return tf.logical_not(tf.gather(drop, tf.argsort(order, axis=-1), batch_dims=1))
 
 
-def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, branchless: bool = False
+                     ) -> tf.Tensor:
     """The logits the draw samples from: float32 logits / temperature (1 when greedy), tokens top-p drops at
-    -inf. Its log-softmax is vLLM's `processed_logprobs` (the generator's lp_gen in GRPO)."""
+    -inf. Its log-softmax is vLLM's `processed_logprobs` (the generator's lp_gen in GRPO). `branchless`: the
+    same numbers by a select of whole shape instead of a tf.cond (for a DTensor mesh)."""
     temperature = tf.cast(temperature, tf.float32)
     scaled = tf.cast(logits, tf.float32) / tf.where(temperature < GREEDY_BELOW, 1.0, temperature)
+    if branchless:
+        return tf.where(tf.logical_and(top_p < 1.0, tf.ones_like(scaled, tf.bool)),
+                        tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), scaled)
     return tf.cond(top_p < 1.0, lambda: tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), lambda: scaled)
 
 
@@ -85,10 +90,12 @@ def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: t
     temperature and top-p; at temperature 1 and top-p 1 (training) the raw log-softmax. Greedy
     (temperature < 1e-5): the argmax and the raw log-softmax at it (vLLM's all-greedy path). The draw is
     Gumbel-max, argmax(processed + G), G = -log(-log U), U ~ uniform(seed of the row): exactly a draw from
-    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution). `unroll`: see
-    `per_row` (the same numbers)."""
-    processed = processed_logits(logits, temperature, top_p)
+    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution). `unroll` (for a
+    DTensor mesh): see `per_row`, and `processed_logits`'s `branchless` (the same numbers)."""
+    processed = processed_logits(logits, temperature, top_p, branchless=unroll)
     greedy = temperature < GREEDY_BELOW
+    if unroll:  # a scalar condition broadcast by tf.where crashes a DTensor mesh's CPU run (measured)
+        greedy = tf.logical_and(greedy, tf.ones_like(processed, tf.bool))
     vocab = logits.shape[-1]
 
     def gumbel(seed: tf.Tensor) -> tf.Tensor:
@@ -136,8 +143,8 @@ class Generator:
     (they are inputs).
 
     On a DTensor mesh runtime (the model's variables DVariables) the inputs are placed on the mesh as the
-    training step's are: rows split over the batch mesh dimension (prompts, pads, keys, the drawn tokens),
-    scalars replicated; the caches take the weights' splits (`Qwen35.empty_cache`), and the drawn tokens
+    training step's are: rows split over the batch mesh dimension (prompts, pads), the seeds' keys, the last
+    logits the draw reads and so the drawn tokens replicated, scalars replicated; the caches take the weights' splits (`Qwen35.empty_cache`), and the drawn tokens
     and log-probabilities come back to the host whole. XLA as the runtime's own steps take it (a CPU mesh
     builds no XLA program: see harness/runtime/mesh.py `replica_function`)."""
 
@@ -171,18 +178,25 @@ class Generator:
         runtime = self.model.runtime
         return runtime.to_host(runtime.gather(t))
 
+    def _whole(self, logits: tf.Tensor) -> tf.Tensor:
+        """The last logits [slots, vocab] replicated (on a mesh, DTensor's CPU expansion of the draw's selects
+        over rows split over `data` fails: measured); one device: unchanged."""
+        return self.model.runtime.place(logits, (None, None))
+
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
         return row_seeds(seed, keys, n, unroll=self.mesh is not None)
 
     def _prefill_fn(self, tokens, pads, seed, keys, temperature, top_p):
         cache = self.model.empty_cache(self.slots, self.length)
         logits, cache = self.model.step(tokens, cache, 0, pads)
-        drawn, lp = sample(logits[:, -1], temperature, top_p, self._seeds(seed, keys, 0), self.mesh is not None)
+        drawn, lp = sample(self._whole(logits[:, -1]), temperature, top_p, self._seeds(seed, keys, 0),
+                           self.mesh is not None)
         return drawn, lp, cache
 
     def _decode_fn(self, token, cache, column, pads, seed, keys, n, temperature, top_p):
         logits, cache = self.model.step(token[:, None], cache, column, pads)
-        drawn, lp = sample(logits[:, 0], temperature, top_p, self._seeds(seed, keys, n), self.mesh is not None)
+        drawn, lp = sample(self._whole(logits[:, 0]), temperature, top_p, self._seeds(seed, keys, n),
+                           self.mesh is not None)
         return drawn, lp, cache
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams = TRAINING, seed: int = 0,
@@ -204,7 +218,7 @@ class Generator:
         block = np.full([self.slots, self.prompt_length], self.pad_id, np.int32)
         for r, p in enumerate(rows):
             block[r, pads[r]:] = p
-        args = dict(seed=self._put(seed, tf.int64), keys=self._put(keys, tf.int64, ("batch",)),
+        args = dict(seed=self._put(seed, tf.int64), keys=self._put(keys, tf.int64),
                     temperature=self._put(sampling.temperature, tf.float32),
                     top_p=self._put(sampling.top_p, tf.float32))
         pads_t = self._put(pads, tf.int32, ("batch",))
