@@ -144,9 +144,10 @@ class Generator:
 
     On a DTensor mesh runtime (the model's variables DVariables) the inputs are placed on the mesh as the
     training step's are: rows split over the batch mesh dimension (prompts, pads), the seeds' keys, the last
-    logits the draw reads and so the drawn tokens replicated, scalars replicated; the caches take the weights' splits (`Qwen35.empty_cache`), and the drawn tokens
-    and log-probabilities come back to the host whole. XLA as the runtime's own steps take it (a CPU mesh
-    builds no XLA program: see harness/runtime/mesh.py `replica_function`)."""
+    logits the draw reads and so the drawn tokens replicated, scalars replicated; the caches take the weights'
+    splits (`Qwen35.empty_cache`), and the drawn tokens and log-probabilities come back to the host whole.
+    XLA as the runtime's own steps take it (a CPU mesh builds no XLA program: see harness/runtime/mesh.py
+    `replica_function`)."""
 
     def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
                  stop_ids: tuple[int, ...] = (), pad_id: int = 0, jit_compile: bool = True) -> None:
