@@ -178,8 +178,11 @@ class GatedDeltaNet(Block):
         q, k, v = prepare_qkv(q, k, v, s.linear_num_value_heads // s.linear_num_key_heads)
         if form not in ("chunked", "recurrent"):
             raise ValueError(f"form must be 'chunked' or 'recurrent', got {form!r}")
-        rule = gated_delta_chunked if form == "chunked" else gated_delta_recurrent
-        o, recurrent_state = rule(q, k, v, g, beta, recurrent_state, starts)
+        if form == "chunked":  # unrolled on a DTensor mesh (see gated_delta_chunked)
+            o, recurrent_state = gated_delta_chunked(q, k, v, g, beta, recurrent_state, starts,
+                                                     dtensor_ops=self.runtime.kind == "mesh")
+        else:
+            o, recurrent_state = gated_delta_recurrent(q, k, v, g, beta, recurrent_state, starts)
         z = tf.reshape(z, [batch, length, s.linear_num_value_heads, s.linear_value_head_dim])
         y = gated_rms_norm(tf.cast(o, x.dtype), z, w(self.norm), s.rms_norm_eps)
         y = tf.reshape(y, [batch, length, s.value_dim])
@@ -242,13 +245,15 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
     return tf.transpose(outs, [1, 0, 2, 3]), states[-1]
 
 
-def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = CHUNK):
+def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = CHUNK, dtensor_ops: bool = False):
     """The same rule in chunks (torch_chunk_gated_delta_rule): inside a chunk the UT transform
     T = (I + strictly_lower((beta k) k^T * decay))^-1 gives the corrected values T (beta v) and the decayed keys
     T (beta k e^{cumsum g}) reading the incoming state; a scan over chunks carries the state. With packed
     segments (starts) every pairwise term is zero across a segment start: the decay matrix is masked to pairs
     of one segment, only the tokens of the incoming state's segment read it, and only those of the chunk's last
-    segment write the outgoing one."""
+    segment write the outgoing one. `dtensor_ops` (static shapes only): ops a DTensor mesh lays out, which has
+    no layout rule for a triangular solve nor for the TensorList ops a scan's gradient accumulates into: T by
+    matrix products (`unit_lower_inverse`) and the chunks in a Python loop (the graph grows with their count)."""
     batch, length = tf.shape(v)[0], tf.shape(v)[1]
     heads, dk, dv = v.shape[2], k.shape[-1], v.shape[-1]
     if state is None:
@@ -277,11 +282,18 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
     cum = tf.cumsum(g, axis=-1)  # [N, B, H, C]
     lower = tf.linalg.band_part(tf.ones([chunk, chunk]), -1, 0)  # j <= i
     decay = tf.exp(tf.where(lower > 0, cum[..., :, None] - cum[..., None, :], -np.inf)) * same
-    strict = lower - tf.eye(chunk)
-    ut = tf.eye(chunk) + tf.einsum("...ik,...jk->...ij", k_beta, k) * decay * strict
-    new_values = tf.linalg.triangular_solve(ut, v_beta, lower=True)
-    k_cumdecay = tf.linalg.triangular_solve(ut, k_beta * tf.exp(cum)[..., None] * reads, lower=True)
-    intra = tf.einsum("...ik,...jk->...ij", q, k) * decay
+    # the identity compared from positions, not tf.eye: DTensor has no layout rule for MatrixDiag
+    eye = tf.cast(tf.equal(tf.range(chunk)[:, None], tf.range(chunk)[None, :]), tf.float32)
+    strict = lower - eye
+    ut = eye + tf.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay * strict
+    decayed_keys = k_beta * tf.exp(cum)[..., None] * reads
+    if dtensor_ops:
+        inverse = unit_lower_inverse(ut, eye)
+        new_values, k_cumdecay = tf.matmul(inverse, v_beta), tf.matmul(inverse, decayed_keys)
+    else:
+        new_values = tf.linalg.triangular_solve(ut, v_beta, lower=True)
+        k_cumdecay = tf.linalg.triangular_solve(ut, decayed_keys, lower=True)
+    intra = tf.einsum("nbhik,nbhjk->nbhij", q, k) * decay
     q_in = q * tf.exp(cum)[..., None] * reads
     k_out = k * tf.exp(cum[..., -1:] - cum)[..., None] * writes
     chunk_decay = tf.exp(cum[..., -1])[..., None, None] * carries
@@ -294,10 +306,32 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
         return s * cd + tf.matmul(ko, v_new, transpose_a=True), out
 
     first = tf.zeros_like(new_values[0])
-    states, outs = tf.scan(step, (new_values, k_cumdecay, q_in, k_out, intra, chunk_decay),
-                           initializer=(state, first))
+    inputs = (new_values, k_cumdecay, q_in, k_out, intra, chunk_decay)
+    if dtensor_ops:  # the same steps as the scan's, in Python over the static chunk count
+        carry, outs = (state, first), []
+        for i in range(v.shape[1] // chunk + bool(v.shape[1] % chunk)):
+            carry = step(carry, [t[i] for t in inputs])
+            outs.append(carry[1])
+        states, outs = carry[0][None], tf.stack(outs)
+    else:
+        states, outs = tf.scan(step, inputs, initializer=(state, first))
     outs = tf.reshape(tf.transpose(outs, [1, 0, 3, 2, 4]), [batch, n * chunk, heads, dv])
     return outs[:, :length], states[-1]
+
+
+def unit_lower_inverse(ut: tf.Tensor, eye: tf.Tensor) -> tf.Tensor:
+    """(I + L)^-1 of unit lower-triangular matrices ut = I + L [..., C, C] by matrix products: L is strictly
+    lower, so L^C = 0 and the inverse is the finite series sum_{j<C} (-L)^j = (I - L)(I + L^2)(I + L^4)...,
+    one squaring and one product per doubling of the terms covered. Equal to a triangular solve up to
+    float rounding."""
+    power = eye - ut                 # -L
+    inverse = eye + power            # the terms j < 2
+    covered = 2
+    while covered < ut.shape[-1]:
+        power = tf.matmul(power, power)                  # (-L)^covered
+        inverse = inverse + tf.matmul(inverse, power)    # the terms j < 2 covered
+        covered *= 2
+    return inverse
 
 
 def gated_rms_norm(o: tf.Tensor, z: tf.Tensor, weight: tf.Tensor, eps: float) -> tf.Tensor:

@@ -22,10 +22,13 @@ their low 32 bits (measured on TF 2 CPU: seeds (0, 2^32) and (0, 0) draw the sam
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from benchmarks.qwen35_397b_grpo.model import Qwen35
 
@@ -56,15 +59,28 @@ def top_p_keep(logits: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
     return tf.logical_not(tf.gather(drop, tf.argsort(order, axis=-1), batch_dims=1))
 
 
-def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+def processed_logits(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, branchless: bool = False
+                     ) -> tf.Tensor:
     """The logits the draw samples from: float32 logits / temperature (1 when greedy), tokens top-p drops at
-    -inf. Its log-softmax is vLLM's `processed_logprobs` (the generator's lp_gen in GRPO)."""
+    -inf. Its log-softmax is vLLM's `processed_logprobs` (the generator's lp_gen in GRPO). `branchless`: the
+    same numbers by a select of whole shape instead of a tf.cond (for a DTensor mesh)."""
     temperature = tf.cast(temperature, tf.float32)
     scaled = tf.cast(logits, tf.float32) / tf.where(temperature < GREEDY_BELOW, 1.0, temperature)
+    if branchless:
+        return tf.where(tf.logical_and(top_p < 1.0, tf.ones_like(scaled, tf.bool)),
+                        tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), scaled)
     return tf.cond(top_p < 1.0, lambda: tf.where(top_p_keep(scaled, top_p), scaled, -np.inf), lambda: scaled)
 
 
-def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: tf.Tensor
+def per_row(fn: Any, rows: tf.Tensor, dtype: tf.DType, unroll: bool = False) -> tf.Tensor:
+    """fn over the rows of `rows`, stacked: a map_fn, or with `unroll` (a static row count) a Python loop of
+    the same ops, which a DTensor mesh lays out (it has none for map_fn's TensorList ops)."""
+    if unroll:
+        return tf.stack([fn(rows[i]) for i in range(rows.shape[0])])
+    return tf.map_fn(fn, rows, fn_output_signature=dtype)
+
+
+def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: tf.Tensor, unroll: bool = False
            ) -> tuple[tf.Tensor, tf.Tensor]:
     """(tokens [b] int32, their log-probabilities [b] float32) of float32 logits [b, vocab], seeds [b, 2] int64
     (one stateless seed per row).
@@ -74,30 +90,33 @@ def sample(logits: tf.Tensor, temperature: tf.Tensor, top_p: tf.Tensor, seeds: t
     temperature and top-p; at temperature 1 and top-p 1 (training) the raw log-softmax. Greedy
     (temperature < 1e-5): the argmax and the raw log-softmax at it (vLLM's all-greedy path). The draw is
     Gumbel-max, argmax(processed + G), G = -log(-log U), U ~ uniform(seed of the row): exactly a draw from
-    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution)."""
-    processed = processed_logits(logits, temperature, top_p)
+    softmax(processed) (vLLM's exponential race, probs / Exp(1), is the same distribution). `unroll` (for a
+    DTensor mesh): see `per_row`, and `processed_logits`'s `branchless` (the same numbers)."""
+    processed = processed_logits(logits, temperature, top_p, branchless=unroll)
     greedy = temperature < GREEDY_BELOW
+    if unroll:  # a scalar condition broadcast by tf.where crashes a DTensor mesh's CPU run (measured)
+        greedy = tf.logical_and(greedy, tf.ones_like(processed, tf.bool))
     vocab = logits.shape[-1]
 
     def gumbel(seed: tf.Tensor) -> tf.Tensor:
         u = tf.random.stateless_uniform([vocab], seed, minval=np.finfo(np.float32).tiny, maxval=1.0)
         return -tf.math.log(-tf.math.log(u))
 
-    noise = tf.map_fn(gumbel, seeds, fn_output_signature=tf.float32)
+    noise = per_row(gumbel, seeds, tf.float32, unroll)
     drawn = tf.argmax(processed + tf.where(greedy, 0.0, noise), -1, output_type=tf.int32)
     lp = tf.nn.log_softmax(tf.where(greedy, tf.cast(logits, tf.float32), processed), -1)
     return drawn, tf.gather(lp, drawn, batch_dims=1)
 
 
-def row_seeds(seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor | int) -> tf.Tensor:
+def row_seeds(seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor | int, unroll: bool = False) -> tf.Tensor:
     """Stateless seed pairs [b, 2] int64 for draw n of rows keyed keys [b] under run seed `seed`: the key, then
     n, folded into (seed, 0) (tf.random.experimental.stateless_fold_in: (hash of the seed pair, data)). Distinct
     keys and distinct n give distinct streams, under XLA too (which reads each component's low 32 bits: keep
-    seed, key and n below 2^32)."""
+    seed, key and n below 2^32). `unroll`: see `per_row`."""
     base = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
     n = tf.cast(n, tf.int64)
     fold = tf.random.experimental.stateless_fold_in
-    return tf.map_fn(lambda k: fold(fold(base, k), n), tf.cast(keys, tf.int64), fn_output_signature=tf.int64)
+    return per_row(lambda k: fold(fold(base, k), n), tf.cast(keys, tf.int64), tf.int64, unroll)
 
 
 @dataclasses.dataclass
@@ -121,7 +140,14 @@ class Generator:
     slots: rows per call; prompt_length: the longest prompt (shorter ones left-padded); max_new_tokens: the
     length cap per slot; stop_ids: tokens that end a slot. One XLA compile (jit_compile; else one trace) of the
     prefill and one of the decode step for these shapes, reused by every call, whatever the sampling settings
-    (they are inputs)."""
+    (they are inputs).
+
+    On a DTensor mesh runtime (the model's variables DVariables) the inputs are placed on the mesh as the
+    training step's are: rows split over the batch mesh dimension (prompts, pads), the seeds' keys, the last
+    logits the draw reads and so the drawn tokens replicated, scalars replicated; the caches take the weights'
+    splits (`Qwen35.empty_cache`), and the drawn tokens and log-probabilities come back to the host whole.
+    XLA as the runtime's own steps take it (a CPU mesh builds no XLA program: see harness/runtime/mesh.py
+    `replica_function`)."""
 
     def __init__(self, model: Qwen35, slots: int, prompt_length: int, max_new_tokens: int,
                  stop_ids: tuple[int, ...] = (), pad_id: int = 0, jit_compile: bool = True) -> None:
@@ -132,21 +158,46 @@ class Generator:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.pad_id = pad_id
         self.length = prompt_length + max_new_tokens
+        self.mesh = getattr(model.runtime, "mesh", None)  # a DTensor mesh, or None (one device, replicas)
+        if self.mesh is not None:
+            jit_compile = jit_compile and model.runtime.device_type == "GPU"
         self._prefill = tf.function(self._prefill_fn, jit_compile=jit_compile, autograph=False)
         self._decode = tf.function(self._decode_fn, jit_compile=jit_compile, autograph=False)
 
+    def _put(self, value: Any, dtype: tf.DType, dims: tuple[str | None, ...] = ()) -> tf.Tensor:
+        """A host value as the compiled functions' input: on a mesh, a DTensor laid out by named `dims`."""
+        t = tf.constant(value, dtype)
+        if self.mesh is None:
+            return t
+        runtime = self.model.runtime
+        return runtime.to_mesh(t, runtime.layout_for(dims or (None,) * t.shape.rank))
+
+    def _host(self, t: tf.Tensor) -> np.ndarray:
+        """A compiled function's per-row output, whole, on the host."""
+        if self.mesh is None:
+            return t.numpy()
+        runtime = self.model.runtime
+        return runtime.to_host(runtime.gather(t))
+
+    def _whole(self, logits: tf.Tensor) -> tf.Tensor:
+        """The last logits [slots, vocab] replicated (on a mesh, DTensor's CPU expansion of the draw's selects
+        over rows split over `data` fails: measured); one device: unchanged."""
+        return self.model.runtime.place(logits, (None, None))
+
     def _seeds(self, seed: tf.Tensor, keys: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
-        return row_seeds(seed, keys, n)
+        return row_seeds(seed, keys, n, unroll=self.mesh is not None)
 
     def _prefill_fn(self, tokens, pads, seed, keys, temperature, top_p):
         cache = self.model.empty_cache(self.slots, self.length)
         logits, cache = self.model.step(tokens, cache, 0, pads)
-        drawn, lp = sample(logits[:, -1], temperature, top_p, self._seeds(seed, keys, 0))
+        drawn, lp = sample(self._whole(logits[:, -1]), temperature, top_p, self._seeds(seed, keys, 0),
+                           self.mesh is not None)
         return drawn, lp, cache
 
     def _decode_fn(self, token, cache, column, pads, seed, keys, n, temperature, top_p):
         logits, cache = self.model.step(token[:, None], cache, column, pads)
-        drawn, lp = sample(logits[:, 0], temperature, top_p, self._seeds(seed, keys, n))
+        drawn, lp = sample(self._whole(logits[:, 0]), temperature, top_p, self._seeds(seed, keys, n),
+                           self.mesh is not None)
         return drawn, lp, cache
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams = TRAINING, seed: int = 0,
@@ -168,21 +219,22 @@ class Generator:
         block = np.full([self.slots, self.prompt_length], self.pad_id, np.int32)
         for r, p in enumerate(rows):
             block[r, pads[r]:] = p
-        args = dict(seed=tf.constant(seed, tf.int64), keys=tf.constant(keys, tf.int64),
-                    temperature=tf.constant(sampling.temperature, tf.float32),
-                    top_p=tf.constant(sampling.top_p, tf.float32))
-        pads_t = tf.constant(pads)
-        token, lp, cache = self._prefill(tf.constant(block), pads_t, **args)
-        out_tokens, out_lps = [token.numpy()], [lp.numpy()]
-        done = np.isin(out_tokens[0], stops)
-        for n in range(1, self.max_new_tokens):
-            if done[:n_rows].all():
-                break
-            token, lp, cache = self._decode(token, cache, tf.constant(self.prompt_length + n - 1, tf.int32),
-                                            pads_t, n=tf.constant(n, tf.int64), **args)
-            out_tokens.append(token.numpy())
-            out_lps.append(lp.numpy())
-            done |= np.isin(out_tokens[-1], stops)
+        args = dict(seed=self._put(seed, tf.int64), keys=self._put(keys, tf.int64),
+                    temperature=self._put(sampling.temperature, tf.float32),
+                    top_p=self._put(sampling.top_p, tf.float32))
+        pads_t = self._put(pads, tf.int32, ("batch",))
+        with contextlib.nullcontext() if self.mesh is None else dtensor.default_mesh(self.mesh):
+            token, lp, cache = self._prefill(self._put(block, tf.int32, ("batch", None)), pads_t, **args)
+            out_tokens, out_lps = [self._host(token)], [self._host(lp)]
+            done = np.isin(out_tokens[0], stops)
+            for n in range(1, self.max_new_tokens):
+                if done[:n_rows].all():
+                    break
+                token, lp, cache = self._decode(token, cache, self._put(self.prompt_length + n - 1, tf.int32),
+                                                pads_t, n=self._put(n, tf.int64), **args)
+                out_tokens.append(self._host(token))
+                out_lps.append(self._host(lp))
+                done |= np.isin(out_tokens[-1], stops)
         return self._rollouts(prompts, np.stack(out_tokens, 1), np.stack(out_lps, 1), stops)
 
     def _rollouts(self, prompts: list[list[int]], new: np.ndarray, lps: np.ndarray, stops: tuple[int, ...]

@@ -201,17 +201,21 @@ class Qwen35(Decoder):
     def empty_cache(self, batch: int, length: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Each layer's decoding state before any token: gated attention's keys and values [batch, length, kv,
         d] (compute dtype), Gated DeltaNet's conv inputs [batch, K - 1, conv_dim] and recurrent state
-        [batch, Hv, dk, dv] (float32), all zero (a zero DeltaNet state is a fresh one)."""
-        c, cache = self.cfg, []
+        [batch, Hv, dk, dv] (float32), all zero (a zero DeltaNet state is a fresh one). Laid out as the
+        runtime places them (on a mesh: rows over the batch mesh dimension, the key/value heads as the
+        attention weights split them; the DeltaNet's weights are whole, so are its state's heads)."""
+        c, cache, place = self.cfg, [], self.runtime.place
         for layer in self.layers:
             if isinstance(layer.attention, GatedAttention):
-                kv = tf.zeros([batch, length, c.num_kv_heads, c.head_dim], self.dtype)
+                kv = place(tf.zeros([batch, length, c.num_kv_heads, c.head_dim], self.dtype),
+                           ("batch", None, "heads", None))
                 cache.append((kv, kv))
             else:
                 s = c.deltanet()
-                cache.append((tf.zeros([batch, s.linear_conv_kernel_dim - 1, s.conv_dim], self.dtype),
-                              tf.zeros([batch, s.linear_num_value_heads, s.linear_key_head_dim,
-                                        s.linear_value_head_dim], tf.float32)))
+                cache.append((place(tf.zeros([batch, s.linear_conv_kernel_dim - 1, s.conv_dim], self.dtype),
+                                    ("batch", None, None)),
+                              place(tf.zeros([batch, s.linear_num_value_heads, s.linear_key_head_dim,
+                                              s.linear_value_head_dim], tf.float32), ("batch", None, None, None))))
         return cache
 
     def step(self, tokens: tf.Tensor, cache: list, start: tf.Tensor | int, pads: tf.Tensor | None = None

@@ -255,12 +255,15 @@ class QwenGrpoWorkload(Workload):
         g, k = self.gcfg, self.gcfg.eval_generations
         hidden, _ = self.model(batch["prompt"])
         last = self.model.logits(hidden[:, -1:])[:, 0]                                   # [b, vocab]
+        last = self.runtime.place(last, (None, None))   # whole on a mesh, as the generator's (_whole)
         b = last.shape[0]
         logits = tf.reshape(tf.tile(last[:, None], [1, k, 1]), [b * k, -1])
-        rows = tf.reshape(batch["task"][:, None] * k + tf.range(k, dtype=tf.int64)[None], [-1])
-        seeds = generate.row_seeds(self.cfg.seed, rows, self.optimizer.step)
+        rows = self.runtime.place(tf.reshape(batch["task"][:, None] * k + tf.range(k, dtype=tf.int64)[None], [-1]),
+                                  (None,))
+        mesh = self.runtime.kind == "mesh"  # map_fn unrolled (generate.per_row)
+        seeds = generate.row_seeds(self.cfg.seed, rows, self.optimizer.step, unroll=mesh)
         drawn, _ = generate.sample(logits, tf.constant(g.eval_temperature, tf.float32),
-                                   tf.constant(g.eval_top_p, tf.float32), seeds)
+                                   tf.constant(g.eval_top_p, tf.float32), seeds, unroll=mesh)
         rewards = tf.cast(tf.equal(tf.reshape(drawn, [b, k]), batch["target"][:, None]), tf.float32)
         return {"rewards": rewards}
 
