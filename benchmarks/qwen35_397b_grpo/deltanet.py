@@ -180,7 +180,7 @@ class GatedDeltaNet(Block):
             raise ValueError(f"form must be 'chunked' or 'recurrent', got {form!r}")
         if form == "chunked":  # unrolled on a DTensor mesh (see gated_delta_chunked)
             o, recurrent_state = gated_delta_chunked(q, k, v, g, beta, recurrent_state, starts,
-                                                     dtensor_ops=self.runtime.kind == "mesh")
+                                                     dtensor_ops=self.runtime.laid_out)
         else:
             o, recurrent_state = gated_delta_recurrent(q, k, v, g, beta, recurrent_state, starts)
         z = tf.reshape(z, [batch, length, s.linear_num_value_heads, s.linear_value_head_dim])

@@ -260,7 +260,7 @@ class QwenGrpoWorkload(Workload):
         logits = tf.reshape(tf.tile(last[:, None], [1, k, 1]), [b * k, -1])
         rows = self.runtime.place(tf.reshape(batch["task"][:, None] * k + tf.range(k, dtype=tf.int64)[None], [-1]),
                                   (None,))
-        mesh = self.runtime.kind == "mesh"  # map_fn unrolled (generate.per_row)
+        mesh = self.runtime.laid_out  # map_fn unrolled (generate.per_row)
         seeds = generate.row_seeds(self.cfg.seed, rows, self.optimizer.step, unroll=mesh)
         drawn, _ = generate.sample(logits, tf.constant(g.eval_temperature, tf.float32),
                                    tf.constant(g.eval_top_p, tf.float32), seeds, unroll=mesh)

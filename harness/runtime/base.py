@@ -96,6 +96,10 @@ class Runtime(abc.ABC):
     # The layout: tensor dimension name -> mesh dimension, and mesh dimension sizes (empty: nothing split).
     rules: dict[str, str] = {}
     sizes: dict[str, int] = {}
+    # True where the steps run under DTensor's layout propagation (the mesh runtime), which expands only some ops
+    # (no TensorList loops such as map_fn or scan, no MatrixDiag): a workload then picks forms of the same numbers
+    # it can lay out. Asked instead of the runtime's kind (tests/test_layout.py).
+    laid_out: bool = False
 
     def __init__(self, precision: str, jit_compile: bool | None) -> None:
         self._variables: dict[str, VariableInfo] = {}

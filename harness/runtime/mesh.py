@@ -83,6 +83,7 @@ class ShardedDVariable(dtensor.DVariable):
 
 class MeshRuntime(Runtime):
     kind = "mesh"
+    laid_out = True
 
     def __init__(self, mesh: dtensor.Mesh, sizes: dict[str, int], layout: dict[str, str], device_type: str,
                  precision: str, jit_compile: str, fsdp: bool = False) -> None:
