@@ -8,6 +8,7 @@ compiled by XLA in-process, its rows and gradient equal numpy's."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.spmd_trace import run_spmd_helper
 
@@ -37,13 +38,30 @@ class _RowsSplitFour:
         return t
 
 
-def test_owner_lookup_under_xla_equals_numpy():
-    """owner_lookup compiled by XLA (the dry run's and a GPU mesh's compiler; the 2-device test above runs
-    DTensor's CPU ops): rows and the table's gradient, repeats summed, equal numpy's, in-process."""
+class _RoutedStandIn(_RowsSplitFour):
+    """One device compiling one replica's program of a 4-device routed mesh (the dry run's stand-in): its own
+    batch share, its all-to-alls relayouts of its own blocks."""
+
+    rules = {"batch": "model", "vocab": "model"}
+
+    def program_batch(self, global_batch: int) -> int:
+        return global_batch // 4
+
+
+
+@pytest.mark.parametrize("form", ["owner", "routed"])
+def test_lookup_under_xla_equals_numpy(form):
+    """owner_lookup (rows split four ways, every device the whole batch) and routed_lookup as the dry run
+    compiles it (one replica's share standing in for 4 devices, its all-to-alls relayouts of its own blocks),
+    compiled by XLA (the dry run's and a GPU mesh's compiler; the mesh tests here run DTensor's CPU ops): rows
+    and the table's gradient, repeats summed, equal numpy's, in-process; `routed` selects the routed form for
+    batch and vocab on one axis only."""
     import tensorflow as tf
 
-    from benchmarks.dlrmv4.owner_lookup import owner_lookup
+    from benchmarks.dlrmv4.owner_lookup import owner_lookup, routed, routed_lookup
 
+    assert routed(_RoutedStandIn()) and not routed(_RowsSplitFour())
+    lookup, runtime = (owner_lookup, _RowsSplitFour()) if form == "owner" else (routed_lookup, _RoutedStandIn())
     rng = np.random.default_rng(1)
     table0 = rng.normal(size=(12, 3)).astype(np.float32)
     ids = np.array([[11, 0, 5, 5, 3], [3, 3, 8, 11, 2]], np.int32)
@@ -53,7 +71,7 @@ def test_owner_lookup_under_xla_equals_numpy():
     @tf.function(jit_compile=True)
     def step(ids, dy):
         with tf.GradientTape() as tape:
-            rows = owner_lookup(_RowsSplitFour(), table, ids)
+            rows = lookup(runtime, table, ids)
             loss = tf.reduce_sum(rows * dy)
         return rows, tf.convert_to_tensor(tape.gradient(loss, table))
 
@@ -81,41 +99,3 @@ def test_routed_lookup_on_four_devices_moves_ids_by_all_to_all(tmp_path):
     mesh, one = result["losses"]["mesh"], result["losses"]["one"]
     assert len(mesh) == 4 and len(set(one)) == 4
     np.testing.assert_allclose(mesh, one, rtol=1e-5)
-
-
-class _RoutedStandIn(_RowsSplitFour):
-    """One device compiling one replica's program of a 4-device routed mesh (the dry run's stand-in): its own
-    batch share, its all-to-alls relayouts of its own blocks."""
-
-    rules = {"batch": "model", "vocab": "model"}
-
-    def program_batch(self, global_batch: int) -> int:
-        return global_batch // 4
-
-
-def test_routed_lookup_under_xla_on_a_stand_in_replica_equals_numpy():
-    """routed_lookup as the dry run compiles it (XLA, one replica's share standing in for 4 devices): rows and
-    the table's gradient, repeats summed, equal numpy's; `routed` selects it for batch and vocab on one axis."""
-    import tensorflow as tf
-
-    from benchmarks.dlrmv4.owner_lookup import routed, routed_lookup
-
-    assert routed(_RoutedStandIn()) and not routed(_RowsSplitFour())
-    rng = np.random.default_rng(2)
-    table0 = rng.normal(size=(12, 3)).astype(np.float32)
-    ids = np.array([[11, 0, 5, 5, 3], [3, 3, 8, 11, 2]], np.int32)
-    dy = rng.normal(size=(2, 5, 3)).astype(np.float32)
-    table = tf.Variable(table0)
-
-    @tf.function(jit_compile=True)
-    def step(ids, dy):
-        with tf.GradientTape() as tape:
-            rows = routed_lookup(_RoutedStandIn(), table, ids)
-            loss = tf.reduce_sum(rows * dy)
-        return rows, tf.convert_to_tensor(tape.gradient(loss, table))
-
-    rows, grad = step(tf.constant(ids), tf.constant(dy))
-    want = np.zeros_like(table0)
-    np.add.at(want, ids.reshape(-1), dy.reshape(-1, 3))
-    np.testing.assert_array_equal(rows.numpy(), table0[ids])
-    np.testing.assert_allclose(grad.numpy(), want, rtol=0, atol=1e-6)
