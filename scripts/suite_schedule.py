@@ -35,26 +35,27 @@ import conftest  # noqa: E402
 LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
 
 
-def read_durations(paths: list[str]) -> dict[str, float]:
-    """nodeid -> seconds (setup + call + teardown), in first-seen order."""
+def duration_line(line: str) -> tuple[str, float] | None:
+    """(nodeid, seconds) of a `--durations=0` line (setup, call or teardown), else None."""
+    m = LINE.match(line)
+    return (m.group(3), float(m.group(1))) if m else None
+
+
+def cpu_line(line: str) -> tuple[str, float]:
+    """(nodeid, CPU seconds: the pytest process's and its reaped subprocesses') of a SUITE_CPU_LOG line."""
+    r = json.loads(line)
+    return r["test"], r["cpu"] + r["children"]
+
+
+def read_seconds(paths: list[str], parse=duration_line) -> dict[str, float]:
+    """nodeid -> its lines' seconds summed (setup + call + teardown), in first-seen order."""
     seconds: dict[str, float] = {}
     for path in paths:
         with open(path) as f:
             for line in f:
-                m = LINE.match(line)
-                if m:
-                    seconds[m.group(3)] = seconds.get(m.group(3), 0.0) + float(m.group(1))
-    return seconds
-
-
-def read_cpu_log(paths: list[str]) -> dict[str, float]:
-    """nodeid -> CPU seconds (the pytest process's and its reaped subprocesses'), from SUITE_CPU_LOG files."""
-    seconds: dict[str, float] = {}
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                r = json.loads(line)
-                seconds[r["test"]] = seconds.get(r["test"], 0.0) + r["cpu"] + r["children"]
+                got = parse(line)
+                if got:
+                    seconds[got[0]] = seconds.get(got[0], 0.0) + got[1]
     return seconds
 
 
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--whole_files", action="store_true",
                         help="one unit per file (SHARED_WORKER groups kept): the scheduling before the splits")
     args = parser.parse_args()
-    seconds = read_cpu_log(args.durations) if args.cpu else read_durations(args.durations)
+    seconds = read_seconds(args.durations, cpu_line if args.cpu else duration_line)
     if not seconds:
         sys.exit("error: no duration lines found (run pytest with --durations=0)")
     queue = units(seconds, whole_file if args.whole_files else conftest._scope)
