@@ -438,12 +438,15 @@ def test_a_stood_in_compile_frees_its_model_before_the_next():
         return sum(isinstance(o, standin.StandInRuntime) for o in gc.get_objects())
 
     path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
+    # One recomputed dense layer and short rows: the registration, not the model's size, is under test.
+    small = ["model.remat=true", "model.num_layers=1", "model.first_dense_layers=1", "model.mtp_layers=0",
+             "data.seq_length=32"]
     before = runtimes_alive()
-    report = command.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+    report = command.compile_report(path, small, optimize=False, stand_in=False)
     report.traced = {}
     assert runtimes_alive() == before + 1  # kept by the gradient registry, not by the report
     with apart._model_freed_after():
-        report = command.compile_report(path, ["model.remat=true"], optimize=False, stand_in=False)
+        report = command.compile_report(path, small, optimize=False, stand_in=False)
         report.traced = {}
     assert runtimes_alive() == before + 1  # the first still held (its registration predates the block)
 
@@ -455,8 +458,9 @@ def test_a_stood_in_compile_runs_apart_and_brings_its_report_or_error_back():
 
     path = os.path.join(REPO, "configs", "deepseekv3_671b", "smoke.yaml")
     full = config_lib.load_config(path)
-    report = apart._compile_apart(path, ["model.mtp_layers=0"], False, full)
-    assert report.params == cost.forward_macs_and_params(config_lib.load_config(path, ["model.mtp_layers=0"]))[1]
+    small = ["model.mtp_layers=0", "model.num_layers=2", "model.first_dense_layers=1", "data.seq_length=32"]
+    report = apart._compile_apart(path, small, False, full)
+    assert report.params == cost.forward_macs_and_params(config_lib.load_config(path, small))[1]
     assert report.train_flops_per_replica_step > 0 and report.traced == {}
     with pytest.raises(HarnessError, match="model.groups_per_token=3 exceeds model.expert_groups=2"):
         apart._compile_apart(path, ["model.groups_per_token=3"], False, full)
