@@ -66,6 +66,16 @@ SMALL = {
 }
 STEPS = 2
 
+# The workloads whose one-device steps also run with oneDNN off (TensorFlow's default kernels). oneDNN replaces
+# the kernels of convolutions, batch norm and pooling, of matmuls, batched matmuls and einsums, and of softmax,
+# layer norm and the activations fused into them (grappler's oneDNN remapper); the gathers, scatters, top-k,
+# NMS and control flow the other workloads add run the same kernels either way. resnet holds the conv, batch
+# norm and pooling kinds (ssd's backbone is the same blocks), bert the dense encoder's (matmul, softmax, layer
+# norm, gelu; transformer's and flux1's blocks are those ops), llama31_8b the decoder every LLM workload builds
+# on (benchmarks/lm: batched-matmul attention with its rank-4 softmax, RMSNorm, SwiGLU). Every workload still
+# runs with oneDNN on (step_case).
+ONEDNN_OFF = ("bert", "llama31_8b", "resnet")
+
 
 _results: dict[str, dict[str, dict]] = {"1": {}, "0": {}}  # oneDNN mode -> workload -> RESULT (or error)
 _planned: dict[str, set[str]] = {"1": set(), "0": set()}
