@@ -31,9 +31,11 @@ SMALL = {
                     "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0",
                     "model.attention_dropout=0", "model.relu_dropout=0", "eval.extra_decode_length=4",
                     "model.num_layers=1"],
-    # Rows of 256 tokens (the smoke's 8192 are for the logged runs).
+    # Rows of 256 tokens (the smoke's 8192 are for the logged runs). One layer, a windowed one (window 129 in
+    # blocks of 64, its sinks and experts): the smoke's second, full-span layer runs the same blockwise kernel
+    # with a span of 128, and every step set traced it again.
     "gpt_oss_20b": ["data.seq_length=256", "data.synthetic_train_rows=64", "data.eval_samples=45",
-                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
+                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1"],
     "llama31_8b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1"],
     "deepseekv3_671b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
