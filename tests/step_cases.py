@@ -21,17 +21,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (padding is masked); batch-norm statistics over the global batch make one device and two replicas
 # compute the same function; dropout is off where each replica would draw its own masks.
 SMALL = {
+    # Two stages (the smoke's three less the last): a stride-1 and a stride-2 stage, each opening with a
+    # projection shortcut (fewer ops to trace in each of the five step sets).
     "resnet": ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
-               "schedule.eval_batch_size=16", "model.bn_span=32"],
+               "schedule.eval_batch_size=16", "model.bn_span=32", "model.blocks=[1,1]"],
     "bert": ["data.train_samples=512", "data.eval_samples=45", "schedule.global_batch_size=16",
              "schedule.eval_batch_size=16", "model.num_layers=1"],
     "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=45", "schedule.global_batch_size=8",
                     "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0",
                     "model.attention_dropout=0", "model.relu_dropout=0", "eval.extra_decode_length=4",
                     "model.num_layers=1"],
-    # Rows of 256 tokens (the smoke's 8192 are for the logged runs).
+    # Rows of 256 tokens (the smoke's 8192 are for the logged runs). One layer, a windowed one (window 129 in
+    # blocks of 64, its sinks and experts): the smoke's second, full-span layer runs the same blockwise kernel
+    # with a span of 128, and every step set traced it again.
     "gpt_oss_20b": ["data.seq_length=256", "data.synthetic_train_rows=64", "data.eval_samples=45",
-                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16"],
+                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1"],
     "llama31_8b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
                    "schedule.global_batch_size=8", "schedule.eval_batch_size=16", "model.num_layers=1"],
     "deepseekv3_671b": ["data.seq_length=64", "data.synthetic_train_rows=64", "data.eval_samples=45",
@@ -63,6 +67,16 @@ SMALL = {
                          "model.full_attention_interval=1"],
 }
 STEPS = 2
+
+# The workloads whose one-device steps also run with oneDNN off (TensorFlow's default kernels). oneDNN replaces
+# the kernels of convolutions, batch norm and pooling, of matmuls, batched matmuls and einsums, and of softmax,
+# layer norm and the activations fused into them (grappler's oneDNN remapper); the gathers, scatters, top-k,
+# NMS and control flow the other workloads add run the same kernels either way. resnet holds the conv, batch
+# norm and pooling kinds (ssd's backbone is the same blocks), bert the dense encoder's (matmul, softmax, layer
+# norm, gelu; transformer's and flux1's blocks are those ops), llama31_8b the decoder every LLM workload builds
+# on (benchmarks/lm: batched-matmul attention with its rank-4 softmax, RMSNorm, SwiGLU). Every workload still
+# runs with oneDNN on (step_case).
+ONEDNN_OFF = ("bert", "llama31_8b", "resnet")
 
 
 _results: dict[str, dict[str, dict]] = {"1": {}, "0": {}}  # oneDNN mode -> workload -> RESULT (or error)
