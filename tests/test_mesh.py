@@ -1,5 +1,5 @@
-"""The DTensor mesh runtime: a 2x2 mesh of logical CPUs trains the smoke BERT like one device does, with
-every model-sharded weight split M ways; ResNet runs on the mesh data parallel.
+"""The DTensor mesh runtime: a 2x2 mesh of logical CPUs trains the smoke BERT (cut to one layer) like one
+device does, with every model-sharded weight split M ways; ResNet runs on the mesh data parallel.
 
 Logical CPU devices must be configured before TensorFlow starts, so each case runs in a subprocess.
 """
@@ -39,7 +39,9 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
         from benchmarks.bert.workload import BertWorkload
 
         def train(path):
-            cfg = C.load_config(path, ["data.train_samples=4096", "data.eval_samples=100"])
+            # One layer, 64 wide: the split is what is compared, not the depth (half the tracing).
+            cfg = C.load_config(path, ["data.train_samples=4096", "data.eval_samples=100", "model.num_layers=1",
+                                       "model.hidden_size=64", "model.ff_size=256"])
             rt = make_runtime(cfg.runtime)
             wl = BertWorkload(cfg, rt)
             wl.validate()
@@ -88,7 +90,9 @@ def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
     proc = run_cli("run", os.path.join(REPO, "configs", "resnet", "smoke.yaml"), "--output_dir", tmp_out,
                    "--set", "runtime.kind=mesh", "--set", "runtime.cpu_devices=2",
                    "--set", "runtime.mesh={data: 2, model: 1}", "--set", "schedule.max_epochs=4",
-                   "--set", "data.train_samples=256", "--set", "data.eval_samples=101")
+                   "--set", "data.train_samples=256", "--set", "data.eval_samples=101",
+                   # the runtime is what is tested: a one-stage, width-4 ResNet on 8px images
+                   "--set", "model.blocks=[1]", "--set", "model.width=4", "--set", "data.image_size=8")
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = read_summary(tmp_out)
     assert summary["runtime"].startswith("mesh data=2 x model=1")

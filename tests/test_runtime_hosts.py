@@ -21,7 +21,9 @@ HELPERS = os.path.join(REPO, "tests", "helpers")
 # 4 pretend GPUs, 8 examples each; bn_span 16 pools statistics over groups of 2 replicas: strictly between
 # one replica and all, the grouped sum that must not merge_call inside a per-replica XLA function.
 RESNET_SMALL = ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
-                "schedule.eval_batch_size=16", "model.bn_span=16"]
+                "schedule.eval_batch_size=16", "model.bn_span=16",
+                # what is traced is the replica context (merge calls, group batch norm), not the depth
+                "model.blocks=[1]", "model.width=4", "data.image_size=8"]
 SSD_SMALL = ["data.train_samples=64", "data.eval_samples=32", "schedule.global_batch_size=32",
              "schedule.eval_batch_size=16", "model.bn_span=16"]
 WAIT_S = 900  # generous: only a hang reaches it (the machine may be shared)

@@ -315,7 +315,11 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
         def run(extra):
             cfg = C.load_config({SMOKE!r}, ["data.synthetic_train_pairs=400", "model.layer_postprocess_dropout=0",
                                             "model.attention_dropout=0", "model.relu_dropout=0",
-                                            "data.eval_samples=30", "schedule.eval_batch_size=8"] + extra)
+                                            "data.eval_samples=30", "schedule.eval_batch_size=8",
+                                            # one layer each side, half as wide: what is compared is the
+                                            # split, not the model's depth (half the tracing and decoding)
+                                            "model.num_layers=1", "model.hidden_size=64",
+                                            "model.filter_size=128"] + extra)
             rt = make_runtime(cfg.runtime)
             wl = TransformerWorkload(cfg, rt)
             wl.validate()
