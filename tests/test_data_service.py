@@ -149,40 +149,10 @@ def test_every_epoch_through_the_service_sees_each_id_once(fleet):
     assert len(set(ids[2 * n:])) == len(ids[2 * n:]), "epoch 3 repeats an id"
 
 
-def test_resnet_tfrecord_smoke_through_the_service_reaches_target(fleet, imagenet_dir, tmp_path):
-    summary, stdout = run_through_service("resnet", resnet_sets(imagenet_dir), fleet.dispatcher,
-                                          str(tmp_path / "runs"), "smoke-tfrecord.yaml")
+def test_resnet_tfrecord_smoke_through_the_service_reaches_target(served_runs, fleet):
+    summary, stdout = checked_run(served_runs, "resnet", fleet.dispatcher)
     assert 0.0 <= summary["input_wait"]["share_of_train_time"] <= 1.0, summary["input_wait"]
     assert any("of step time waiting for data (data.source=tfrecord" in line for line in stdout), stdout
-
-
-def run_through_service(workload: str, overrides: list[str], dispatcher: str, out: str,
-                        config: str = "smoke.yaml", to_target: bool = True) -> tuple[dict, list[str]]:
-    """Runs `configs/<workload>/<config>` with `overrides` through the service; its summary and stdout lines.
-    `to_target`: the run must succeed with every compliance check passed; otherwise a short run may stop at
-    its budget (exit 1), its log passing every check but the quality target, as an aborted run's must."""
-    args = ["run", os.path.join(REPO, "configs", workload, config), f"--output_dir={out}",
-            "--set", f"data.service.dispatcher={dispatcher}"] + [a for o in overrides for a in ("--set", o)]
-    run = Proc(*args)
-    try:
-        run.p.wait(timeout=900)
-    finally:
-        run.stop()
-    time.sleep(0.2)  # the reader threads drain the pipes
-    assert run.p.returncode in ((0,) if to_target else (0, 1)), (run.stdout[-10:], run.stderr[-10:])
-    (summary_path,) = glob.glob(os.path.join(out, workload, "*", "summary.json"))
-    with open(summary_path) as f:
-        summary = json.load(f)
-    assert summary["compliant"], summary
-    if to_target or summary["status"] == "success":
-        assert summary["status"] == "success", summary
-        assert all(v["passed"] for v in summary["compliance"].values()), summary["compliance"]
-    else:
-        assert summary["status"] == "aborted" and "target" in summary["reason"], summary
-        for ruleset, v in summary["compliance"].items():
-            assert v["verdict"].startswith(("PASS", "FAIL (quality target")), (ruleset, v)
-    assert any(f"via the tf.data service at {dispatcher}" in line for line in run.stdout), run.stdout[-20:]
-    return summary, run.stdout
 
 
 # ResNet's TFRecord smoke (above) goes to its target through the service. The other families' pipelines are
@@ -199,18 +169,57 @@ SHORT = {
     "gpt_oss_20b": ["data.synthetic_train_rows=4", "data.eval_samples=2", "schedule.eval_batch_size=2",
                     "schedule.max_epochs=1", "data.eval_every_samples=4"],
 }
+TO_TARGET = ("resnet", "llama31_8b")
+
+
+@pytest.fixture(scope="module")
+def served_runs(fleet, imagenet_dir, tmp_path_factory) -> dict:
+    """workload -> (its CompletedProcess, its output dir): ResNet's TFRecord smoke and llama31_8b's smoke to their
+    targets and the SHORT runs, each `run` through the fleet, one after another in one process (one TensorFlow
+    start for all: conftest.runs_in_one_process)."""
+    from conftest import runs_in_one_process
+
+    plans = {"resnet": ("smoke-tfrecord.yaml", resnet_sets(imagenet_dir)), "llama31_8b": ("smoke.yaml", []),
+             **{w: ("smoke.yaml", sets) for w, sets in SHORT.items()}}
+    runs = [[os.path.join(REPO, "configs", w, config), "--set", f"data.service.dispatcher={fleet.dispatcher}",
+             *[a for o in sets for a in ("--set", o)]] for w, (config, sets) in plans.items()]
+    out = str(tmp_path_factory.mktemp("served"))
+    procs = runs_in_one_process(1, runs, out)
+    return {w: (p, os.path.join(out, str(n))) for n, (w, p) in enumerate(zip(plans, procs))}
+
+
+def checked_run(served_runs: dict, workload: str, dispatcher: str) -> tuple[dict, list[str]]:
+    """A served run's summary and stdout lines, checked: a TO_TARGET run must succeed with every compliance
+    check passed; a short run may stop at its budget (exit 1), its log passing every check but the quality
+    target, as an aborted run's must."""
+    proc, out = served_runs[workload]
+    to_target = workload in TO_TARGET
+    assert proc.returncode in ((0,) if to_target else (0, 1)), (proc.stdout[-3000:], proc.stderr[-3000:])
+    (summary_path,) = glob.glob(os.path.join(out, workload, "*", "summary.json"))
+    with open(summary_path) as f:
+        summary = json.load(f)
+    assert summary["compliant"], summary
+    if to_target or summary["status"] == "success":
+        assert summary["status"] == "success", summary
+        assert all(v["passed"] for v in summary["compliance"].values()), summary["compliance"]
+    else:
+        assert summary["status"] == "aborted" and "target" in summary["reason"], summary
+        for ruleset, v in summary["compliance"].items():
+            assert v["verdict"].startswith(("PASS", "FAIL (quality target")), (ruleset, v)
+    stdout = proc.stdout.splitlines()
+    assert any(f"via the tf.data service at {dispatcher}" in line for line in stdout), stdout[-20:]
+    return summary, stdout
 
 
 @pytest.mark.parametrize("workload", sorted(SHORT))
-def test_short_run_through_the_service_logs_compliantly(fleet, tmp_path, workload):
-    summary, _ = run_through_service(workload, SHORT[workload], fleet.dispatcher, str(tmp_path / "runs"),
-                                     to_target=False)
+def test_short_run_through_the_service_logs_compliantly(served_runs, fleet, workload):
+    summary, _ = checked_run(served_runs, workload, fleet.dispatcher)
     assert summary["evals"], summary
 
 
-def test_llama31_8b_smoke_through_the_service_reaches_target(fleet, tmp_path):
+def test_llama31_8b_smoke_through_the_service_reaches_target(served_runs, fleet):
     """The decoder LMs' rows (benchmarks/lm/data.py, shared with gpt_oss_20b) through the workers, to target."""
-    summary, _ = run_through_service("llama31_8b", [], fleet.dispatcher, str(tmp_path / "runs"))
+    summary, _ = checked_run(served_runs, "llama31_8b", fleet.dispatcher)
     assert summary["evals"][-1]["metrics"]["log perplexity"] < 1.0, summary["evals"]
 
 
