@@ -7,7 +7,8 @@
   device, and (dropless) the forward of the dense execution on the mesh; dropless and with capacity factor 0.5. And the
   per-device programs of the mesh's alltoall and dense layers (tests/helpers/moe_alltoall.py's reading);
 - `step`: the per-device program and loss of one train step of configs/deepseekv3_671b/smoke-mesh.yaml
-  (cut to one MoE layer and MTP's) and the loss of the same step on one device (configs/.../smoke.yaml).
+  (cut to one dense layer, one MoE layer and MTP's) and the loss of the same step on one device
+  (configs/.../smoke.yaml).
 Prints one RESULT line.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ from harness.train import loop  # noqa: E402
 from tests.helpers.moe_alltoall import dumped, program  # noqa: E402
 from tests.helpers.step_case import build  # noqa: E402
 
-STEP = ["model.num_layers=3", "data.seq_length=64", "data.synthetic_train_rows=8", "data.eval_samples=2"]
+STEP = ["model.num_layers=2", "model.first_dense_layers=1", "data.seq_length=64", "data.synthetic_train_rows=8",
+        "data.eval_samples=2"]  # one dense layer, one MoE layer and MTP's
 DENSE_MATMUL = "bsm,emh->bseh"   # the dense execution's gate/up einsum
 
 
