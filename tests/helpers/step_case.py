@@ -53,7 +53,7 @@ def train(steps: loop.CompiledSteps, cfg, n: int) -> list[float]:
 
 
 def evaluate(steps: loop.CompiledSteps, cfg) -> tuple[float, int]:
-    ebs = cfg.schedule.eval_batch_size
+    ebs = cfg.schedule.eval_batch_size or cfg.schedule.global_batch_size  # 0: the global batch, as the loop
     metrics, counted = loop.evaluate(steps, loop.eval_input(steps.runtime, steps.workload, ebs, cfg.seed),
                                      loop.eval_steps_for(steps.workload.eval_samples, ebs))
     return float(metrics[steps.workload.METRIC]), counted
