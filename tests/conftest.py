@@ -20,6 +20,9 @@ import harness  # noqa: F401 - before any test module imports TensorFlow: it the
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "configs", "resnet", "smoke.yaml")
+# The smoke's ResNet cut to one stage of width 4 on 8px images, for tests of the harness's mechanics (aborts,
+# faults, reductions, runtimes, input files) rather than of the model: about half the CPU of the smoke's ResNet.
+TINY_RESNET = ["model.blocks=[1]", "model.width=4", "data.image_size=8"]
 
 
 def harness_cmd(*args: str) -> list[str]:
@@ -85,9 +88,10 @@ def cli_in_process(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
-def sets(**kv) -> list[str]:
-    """--set flags from keyword args, '__' standing for '.' (schedule__max_epochs=1)."""
-    out = []
+def sets(*overrides: str, **kv) -> list[str]:
+    """--set flags from `key=value` overrides, then from keyword args, '__' standing for '.'
+    (schedule__max_epochs=1)."""
+    out = [a for o in overrides for a in ("--set", o)]
     for k, v in kv.items():
         out += ["--set", f"{k.replace('__', '.')}={v}"]
     return out

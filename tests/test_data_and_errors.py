@@ -13,7 +13,7 @@ from benchmarks.resnet.data import TFRecordSource, train_image
 from benchmarks.resnet.tfrecord_writer import write_imagenet_tfrecords
 from harness.runtime.base import InputContext
 
-from conftest import REPO, SMOKE, cli_in_process, read_summary, run_cli, run_dir, sets, stderr_error_lines
+from conftest import REPO, SMOKE, TINY_RESNET, cli_in_process, read_summary, run_cli, run_dir, sets, stderr_error_lines
 
 N_TRAIN, N_EVAL = 512, 130
 
@@ -27,11 +27,10 @@ def imagenet_dir(tmp_path_factory):
 
 def tfrecord_sets(data_dir: str) -> list[str]:
     # Open division: the smoke's tiny ResNet is not the reference ResNet-50 a closed real-data run needs.
-    # The files' path through the run is tested, not the model: one stage of width 4 on 8px crops.
-    return sets(submission__division="open", data__source="tfrecord", data__data_dir=data_dir,
+    # The files' path through the run is tested, not the model (conftest's TINY_RESNET).
+    return sets(*TINY_RESNET, submission__division="open", data__source="tfrecord", data__data_dir=data_dir,
                 data__train_samples=N_TRAIN, data__eval_samples=N_EVAL, schedule__max_epochs=1,
-                schedule__eval_every_epochs=1, data__shuffle_buffer=256, model__blocks="[1]", model__width=4,
-                data__image_size=8)
+                schedule__eval_every_epochs=1, data__shuffle_buffer=256)
 
 
 def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):

@@ -11,15 +11,13 @@ import pytest
 
 from harness.review import logparse
 
-from conftest import REPO, SMOKE, cli_in_process, read_summary, run_cli, run_dir, sets
+from conftest import REPO, SMOKE, TINY_RESNET, cli_in_process, read_summary, run_cli, run_dir, sets
 
 # A shorter variant of the smoke run for tests that do not need to reach the target.
 # One eval, on the closed cadence (every 4 epochs), after 8 steps of 128.
-# The model cut to one stage of width 4 on 8px images: these tests check the loop's mechanics (an abort's
-# reason and log, eval counting, reduction order), not the model, at half the CPU of the smoke's ResNet.
-TINY = ["model.blocks=[1]", "model.width=4", "data.image_size=8"]
-QUICK = sets(data__train_samples=256, data__eval_samples=301, schedule__max_epochs=4) + [
-    a for o in TINY for a in ("--set", o)]
+# The model cut to conftest's TINY_RESNET: these tests check the loop's mechanics (an abort's reason and log,
+# eval counting, reduction order), not the model.
+QUICK = sets(*TINY_RESNET, data__train_samples=256, data__eval_samples=301, schedule__max_epochs=4)
 
 
 def official_checker(path: str, ruleset: str) -> subprocess.CompletedProcess:
@@ -169,7 +167,7 @@ def test_same_loss_trajectory_on_1_and_4_logical_devices():
         # A global batch of 32 (8 a replica on 4): what is compared is the reduction, not the batch size.
         proc = subprocess.run([sys.executable, script, SMOKE, "6", "runtime.kind=mirrored",
                                f"runtime.cpu_devices={n}", "schedule.global_batch_size=32", "model.bn_span=32",
-                               "optimizer.warmup_epochs=0", "optimizer.base_learning_rate=1.0", *TINY],
+                               "optimizer.warmup_epochs=0", "optimizer.base_learning_rate=1.0", *TINY_RESNET],
                               capture_output=True, text=True, cwd=REPO, timeout=300)
         line = [l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")]
         assert line, proc.stderr[-3000:]

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 
-from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
+from conftest import REPO, TINY_RESNET, cli_in_process, read_summary, run_cli, sets, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -91,8 +91,7 @@ def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
                    "--set", "runtime.kind=mesh", "--set", "runtime.cpu_devices=2",
                    "--set", "runtime.mesh={data: 2, model: 1}", "--set", "schedule.max_epochs=4",
                    "--set", "data.train_samples=256", "--set", "data.eval_samples=101",
-                   # the runtime is what is tested: a one-stage, width-4 ResNet on 8px images
-                   "--set", "model.blocks=[1]", "--set", "model.width=4", "--set", "data.image_size=8")
+                   *sets(*TINY_RESNET))  # the runtime is what is tested, not the model
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = read_summary(tmp_out)
     assert summary["runtime"].startswith("mesh data=2 x model=1")

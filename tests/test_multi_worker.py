@@ -15,18 +15,17 @@ import pytest
 
 from harness.review import logparse
 
-from conftest import REPO, SMOKE, free_ports, read_summary, sets
+from conftest import REPO, SMOKE, TINY_RESNET, free_ports, read_summary, sets
 
-# What these tests check is the cluster's mechanics (who writes, who reports a lost peer), not the model: the
-# smoke's ResNet cut to one stage of width 4 on 8px images, half the CPU a process of the full smoke takes.
-TINY = sets(model__blocks="[1]", model__width=4, data__image_size=8)
+# What these tests check is the cluster's mechanics (who writes, who reports a lost peer), not the model:
+# conftest's TINY_RESNET.
 # A short two-process run: 4 epochs of 2 steps, one eval at the end (the closed ResNet cadence).
-QUICK = sets(data__train_samples=256, data__eval_samples=101, schedule__max_epochs=4,
-             schedule__eval_every_epochs=4) + TINY
+QUICK = sets(*TINY_RESNET, data__train_samples=256, data__eval_samples=101, schedule__max_epochs=4,
+             schedule__eval_every_epochs=4)
 # A run that cannot end by itself before the fault: target out of reach (open division), long budget.
-ENDLESS = sets(data__train_samples=256, data__eval_samples=101, schedule__max_epochs=1000,
+ENDLESS = sets(*TINY_RESNET, data__train_samples=256, data__eval_samples=101, schedule__max_epochs=1000,
                schedule__eval_every_epochs=4, submission__division="open", schedule__target=0.999,
-               runtime__collective_timeout_s=20) + TINY
+               runtime__collective_timeout_s=20)
 WAIT_S = 300  # generous: only a hang reaches it
 
 

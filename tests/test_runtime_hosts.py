@@ -15,7 +15,7 @@ from harness.config import RuntimeConfig
 from harness.errors import HarnessError
 from harness.runtime import make_runtime
 
-from conftest import REPO, free_ports
+from conftest import REPO, TINY_RESNET, free_ports
 
 HELPERS = os.path.join(REPO, "tests", "helpers")
 # 4 pretend GPUs, 8 examples each; bn_span 16 pools statistics over groups of 2 replicas: strictly between
@@ -23,7 +23,7 @@ HELPERS = os.path.join(REPO, "tests", "helpers")
 RESNET_SMALL = ["data.train_samples=256", "data.eval_samples=45", "schedule.global_batch_size=32",
                 "schedule.eval_batch_size=16", "model.bn_span=16",
                 # what is traced is the replica context (merge calls, group batch norm), not the depth
-                "model.blocks=[1]", "model.width=4", "data.image_size=8"]
+                *TINY_RESNET]
 SSD_SMALL = ["data.train_samples=64", "data.eval_samples=32", "schedule.global_batch_size=32",
              "schedule.eval_batch_size=16", "model.bn_span=16"]
 WAIT_S = 900  # generous: only a hang reaches it (the machine may be shared)
