@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, cli_in_process, free_ports, harness_cmd, stderr_error_lines
+from conftest import REPO, cli_in_process, free_ports, harness_cmd, runs_in_one_process, stderr_error_lines
 from harness.runtime.base import InputContext
 from harness.data.service import distribute_epochs
 from harness.train.input_pipeline import ServiceConfig, pipeline_config, train_options
@@ -177,8 +177,6 @@ def served_runs(fleet, imagenet_dir, tmp_path_factory) -> dict:
     """workload -> (its CompletedProcess, its output dir): ResNet's TFRecord smoke and llama31_8b's smoke to their
     targets and the SHORT runs, each `run` through the fleet, one after another in one process (one TensorFlow
     start for all: conftest.runs_in_one_process)."""
-    from conftest import runs_in_one_process
-
     plans = {"resnet": ("smoke-tfrecord.yaml", resnet_sets(imagenet_dir)), "llama31_8b": ("smoke.yaml", []),
              **{w: ("smoke.yaml", sets) for w, sets in SHORT.items()}}
     runs = [[os.path.join(REPO, "configs", w, config), "--set", f"data.service.dispatcher={fleet.dispatcher}",
