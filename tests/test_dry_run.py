@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks import registry
-from conftest import REPO, run_cli, stderr_error_lines
+from conftest import REPO, TINY_RESNET, run_cli, sets, stderr_error_lines
 from dry_run_shared import HARDWARE_CONFIGS, REDUCED, reduced_report, workload_of
 from harness import config as config_lib
 from harness.errors import HarnessError
@@ -122,9 +122,11 @@ def test_device_plans_come_from_the_config_or_are_refused():
 
 
 def test_cli_dry_run_prints_the_report_writes_json_and_no_log(tmp_path):
+    # The CLI's path, not the model, is under test: a one-stage ResNet (four stages at width 8, the other
+    # tests' reduced size, took 54 CPU-s here with XLA's HLO passes; this one 19).
     out, js = tmp_path / "runs", tmp_path / "report.json"
-    sets = [a for o in REDUCED["resnet"] + [f"output_dir={out}"] for a in ("--set", o)]
-    proc = run_cli("run", "configs/resnet/gpu-8x.yaml", "--dry_run", "--report_json", str(js), *sets)
+    proc = run_cli("run", "configs/resnet/gpu-8x.yaml", "--dry_run", "--report_json", str(js),
+                   *sets(*TINY_RESNET, f"output_dir={out}"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "FLOPs per train step (one replica):" in proc.stdout
     assert re.search(r"peak memory per device \(XLA:CPU buffer assignment, train step\): \d+\.\d+ GiB", proc.stdout)
@@ -139,8 +141,8 @@ def test_cli_compile_failure_is_one_error_line(tmp_path, mode):
     # A real workload whose training loss gains an op with no XLA kernel (a helper patches it in); the
     # real run meets it at its warm-up compile, before run_start.
     helper = os.path.join(REPO, "tests", "helpers", "broken_step.py")
-    proc = subprocess.run([sys.executable, helper, "run", "configs/resnet/smoke.yaml", *mode, "--set",
-                           f"output_dir={tmp_path / 'runs'}"], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, helper, "run", "configs/resnet/smoke.yaml", *mode, *sets(*TINY_RESNET),
+                           "--set", f"output_dir={tmp_path / 'runs'}"], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert stderr_error_lines(proc) == [l for l in proc.stderr.splitlines() if l.strip()][-1:]
