@@ -327,15 +327,14 @@ SCRIPT = """
                   or "attention/" in p.path}}
         return out, shapes, wl.mllog_hparams()
 
-    mesh, shapes, hp = losses({mesh!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
-                                         "model.router_z_loss_coef=0.001"])
-    one, _, _ = losses({smoke!r}, ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01",
-                                   "model.router_z_loss_coef=0.001"])
-    # Every architecture option on (the published gpt-oss's and the reference's q/k norm; a clamp the
-    # activations reach): the options' variables split over the mesh as their kernels are.
-    OPTIONS = {published!r} + ["model.qk_norm=true", "model.swiglu_limit=0.5"]
-    mesh_options, option_shapes, _ = losses({mesh!r}, OPTIONS, score=True)
-    one_options, _, _ = losses({smoke!r}, OPTIONS, score=True)
+    # Every option on in one mesh program and its one-device twin: the router's (capacity with dropping, both
+    # auxiliary losses) and the architecture's (the published gpt-oss's and the reference's q/k norm; a clamp
+    # the activations reach), whose variables split over the mesh as their kernels are.
+    OPTIONS = ["model.capacity_factor=1.0", "model.load_balancing_coef=0.01", "model.router_z_loss_coef=0.001",
+               *{published!r}, "model.qk_norm=true", "model.swiglu_limit=0.5"]
+    mesh, shapes, hp = losses({mesh!r}, OPTIONS, score=True)
+    one, _, _ = losses({smoke!r}, OPTIONS, score=True)
+    plain, _, _ = losses({smoke!r}, [])   # smoke.yaml's model: no option on
 
     # The closed reference config loads; its model builds and runs at reduced width.
     cfg, rt, wl = setup({reference!r}, ["runtime.kind=default", "runtime.precision=float32",
@@ -347,8 +346,7 @@ SCRIPT = """
     ref_params = sum(int(np.prod(p.variable.shape)) for p in wl.optimizer.params)
     terms = split_loss(wl.loss(next(iter(loop.train_input(rt, wl, 2, 0))), tf.zeros([2], tf.int64)))[0]  # eager
     ref_loss = float(terms["cross_entropy"].total / terms["cross_entropy"].count)
-    print("RESULT " + json.dumps(dict(mesh=mesh, one=one, mesh_options=mesh_options, one_options=one_options,
-        option_shapes=option_shapes, shapes=shapes, hp={{k: hp[k] for k in
+    print("RESULT " + json.dumps(dict(mesh=mesh, one=one, plain=plain, shapes=shapes, hp={{k: hp[k] for k in
         ("expert_parallelism", "tensor_parallelism", "moe_aux_loss_coeff", "moe_z_loss_coeff",
          "moe_expert_capacity_factor")}},
         ref_layers=cfg.model.num_layers, ref_experts=cfg.model.num_experts, ref_params=ref_params,
@@ -370,7 +368,9 @@ def subprocess_result():
 
 def test_mesh_first_losses_equal_one_device_and_experts_are_split(subprocess_result):
     r = subprocess_result
-    # Router options on (capacity with dropping, both auxiliary losses): the mesh computes the same.
+    # Router options on (capacity with dropping, both auxiliary losses), with every architecture option (the
+    # next test): two train steps' losses, then the eval's log perplexity. The mesh computes the same.
+    assert len(r["mesh"]) == 3 and np.isfinite(r["mesh"]).all()
     np.testing.assert_allclose(r["mesh"], r["one"], rtol=2e-5)
     shapes = r["shapes"]
     gate = next(v for k, v in shapes.items() if k.endswith("layer_0/moe/experts/gate/kernel"))
@@ -385,13 +385,12 @@ def test_mesh_first_losses_equal_one_device_and_experts_are_split(subprocess_res
 
 def test_mesh_with_every_architecture_option_equals_one_device_and_splits_them(subprocess_result):
     r = subprocess_result
-    # Two train steps' losses, then the eval's log perplexity (the published options in the eval step too).
-    assert len(r["mesh_options"]) == 3 and np.isfinite(r["mesh_options"]).all()
-    np.testing.assert_allclose(r["mesh_options"], r["one_options"], rtol=2e-5)
-    assert np.abs(np.array(r["one_options"][:2]) - np.array(r["one"])).max() > 1e-3   # the options change the model
+    # The same run as the test above (the published options in the eval step too): mesh == one device.
+    np.testing.assert_allclose(r["mesh"], r["one"], rtol=2e-5)
+    assert np.abs(np.array(r["one"][:2]) - np.array(r["plain"])).max() > 1e-3   # the options change the model
     # Local shapes on the 2x2 {data, model} mesh (heads, ff and vocab over `model`, experts over `data`):
     # 2 kv heads x 2 query heads x head_dim 8, 8 experts x expert_hidden 32, hidden 32.
-    local = {k.split("layer_0/")[1]: sorted(set(map(tuple, v))) for k, v in r["option_shapes"].items()
+    local = {k.split("layer_0/")[1]: sorted(set(map(tuple, v))) for k, v in r["shapes"].items()
              if "layer_0/" in k and not k.endswith("kernel")}
     assert local == {
         "attention/query/bias": [(1, 2, 8)], "attention/key/bias": [(1, 8)], "attention/value/bias": [(1, 8)],
