@@ -27,7 +27,7 @@ from harness.review import integrity, logparse
 from tests.helpers import tiny_gpt_oss
 from tests.helpers.numpy_attention import masked_attention, softmax
 
-from conftest import REPO, cli_in_process, read_summary, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, read_summary, runs_in_one_process, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
 PUBLISHED = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke-published.yaml")
@@ -256,15 +256,17 @@ def test_review_tools_treat_log_perplexity_as_lower_is_better():
 # --------------------------------------------------------------------------------- the smoke run
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("gpt_oss_smoke"))
+def smokes(tmp_path_factory):
+    """`run` of smoke.yaml and smoke-published.yaml, as shipped, in one process: name -> (process, summary)."""
+    out = str(tmp_path_factory.mktemp("gpt_oss_smokes"))
     # oneDNN's kernels forced on, whatever this CPU's default: they refuse some shapes the default ones take.
-    proc = run_cli("run", SMOKE, "--output_dir", out, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=900)
-    return proc, read_summary(out, "gpt_oss_20b")
+    procs = runs_in_one_process(1, [[SMOKE], [PUBLISHED]], out, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
+    return {name: (proc, read_summary(os.path.join(out, str(n)), "gpt_oss_20b") if proc.returncode == 0 else None)
+            for n, (name, proc) in enumerate(zip(("smoke", "published"), procs))}
 
 
-def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
-    proc, summary = smoke
+def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smokes):
+    proc, summary = smokes["smoke"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
     assert all(e["score"] > 3.34 for e in summary["evals"][:-1])      # it stopped at the first one
@@ -284,15 +286,8 @@ def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
 # (test_mesh_with_every_architecture_option_equals_one_device_and_splits_them), and smoke-mesh.yaml runs to
 # its target as shipped (tests/test_shipped_configs.py): no second whole mesh run here.
 
-@pytest.fixture(scope="module")
-def published_smoke(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("gpt_oss_published"))
-    proc = run_cli("run", PUBLISHED, "--output_dir", out, timeout=900)
-    return proc, read_summary(out, "gpt_oss_20b") if proc.returncode == 0 else None
-
-
-def test_smoke_with_the_published_architecture_reaches_the_target(published_smoke):
-    proc, summary = published_smoke
+def test_smoke_with_the_published_architecture_reaches_the_target(smokes):
+    proc, summary = smokes["published"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
     assert {r: v["verdict"] for r, v in summary["compliance"].items()} == {"6.0.0": "PASS", "6.1.0": "PASS"}
