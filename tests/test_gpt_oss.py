@@ -256,7 +256,7 @@ def test_review_tools_treat_log_perplexity_as_lower_is_better():
 # --------------------------------------------------------------------------------- the smoke run
 
 @pytest.fixture(scope="module")
-def smokes(tmp_path_factory):
+def smoke(tmp_path_factory):
     """`run` of smoke.yaml and smoke-published.yaml, as shipped, in one process: name -> (process, summary)."""
     out = str(tmp_path_factory.mktemp("gpt_oss_smokes"))
     # oneDNN's kernels forced on, whatever this CPU's default: they refuse some shapes the default ones take.
@@ -265,8 +265,8 @@ def smokes(tmp_path_factory):
             for n, (name, proc) in enumerate(zip(("smoke", "published"), procs))}
 
 
-def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smokes):
-    proc, summary = smokes["smoke"]
+def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
+    proc, summary = smoke["smoke"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
     assert all(e["score"] > 3.34 for e in summary["evals"][:-1])      # it stopped at the first one
@@ -286,8 +286,8 @@ def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smokes):
 # (test_mesh_with_every_architecture_option_equals_one_device_and_splits_them), and smoke-mesh.yaml runs to
 # its target as shipped (tests/test_shipped_configs.py): no second whole mesh run here.
 
-def test_smoke_with_the_published_architecture_reaches_the_target(smokes):
-    proc, summary = smokes["published"]
+def test_smoke_with_the_published_architecture_reaches_the_target(smoke):
+    proc, summary = smoke["published"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["status"] == "success" and summary["evals"][-1]["score"] <= 3.34
     assert {r: v["verdict"] for r, v in summary["compliance"].items()} == {"6.0.0": "PASS", "6.1.0": "PASS"}

@@ -33,7 +33,7 @@ COVERED_ELSEWHERE = {
     "configs/dlrmv4/smoke-mesh.yaml": ("tests/test_dlrmv4_runs.py", "smokes"),
     "configs/flux1/smoke.yaml": ("tests/test_flux1_runs.py", "smokes"),
     "configs/gpt_oss_20b/smoke.yaml": ("tests/test_gpt_oss.py", "smoke"),
-    "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "published_smoke"),
+    "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
     "configs/qwen35_397b_grpo/smoke.yaml": ("tests/test_qwen35_grpo_runs.py", "smoke"),
     "configs/llama31_8b/smoke-mesh.yaml": ("tests/test_llama31_8b.py", "smokes"),
