@@ -118,10 +118,12 @@ def test_sorted_dispatch_compiles_to_at_most_assignments_plus_blocks_of_expert_w
     assert dense_flops > 3 * sorted_flops
 
 
-@pytest.mark.parametrize("capacity_factor", ["0.0", "0.5"])
-def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch(capacity_factor):
-    """One layer of the smoke model, short rows: three train steps (the later ones after updates from the
-    earlier gradients) give the same losses under each dispatch, and the eval's `dropped` the same."""
+def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch():
+    """One layer of the smoke model, short rows, capacity factor 0.5: three train steps (the later ones after
+    updates from the earlier gradients) give the same losses under each dispatch, and the eval's `dropped` the
+    same. Dropless (capacity factor 0) the layer's forward and gradients equal the dense dispatch's
+    (test_sorted_dispatch_equals_dense_dispatch_forward_and_gradients, test_alltoall_dispatch_equals_...)."""
+    capacity_factor = "0.5"
     import os
 
     from conftest import REPO
@@ -141,7 +143,7 @@ def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch(capacity
 
     (sorted_losses, sorted_dropped), (dense_losses, dense_dropped) = run("sorted"), run("dense")
     np.testing.assert_allclose(sorted_losses, dense_losses, rtol=1e-5)
-    assert sorted_dropped == dense_dropped and (sorted_dropped > 0) == (capacity_factor != "0.0")
+    assert sorted_dropped == dense_dropped and sorted_dropped > 0
     a2a_losses, a2a_dropped = run("alltoall")
     np.testing.assert_allclose(a2a_losses, dense_losses, rtol=1e-5)
     assert a2a_dropped == dense_dropped
