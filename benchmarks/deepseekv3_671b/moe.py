@@ -27,7 +27,7 @@ Two executions of the routed experts (`model.moe_dispatch`), the same routing an
   gives each expert ceil(cf x seq x k / experts) slots of a row (about cf x the useful work) and drops the
   assignments past it: a dropped assignment contributes nothing (the token keeps its other experts, the
   shared expert and the residual), and each row's dropped count is in the routing (eval reports the share).
-  Measured on the smoke's router at its target (48 steps; 16 eval rows of 256 tokens x 3 MoE layers, MTP's
+  Measured on the smoke's router after 48 steps of training (16 eval rows of 256 tokens x 3 MoE layers, MTP's
   included; re-slotted as scripts/moe_drops.py does): cf 1 would drop 5.35% of the assignments, 1.25 0.26%,
   1.5 and above none (the busiest expert of a row took 1.42x the mean load).
 - dense: every expert computes every token and the outputs are weighted by the (mostly zero) gates: exact,
