@@ -11,7 +11,7 @@ import pytest
 
 from harness.review import logparse
 
-from conftest import REPO, SMOKE, TINY_RESNET, cli_in_process, read_summary, run_cli, run_dir, sets
+from conftest import REPO, SMOKE, TINY_RESNET, cli_in_process, read_summary, run_cli, run_dir, runs_in_one_process, sets
 
 # A shorter variant of the smoke run for tests that do not need to reach the target.
 # One eval, on the closed cadence (every 4 epochs), after 8 steps of 128.
@@ -110,9 +110,28 @@ def test_check_command_on_harness_log(smoke_run):
     assert proc.stdout.count(": PASS") == 3  # two rulesets + integrity
 
 
-def test_budget_spent_run_is_aborted_and_compliant_apart_from_target(tmp_out):
+# The QUICK runs below, one after another in one process of 2 logical CPUs (one TensorFlow start for the
+# three; a one-device run takes the first CPU): conftest.runs_in_one_process.
+QUICK_RUNS = {
     # runtime.peak_tflops: a CPU has no system file, so the run's MFU needs a stated peak (0.5 TFLOP/s a device)
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK, *sets(runtime__peak_tflops=0.5))
+    "budget": sets(runtime__peak_tflops=0.5),
+    "non_finite": sets(optimizer__name="sgd", optimizer__base_learning_rate=1e12, optimizer__warmup_epochs=0),
+    # 1001 eval examples, eval batch 64 over 2 replicas
+    "two_replicas": sets(runtime__kind="mirrored", runtime__cpu_devices=2, data__eval_samples=1001,
+                         schedule__eval_batch_size=64),
+}
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory) -> dict:
+    """name -> (its CompletedProcess, its output dir) for each of QUICK_RUNS."""
+    out = str(tmp_path_factory.mktemp("quick"))
+    procs = runs_in_one_process(2, [[SMOKE, *QUICK, *extra] for extra in QUICK_RUNS.values()], out)
+    return {name: (proc, os.path.join(out, str(n))) for n, (name, proc) in enumerate(zip(QUICK_RUNS, procs))}
+
+
+def test_budget_spent_run_is_aborted_and_compliant_apart_from_target(quick_runs):
+    proc, tmp_out = quick_runs["budget"]
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = read_summary(tmp_out)
     assert summary["status"] == "aborted" and "budget" in summary["reason"]
@@ -136,9 +155,8 @@ def test_budget_spent_run_is_aborted_and_compliant_apart_from_target(tmp_out):
     assert "aborted" in proc.stdout and "quality target not reached" in proc.stdout
 
 
-def test_non_finite_loss_aborts_with_reason(tmp_out):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK,
-                   *sets(optimizer__name="sgd", optimizer__base_learning_rate=1e12, optimizer__warmup_epochs=0))
+def test_non_finite_loss_aborts_with_reason(quick_runs):
+    proc, tmp_out = quick_runs["non_finite"]
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = read_summary(tmp_out)
     assert summary["status"] == "aborted" and "non-finite" in summary["reason"]
@@ -146,11 +164,9 @@ def test_non_finite_loss_aborts_with_reason(tmp_out):
     assert_event_order(event_keys(summary["log"]))
 
 
-def test_eval_counts_exactly_over_two_replicas(tmp_out):
+def test_eval_counts_exactly_over_two_replicas(quick_runs):
     """1001 eval examples, eval batch 64 over 2 replicas: padding is masked, nothing counted twice."""
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *QUICK,
-                   *sets(runtime__kind="mirrored", runtime__cpu_devices=2, data__eval_samples=1001,
-                         schedule__eval_batch_size=64))
+    proc, tmp_out = quick_runs["two_replicas"]
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     summary = read_summary(tmp_out)
     assert summary["num_replicas"] == 2
@@ -160,21 +176,17 @@ def test_eval_counts_exactly_over_two_replicas(tmp_out):
 
 def test_same_loss_trajectory_on_1_and_4_logical_devices():
     """Batch norm over the global batch makes the math identical; only reduction order differs. (2 replicas
-    against 1: every workload's contract, tests/test_workload_contract.py.)"""
+    against 1: every workload's contract, tests/test_workload_contract.py.) Both runs in one process of 4
+    logical CPUs (tests/helpers/loss_trajectory.py): the one-device run on the first."""
     script = os.path.join(REPO, "tests", "helpers", "loss_trajectory.py")
-    trajectories = {}
-    for n in (1, 4):
-        # A global batch of 32 (8 a replica on 4): what is compared is the reduction, not the batch size.
-        proc = subprocess.run([sys.executable, script, SMOKE, "6", "runtime.kind=mirrored",
-                               f"runtime.cpu_devices={n}", "schedule.global_batch_size=32", "model.bn_span=32",
-                               "optimizer.warmup_epochs=0", "optimizer.base_learning_rate=1.0", *TINY_RESNET],
-                              capture_output=True, text=True, cwd=REPO, timeout=300)
-        line = [l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")]
-        assert line, proc.stderr[-3000:]
-        result = json.loads(line[0][len("LOSSES "):])
-        assert result["replicas"] == n
-        trajectories[n] = result["losses"]
+    # A global batch of 32 (8 a replica on 4): what is compared is the reduction, not the batch size.
+    proc = subprocess.run([sys.executable, script, SMOKE, "6", "4", "schedule.global_batch_size=32",
+                           "model.bn_span=32", "optimizer.warmup_epochs=0", "optimizer.base_learning_rate=1.0",
+                           *TINY_RESNET], capture_output=True, text=True, cwd=REPO, timeout=600)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")]
+    assert len(lines) == 2, proc.stderr[-3000:]
+    trajectories = {r["replicas"]: r["losses"] for r in (json.loads(l[len("LOSSES "):]) for l in lines)}
+    assert sorted(trajectories) == [1, 4], trajectories
     base = trajectories[1]
     assert max(base) - min(base) > 1e-3, base  # the weights are actually moving
-    for n in (4,):
-        assert trajectories[n] == pytest.approx(base, rel=1e-4, abs=1e-5), (n, trajectories[n], base)
+    assert trajectories[4] == pytest.approx(base, rel=1e-4, abs=1e-5), (trajectories[4], base)
