@@ -145,11 +145,18 @@ TOY_RUN = """
 
 
 def test_two_replicas_train_and_evaluate_like_one(tmp_path):
-    runs = {}
+    """Both runs in one process of 2 logical CPUs (one TensorFlow start): the one-device run on the first."""
+    script = "from harness.runtime.distribute import configure_logical_cpus\nconfigure_logical_cpus(2)\n"
     for name, rt in (("one", "kind='default'"), ("two", "kind='mirrored', cpu_devices=2")):
-        runs[name] = result_of(run_py(TOY_RUN.format(runtime=rt, kw="max_epochs=1.0", chief_only=False),
-                                      env={"OUT": str(tmp_path / name)}))
-    assert runs["two"]["replicas"] == 2
+        script += textwrap.dedent(TOY_RUN).replace("os.environ[\"OUT\"]", repr(str(tmp_path / name))).format(
+            runtime=rt, kw="max_epochs=1.0", chief_only=False)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    out, err = proc.communicate(timeout=300)
+    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(lines) == 2, out[-2000:] + err[-4000:]
+    runs = dict(zip(("one", "two"), (json.loads(l[len("RESULT "):]) for l in lines)))
+    assert runs["one"]["replicas"] == 1 and runs["two"]["replicas"] == 2
     assert runs["one"]["steps"] == runs["two"]["steps"]
     np.testing.assert_allclose(runs["two"]["evals"], runs["one"]["evals"], rtol=1e-6)
     assert all(c == 37 for c in runs["two"]["counted"])
