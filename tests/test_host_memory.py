@@ -13,7 +13,7 @@ from harness import config as config_lib
 from harness.errors import HarnessError
 from harness.train import host_memory
 
-from conftest import REPO, cli_in_process, run_cli, run_signalled, sets, stderr_error_lines
+from conftest import REPO, cli_in_process, run_signalled, sets, stderr_error_lines
 
 LLAMA = os.path.join(REPO, "configs", "llama31_8b", "smoke.yaml")
 GIB = 2 ** 30
@@ -21,6 +21,9 @@ GIB = 2 ** 30
 LLAMA_VOCAB = ["model.vocab_size=128256", "data.seq_length=1024"]
 # Clearly beyond a 24 GiB host: an 8-layer model of width 4096 on that vocabulary (1.07 G parameters).
 TOO_BIG = LLAMA_VOCAB + ["model.hidden_size=4096", "model.num_layers=8"]
+# The signalled runs below: the smoke cut to one layer on 64 tokens. What is tested is what a signal leaves of a
+# run's log, not the model.
+SHORT = ["model.num_layers=1", "data.seq_length=64"]
 
 
 def host(replicas: int = 1, device_type: str = "CPU") -> types.SimpleNamespace:
@@ -100,8 +103,8 @@ def test_refusal_names_the_estimate_and_the_memory_available(monkeypatch):
 def test_too_big_cpu_run_is_refused_before_its_log_opens(tmp_out):
     """A real `run`: one error line naming both figures, non-zero exit, no run directory or log. The batch
     makes the estimate petabytes, beyond any host the suite runs on."""
-    proc = run_cli("run", LLAMA, "--output_dir", tmp_out,
-                   *sets(model__vocab_size=128256, data__seq_length=8192, schedule__global_batch_size=65536))
+    proc = cli_in_process("run", LLAMA, "--output_dir", tmp_out,
+                          *sets(model__vocab_size=128256, data__seq_length=8192, schedule__global_batch_size=65536))
     lines = stderr_error_lines(proc)
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: this run needs about ") and " GiB are available (" in lines[0], lines
@@ -113,7 +116,7 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     """SIGKILL after the first progress line (mid-training, as the out-of-memory killer would): the log is
     only under its incomplete name, and `check` fails it as a run that did not finish."""
     code, seen, _ = run_signalled(["run", LLAMA, "--output_dir", tmp_out,
-                                   *sets(schedule__target=0.01, run_id="killed")], signal.SIGKILL)
+                                   *sets(*SHORT, schedule__target=0.01, run_id="killed")], signal.SIGKILL)
     assert code == -signal.SIGKILL and seen[-1].startswith("sample "), "".join(seen)
     folder = os.path.join(tmp_out, "llama31_8b", "killed")
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
@@ -124,7 +127,7 @@ def test_run_killed_outright_leaves_an_incomplete_log(tmp_out):
     assert "no run_stop: the run did not finish" in check.stdout
     assert "Required EXACTLY_ONE occurrence of 'run_stop' but found 0" in check.stdout
     # the same run_id again: refused before anything is written over the evidence (mllog appends)
-    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="killed"))
+    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(*SHORT, run_id="killed"))
     lines = stderr_error_lines(again)
     assert again.returncode == 2 and len(lines) == 1 and "holds the log of an unfinished run" in lines[0], again.stderr
     assert sorted(os.listdir(folder)) == ["config.yaml", "incomplete_result_1.log"]
@@ -137,7 +140,8 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     stderr_path = tmp_path / "stderr"
     with open(stderr_path, "w") as stderr:
         code, seen, after = run_signalled(["run", LLAMA, "--output_dir", tmp_out,
-                                           *sets(schedule__target=0.01, run_id="terminated")], signal.SIGTERM, stderr)
+                                           *sets(*SHORT, schedule__target=0.01, run_id="terminated")], signal.SIGTERM,
+                                          stderr)
     err = stderr_path.read_text()
     assert code == 128 + signal.SIGTERM, "".join(seen + after) + err
     assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted by SIGTERM"], err
@@ -152,11 +156,11 @@ def test_run_stopped_by_sigterm_ends_its_log_aborted(tmp_out, tmp_path):
     assert check.returncode == 1 and "error: [interrupted] the run was stopped by SIGTERM" in check.stdout, \
         check.stdout + check.stderr
     before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
-    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated"))
+    again = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(*SHORT, run_id="terminated"))
     errors = stderr_error_lines(again)
     assert again.returncode == 2 and len(errors) == 1 and "holds the log of an unfinished run" in errors[0], again
     # another seed would write its own log beside it, but config.yaml over this run's
-    other = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(run_id="terminated", seed=2))
+    other = cli_in_process("run", LLAMA, "--output_dir", tmp_out, *sets(*SHORT, run_id="terminated", seed=2))
     assert stderr_error_lines(other) == [f"error: {folder} already holds another run's files (config.yaml, "
                                          f"incomplete_result_1.log); choose another run_id"], other
     assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == before
