@@ -58,7 +58,8 @@ def test_tfrecord_pipeline_shapes_labels_and_eval_order(imagenet_dir):
 
 
 def test_tfrecord_run_end_to_end(imagenet_dir, tmp_out):
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(imagenet_dir))
+    """The CLI's dispatch in this process (one device, as a subprocess's run would have; no TensorFlow start)."""
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(imagenet_dir))
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     summary = read_summary(tmp_out)
     assert summary["data_source"] == "tfrecord" and summary["synthetic_data"] is False
@@ -132,7 +133,7 @@ def test_corrupt_record_gives_clear_error_and_no_valid_looking_log(imagenet_dir,
             raw[payload:payload + 64] = b"\xff" * 64  # breaks that record's CRC
         with open(os.path.join(data, os.path.basename(f)), "wb") as dst:
             dst.write(raw)
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(data))
+    proc = cli_in_process("run", SMOKE, "--output_dir", tmp_out, *tfrecord_sets(data))  # in this process, as above
     # The reader's own words, past TensorFlow's "Graph execution error:" (it knows the offset, not the file).
     assert_clean_error(proc, "error: corrupt or unreadable input data: corrupted record at ",
                        "(a TFRecord's bytes do not match their checksum)")
