@@ -17,7 +17,7 @@ import pytest
 from harness.submission import campaign, package
 from harness.errors import HarnessError
 
-from conftest import REPO, cli_in_process, run_cli, stderr_error_lines
+from conftest import REPO, cli_in_process, stderr_error_lines
 
 CONFIG = os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml")
 # As short as a run can be while still training to a target: half the train set, 16px crops of 20px files
@@ -51,10 +51,11 @@ def overrides(tfrecords) -> list[str]:
 
 @pytest.fixture(scope="module")
 def campaign5(tmp_path_factory, overrides) -> dict:
-    """A real 5-run campaign through the CLI: its directory, stdout and run directories."""
+    """A real 5-run campaign through the CLI's dispatch in this process (each run is its own process, as the
+    campaign starts them; no TensorFlow start for the campaign itself): its directory, stdout and run
+    directories."""
     cdir = str(tmp_path_factory.mktemp("campaign5"))
-    proc = run_cli("campaign", CONFIG, "--runs", "5", "--campaign_dir", cdir, *_set_flags(overrides),
-                   timeout=1800)  # five runs, each its own process: generous for a loaded machine
+    proc = cli_in_process("campaign", CONFIG, "--runs", "5", "--campaign_dir", cdir, *_set_flags(overrides))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(os.path.join(cdir, "campaign.json")) as f:
         state = json.load(f)
@@ -197,8 +198,7 @@ def campaign7(tmp_path_factory, campaign5) -> str:
 @pytest.fixture(scope="module")
 def packaged(tmp_path_factory, campaign7) -> dict:
     out = str(tmp_path_factory.mktemp("pkg") / "submission")
-    proc = run_cli("package", campaign7, "--out", out,
-                   "--system_field", "host_storage_type=local SSD", timeout=900)
+    proc = cli_in_process("package", campaign7, "--out", out, "--system_field", "host_storage_type=local SSD")
     return {"out": out, "proc": proc}
 
 
