@@ -151,12 +151,12 @@ def test_smoke_reaches_map_target_with_a_compliant_closed_log(smoke_run):
 def test_tfrecord_source_runs_end_to_end_against_the_json(tmp_path, tmp_out):
     """Written TFRecords + instances JSON: parse, map the non-contiguous ids, COCOeval on the file."""
     paths = write_synthetic(str(tmp_path), train_images=64, val_images=24, image_size=64, seed=0, num_shards=2)
-    proc = run_cli("run", SMOKE, "--output_dir", tmp_out,
-                   *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path),
-                         data__annotation_file=paths["val_json"],
-                         data__train_samples=count_images_with_boxes(paths["train"]),
-                         data__eval_samples=24, schedule__max_epochs=1, schedule__eval_every_epochs=1,
-                         schedule__eval_batch_size=16, schedule__global_batch_size=16))
+    proc = conftest.cli_in_process(  # one device, so in this process (no TensorFlow start of its own)
+        "run", SMOKE, "--output_dir", tmp_out,
+        *sets(submission__division="open", data__source="tfrecord", data__data_dir=str(tmp_path),
+              data__annotation_file=paths["val_json"], data__train_samples=count_images_with_boxes(paths["train"]),
+              data__eval_samples=24, schedule__max_epochs=1, schedule__eval_every_epochs=1,
+              schedule__eval_batch_size=16, schedule__global_batch_size=16))
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = read_summary(tmp_out, "ssd")
     assert summary["data_source"] == "tfrecord" and not summary["synthetic_data"]
