@@ -219,9 +219,11 @@ def test_random_crop_without_boxes_falls_back_to_whole_image():
 # ------------------------------------------------------------------------------------------------- TFRecords
 
 def tfrecord_cfg(out: dict, **kw) -> DataConfig:
+    """Records in file order (shuffle_buffer 1): the default 10,000-record buffer over a few records repeated
+    would fill with ~1,000 epochs before the first element."""
     return DataConfig(**{"source": "tfrecord", "data_dir": os.path.dirname(out["val_json"]),
                          "annotation_file": out["val_json"], "train_samples": 16, "eval_samples": 10,
-                         "max_boxes": 5, "augment": False, **kw})
+                         "max_boxes": 5, "augment": False, "shuffle_buffer": 1, **kw})
 
 
 @pytest.mark.parametrize("with_label", [True, False], ids=["tpu_schema", "od_api_schema"])
@@ -306,7 +308,8 @@ def mock_coco(n: int, bad_box: bool = False):
 
 
 def test_tfds_coco_under_mock_data(tmp_path):
-    cfg = DataConfig(source="tfds", data_dir=str(tmp_path), train_samples=8, eval_samples=10, max_boxes=5)
+    cfg = DataConfig(source="tfds", data_dir=str(tmp_path), train_samples=8, eval_samples=10, max_boxes=5,
+                     shuffle_buffer=10)  # the default 10,000 would first fill with 1,000 copies of the 10 examples
     with mock_coco(10):
         src = make_source(cfg, MODEL)
         src.validate()
