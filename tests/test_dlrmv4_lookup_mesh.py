@@ -4,7 +4,8 @@ holds half the rows, and no per-device program after DTensor's SPMD expansion ho
 table's shape (nor of its [rows per device, devices, dim] view). The same holds for `owner_lookup` (the ids'
 distinct rows read on their owners, gradients scattered into each owner's rows), whose rows, table gradient and,
 after one row-wise Adagrad step from each lookup's gradient, tables and accumulators equal the one-hot lookup's;
-compiled by XLA in-process, its rows and gradient equal numpy's."""
+compiled by XLA in-process, its rows and gradient equal numpy's. The same process builds the smoke mesh's model
+(configs/dlrmv4/smoke-mesh.yaml): every table and accumulator is held in halves, one per device."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,13 +14,30 @@ import pytest
 from tests.spmd_trace import run_spmd_helper
 
 
-def test_row_sharded_lookup_holds_no_whole_table(tmp_path):
-    result = run_spmd_helper("tests/helpers/dlrmv4_lookup_mesh.py", str(tmp_path / "dump"), timeout=600)
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory):
+    """The RESULT of tests/helpers/dlrmv4_lookup_mesh.py: one process for both tests on 2 devices."""
+    return run_spmd_helper("tests/helpers/dlrmv4_lookup_mesh.py", str(tmp_path_factory.mktemp("dump")),
+                           timeout=900)
+
+
+def test_row_sharded_lookup_holds_no_whole_table(two_devices):
+    result = two_devices
     assert result["forward"] < 1e-6 and result["grad"] < 1e-6, result
     assert result["shards"] == [[48, 8], [48, 8]]
     assert result["dumps"] >= 2 and result["whole"] == [], result
     assert result["owner"] == 0.0 and result["moved"] > 0.01, result  # exact, and the step did move the rows
     assert result["owner_shards"] == [[48, 8], [48, 8]]
+
+
+def test_no_device_of_the_smoke_mesh_holds_a_whole_table(two_devices):
+    """configs/dlrmv4/smoke-mesh.yaml's model as built: each of the 11 tables and of their row-wise Adagrad
+    accumulators is held in two halves of its rows, one per device."""
+    shapes = two_devices["smoke_tables"]
+    assert sum("/tables/" in p and "accumulator" not in p for p in shapes) == 11
+    assert sum("accumulator" in p for p in shapes) == 11
+    for path, (full, shards) in shapes.items():
+        assert len(shards) == 2 and all(s[0] * 2 == full[0] and s[1:] == full[1:] for s in shards), path
 
 
 class _RowsSplitFour:

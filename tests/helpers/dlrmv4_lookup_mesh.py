@@ -7,7 +7,9 @@ argv: dump dir. Prints one RESULT line: {"forward": max |diff| of the looked-up 
 |diff| of the table's gradient against numpy (np.add.at), "shards": [local table shape per device],
 "whole": result shapes of the whole table (or its [rows per device, devices, dim] view) found in the per-device
 programs, "dumps": files read, "owner": max |diff| of owner_lookup's rows, table gradient and, after one row-wise
-Adagrad step from each lookup's gradient, of the tables and accumulators, against `lookup`'s}.
+Adagrad step from each lookup's gradient, of the tables and accumulators, against `lookup`'s, "smoke_tables":
+{variable path: [global shape, [local shape per device]]} for every table and row-wise Adagrad accumulator of
+configs/dlrmv4/smoke-mesh.yaml's model and optimizer as built (the same 2 devices: no process of its own)}.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from harness.nn.optim import RowWiseAdagrad  # noqa: E402
 
 from benchmarks.dlrmv4.model import lookup  # noqa: E402
 from benchmarks.dlrmv4.owner_lookup import owner_lookup  # noqa: E402
+from tests.helpers.step_case import build  # noqa: E402
 
 ROWS, DIM = 96, 8  # 96 x 8: a shape nothing else in the step has
 
@@ -95,7 +98,16 @@ def main() -> None:
         "forward": float(np.max(np.abs(rt.to_host(rows) - table0[ids0]))),
         "grad": float(np.max(np.abs(np.concatenate([t.numpy() for t in dtensor.unpack(grad)]) - want_grad))),
         "shards": [list(s) for s in rt.local_shapes(table)], "whole": sorted(seen), "dumps": len(files),
-        "owner": owner, "moved": moved, "owner_shards": [list(s) for s in rt.local_shapes(table2)]}))
+        "owner": owner, "moved": moved, "owner_shards": [list(s) for s in rt.local_shapes(table2)],
+        "smoke_tables": smoke_tables()}), flush=True)
+    os._exit(0)  # two meshes in one process: TensorFlow's teardown can abort after the result is out
+
+
+def smoke_tables() -> dict:
+    """configs/dlrmv4/smoke-mesh.yaml's tables and accumulators as built: global and per-device shapes."""
+    _, rt, _ = build("configs/dlrmv4/smoke-mesh.yaml", [])
+    return {v.path: [list(v.shape), [list(s) for s in rt.local_shapes(v.variable)]]
+            for v in rt.variables() if "/tables/" in v.path}
 
 
 if __name__ == "__main__":
