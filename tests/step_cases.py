@@ -78,6 +78,14 @@ STEPS = 2
 # runs with oneDNN on (step_case).
 ONEDNN_OFF = ("bert", "llama31_8b", "resnet")
 
+# The workloads whose steps also run in float16 (every workload runs bfloat16). The loss scaling, the skipped
+# steps and the float32 master weights are the loop's (harness/train/loop.py, harness/nn/loss_scale.py), the
+# same code for every workload; what float16 adds per workload is its ops in a narrow range: resnet's convolutions
+# and batch norm (and its overflow case), transformer's own attention with its NEG_INF masks, llama2_70b_lora's
+# frozen bfloat16 base under float16 compute on the LM decoder every LLM workload shares (benchmarks/lm), and
+# flux1, whose workload casts its draws to the compute dtype itself.
+FLOAT16 = ("flux1", "llama2_70b_lora", "resnet", "transformer")
+
 
 _results: dict[str, dict[str, dict]] = {"1": {}, "0": {}}  # oneDNN mode -> workload -> RESULT (or error)
 _planned: dict[str, set[str]] = {"1": set(), "0": set()}
@@ -91,10 +99,16 @@ def plan(name: str, onednn: tuple[str, ...]) -> None:
         _planned[mode].add(name)
 
 
+def _modes(name: str, onednn: str) -> list[str]:
+    """What the helper runs besides the contract, XLA and bfloat16 steps (tests/helpers/step_case.py `case`)."""
+    if onednn == "0":
+        return ["plain"]
+    return ["float16"] * (name in FLOAT16) + ["overflow"] * (name == "resnet")
+
+
 def _start(names: list[str], onednn: str) -> None:
     helper = os.path.join(REPO, "tests", "helpers", "step_case.py")
-    cases = {n: [os.path.join(REPO, "configs", n, "smoke.yaml"), SMALL[n],
-                 ["plain"] if onednn == "0" else ["overflow"] if n == "resnet" else []] for n in names}
+    cases = {n: [os.path.join(REPO, "configs", n, "smoke.yaml"), SMALL[n], _modes(n, onednn)] for n in names}
     # Output to files, not pipes: nobody reads a process that runs ahead of the test waiting for it.
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, helper, json.dumps(cases), str(STEPS)], cwd=REPO, stdout=out,

@@ -1,5 +1,7 @@
 """Every workload's per-replica train and eval steps under XLA on one CPU device, against the same steps
-without XLA, and in bfloat16 and float16 (dynamic loss scaling) against float32.
+without XLA, and in bfloat16 against float32; float16 (dynamic loss scaling) for the workloads
+step_cases.FLOAT16 names (the loss scaling is the loop's, the same for every workload: that list says which
+workloads' own ops float16 adds something for).
 
 Small variants of the smoke configs, two train steps and a tiny eval each, one subprocess for the
 selected workloads (tests/helpers/step_case.py, shared with the workload contract through
@@ -13,7 +15,7 @@ import math
 import pytest
 
 from benchmarks import registry
-from step_cases import SMALL, STEPS, step_case
+from step_cases import FLOAT16, SMALL, STEPS, step_case
 
 # bfloat16 keeps 8 significant bits: the first loss of an untrained model agrees with float32 to well
 # within 2%; float16 keeps 11 bits.
@@ -22,6 +24,7 @@ RTOL = {"bfloat16": 2e-2, "float16": 5e-3}
 
 def test_every_registered_workload_has_a_case():
     assert sorted(SMALL) == registry.names()
+    assert set(FLOAT16) <= set(SMALL) and "resnet" in FLOAT16  # resnet's float16 steps make the overflow case
 
 
 @pytest.mark.step_cases(onednn=("1",))
@@ -47,8 +50,8 @@ def test_xla_train_and_eval_match_the_plain_steps(name):
 
 
 @pytest.mark.step_cases(onednn=("1",))
-@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name,precision", [(n, "bfloat16") for n in registry.names()]
+                         + [(n, "float16") for n in registry.names() if n in FLOAT16])
 def test_low_precision_steps_track_float32_with_float32_state(name, precision):
     r = step_case(name)
     p = r[precision]

@@ -3,8 +3,8 @@
 - `one` / `two`: two train steps and an eval on one device and on 2 mirrored replicas (the workload
   contract, tests/test_workload_contract.py);
 - `xla_*`: the per-replica train and eval steps under XLA against the plain ones from the same weights,
-  then `bfloat16` and `float16` (dynamic loss scaling) runs of the same steps, and for ResNet the float16
-  steps again from a loss scale that overflows (tests/test_xla_precision.py);
+  then a `bfloat16` run of the same steps, with mode `float16` a `float16` (dynamic loss scaling) run too,
+  and with `overflow` the float16 steps again from a loss scale that overflows (tests/test_xla_precision.py);
 - `mesh_draws` (flux1 only): its training draws on a 2-device DTensor mesh, a rerun and one device
   (tests/helpers/flux1_mesh_draws.py; no model compiled).
 
@@ -76,13 +76,12 @@ def plain_only(config: str, small: list[str], train_steps: int) -> dict:
 
 
 def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> dict:
-    """One workload's results: `plain` (oneDNN-off runs), else the contract, XLA and precision steps, and
-    with `overflow` the float16 overflow too."""
+    """One workload's results: `plain` (oneDNN-off runs), else the contract, XLA and bfloat16 steps, with
+    `float16` the float16 steps, and with `overflow` (after `float16`) the float16 overflow too."""
     if mode == ["plain"]:
         out = plain_only(config, small, train_steps)
         out["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
         return out
-    overflow = mode == ["overflow"]
     out: dict = {"onednn": bool(_pywrap_util_port.IsMklEnabled())}
     # The contract: 2 mirrored replicas (first, while the logical devices can still be set), then one device.
     cfg, rt, wl = build(config, small + ["runtime.kind=mirrored", "runtime.cpu_devices=2",
@@ -111,7 +110,7 @@ def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> di
     # The replica functions the loop runs are tf.functions with jit_compile=True.
     out["xla_compiled"] = all(getattr(f, "_jit_compile", False) for f in (xla._train_replica, xla._eval_replica))
 
-    for precision in ("bfloat16", "float16"):
+    for precision in ["bfloat16"] + ["float16"] * ("float16" in mode):
         cfg, rt, wl = build(config, small + ["runtime.kind=default", "runtime.cpu_devices=0",
                                              f"runtime.precision={precision}", "runtime.jit_compile=false",
                                              "runtime.loss_scale_growth_steps=1"])
@@ -124,7 +123,7 @@ def case(config: str, small: list[str], train_steps: int, mode: list[str]) -> di
             "loss_scale": steps.loss_scale_state(),
             "optimizer_step": int(wl.optimizer.step.numpy()),
         }
-    if overflow:
+    if "overflow" in mode:
         # The float16 steps again (traced once: the scale is a variable), from a loss scale that overflows
         # float16 in the backward pass: every step is skipped, the scale halves. Counts are this run's.
         ls, start = steps.loss_scale, wl.optimizer.step.numpy()
