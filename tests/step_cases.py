@@ -27,10 +27,13 @@ SMALL = {
                "schedule.eval_batch_size=16", "model.bn_span=32", "model.blocks=[1,1]"],
     "bert": ["data.train_samples=512", "data.eval_samples=45", "schedule.global_batch_size=16",
              "schedule.eval_batch_size=16", "model.num_layers=1"],
+    # One layer at width 32 (2 heads) and rows of 16 tokens: the beam search decodes the eval set in each of
+    # the five step sets.
     "transformer": ["data.synthetic_train_pairs=400", "data.eval_samples=45", "schedule.global_batch_size=8",
                     "schedule.eval_batch_size=16", "model.layer_postprocess_dropout=0",
                     "model.attention_dropout=0", "model.relu_dropout=0", "eval.extra_decode_length=4",
-                    "model.num_layers=1"],
+                    "model.num_layers=1", "model.hidden_size=32", "model.filter_size=64", "model.num_heads=2",
+                    "data.max_sequence_length=16", "data.row_length=32"],
     # Rows of 256 tokens (the smoke's 8192 are for the logged runs). One layer, a windowed one (window 129 in
     # blocks of 64, its sinks and experts): the smoke's second, full-span layer runs the same blockwise kernel
     # with a span of 128, and every step set traced it again.
