@@ -86,8 +86,8 @@ REFUSALS = {
     "resnet": "the reference ResNet-50 v1.5: model.blocks=[1, 1, 1] (reference [3, 4, 6, 3]), model.width=8 "
               "(reference 64), model.stem=small (reference imagenet), data.image_size=32 (reference 224), "
               "data.num_classes=10 (reference 1000); use submission.division=open",
-    "bert": "the reference BERT-large: model.num_layers=2 (reference 24), model.hidden_size=128 (reference 1024), "
-            "model.num_heads=4 (reference 16), model.ff_size=512 (reference 4096), model.vocab_size=64 (reference "
+    "bert": "the reference BERT-large: model.num_layers=1 (reference 24), model.hidden_size=128 (reference 1024), "
+            "model.num_heads=4 (reference 16), model.ff_size=512 (reference 4096), model.vocab_size=32 (reference "
             "30522), model.max_position=32 (reference 512), model.hidden_dropout=0 (reference 0.1), "
             "model.attention_dropout=0 (reference 0.1), data.seq_length=32 (reference 512), data.max_predictions=5 "
             "(reference 76); use submission.division=open",

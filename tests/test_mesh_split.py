@@ -45,7 +45,7 @@ SUM_OVER_DATA = "DTensorAllReduce Add data"
 # over `model`: equation -> (local operand shapes, how many such summed instances the step has).
 # gpt_oss (local batch 1, seq 128): kv heads 2 -> 1, expert ff 32 -> 16 (experts 8 -> 4 over data, gathered
 # to 8: the sorted dispatch's 9 blocks of 128 rows hold this device's 128 x top-2 assignments), vocab 80 -> 40.
-# BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 64 -> 32.
+# BERT (local batch 2, seq 32): heads 4 -> 2, ff 512 -> 256, vocab 32 -> 16.
 # Transformer (local rows 2 x 64 tokens): heads 4 -> 2 (encoder, decoder self and cross attention),
 # filter 256 -> 128 (the 4: both layers' down projections and their up projections' input gradients, which
 # have the same local shapes), shared vocab 320 -> 160 (encoder and decoder lookups).
@@ -62,7 +62,7 @@ SUMMED_OVER_MODEL = {
 }
 # Vocab-split output layers (forward: local logits; the vocab-parallel softmax reduces over model later).
 OUTPUT_LAYER = {"gpt_oss_20b": ("bcm,mkr->bckr", ["1x128x32", "32x1x40"]),
-                "bert": ("bph,vh->bpv", ["2x5x128", "32x128"]),
+                "bert": ("bph,vh->bpv", ["2x5x128", "16x128"]),
                 "transformer": ("bsh,vh->bsv", ["2x64x128", "160x128"])}
 ALL_GATHERS = {"gpt_oss_20b": ["4x16x32->8x16x32", "4x32x16->8x32x16", "4x32x16->8x32x16"], "bert": [],
                "transformer": []}
