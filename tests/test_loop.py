@@ -116,11 +116,16 @@ def run_py(script: str, env: dict | None = None, timeout: float = 300) -> subpro
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
 
 
-def result_of(proc: subprocess.Popen, timeout: float = 300) -> dict:
+def results_of(proc: subprocess.Popen, timeout: float = 300) -> list[dict]:
+    """Every RESULT line the script printed, in order (at least one; the script exited 0)."""
     out, err = proc.communicate(timeout=timeout)
     lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, out[-2000:] + err[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return [json.loads(l[len("RESULT "):]) for l in lines]
+
+
+def result_of(proc: subprocess.Popen, timeout: float = 300) -> dict:
+    return results_of(proc, timeout)[-1]
 
 
 TOY_RUN = """
@@ -146,16 +151,13 @@ TOY_RUN = """
 
 def test_two_replicas_train_and_evaluate_like_one(tmp_path):
     """Both runs in one process of 2 logical CPUs (one TensorFlow start): the one-device run on the first."""
-    script = "from harness.runtime.distribute import configure_logical_cpus\nconfigure_logical_cpus(2)\n"
+    script = "import os\nfrom harness.runtime.distribute import configure_logical_cpus\nconfigure_logical_cpus(2)\n"
     for name, rt in (("one", "kind='default'"), ("two", "kind='mirrored', cpu_devices=2")):
-        script += textwrap.dedent(TOY_RUN).replace("os.environ[\"OUT\"]", repr(str(tmp_path / name))).format(
+        script += f"os.environ['OUT'] = {str(tmp_path / name)!r}\n" + textwrap.dedent(TOY_RUN).format(
             runtime=rt, kw="max_epochs=1.0", chief_only=False)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    out, err = proc.communicate(timeout=300)
-    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and len(lines) == 2, out[-2000:] + err[-4000:]
-    runs = dict(zip(("one", "two"), (json.loads(l[len("RESULT "):]) for l in lines)))
+    results = results_of(run_py(script))
+    assert len(results) == 2, results
+    runs = dict(zip(("one", "two"), results))
     assert runs["one"]["replicas"] == 1 and runs["two"]["replicas"] == 2
     assert runs["one"]["steps"] == runs["two"]["steps"]
     np.testing.assert_allclose(runs["two"]["evals"], runs["one"]["evals"], rtol=1e-6)
