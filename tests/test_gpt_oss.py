@@ -31,6 +31,7 @@ from conftest import REPO, cli_in_process, read_summary, runs_in_one_process, st
 
 SMOKE = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml")
 PUBLISHED = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke-published.yaml")
+MESH = os.path.join(REPO, "configs", "gpt_oss_20b", "smoke-mesh.yaml")
 
 
 def published_options() -> list[str]:
@@ -283,8 +284,9 @@ def test_smoke_reaches_the_target_with_a_log_both_checkers_pass(smoke):
 
 # The published architecture's options on (sinks, biases, clamped GLU, YaRN), 1 device as shipped. On the 2x2
 # mesh (each bias and the sinks split as their kernels) the same options' steps and eval equal one device's
-# (test_mesh_with_every_architecture_option_equals_one_device_and_splits_them), and smoke-mesh.yaml runs to
-# its target as shipped (tests/test_shipped_configs.py): no second whole mesh run here.
+# (test_mesh_with_every_architecture_option_equals_one_device_and_splits_them), built from smoke-mesh.yaml,
+# whose steps that test holds equal to one device's (tests/test_shipped_configs.py STEPS_PROVEN): no whole
+# mesh run.
 
 def test_smoke_with_the_published_architecture_reaches_the_target(smoke):
     proc, summary = smoke["published"]
@@ -351,7 +353,7 @@ SCRIPT = """
 
 @pytest.fixture(scope="module")
 def subprocess_result():
-    script = SCRIPT.format(mesh=os.path.join(REPO, "configs/gpt_oss_20b/smoke-mesh.yaml"), smoke=SMOKE,
+    script = SCRIPT.format(mesh=MESH, smoke=SMOKE,
                            reference=os.path.join(REPO, "configs/gpt_oss_20b/reference.yaml"),
                            published=published_options())
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,

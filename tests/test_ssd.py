@@ -29,6 +29,8 @@ import conftest
 from conftest import REPO, read_summary, run_cli, sets
 
 SMOKE = os.path.join(REPO, "configs", "ssd", "smoke.yaml")
+MESH = os.path.join(REPO, "configs", "ssd", "smoke-mesh.yaml")
+MIRRORED = os.path.join(REPO, "configs", "ssd", "smoke-mirrored.yaml")
 REFERENCE = os.path.join(REPO, "configs", "ssd", "reference.yaml")
 
 
@@ -173,10 +175,10 @@ MESH_SCRIPT = """
     from harness.runtime import make_runtime
     from benchmarks.ssd.workload import SSDWorkload
 
-    def run(extra):
-        cfg = C.load_config({smoke!r}, ["submission.division=open", "data.train_samples=64", "data.eval_samples=45",
-                                        "schedule.global_batch_size=16", "schedule.eval_batch_size=16",
-                                        "model.bn_span=16"] + extra)
+    def run(config):
+        cfg = C.load_config(config, ["submission.division=open", "data.train_samples=64", "data.eval_samples=45",
+                                     "schedule.global_batch_size=16", "schedule.eval_batch_size=16",
+                                     "model.bn_span=16"])
         rt = make_runtime(cfg.runtime)
         wl = SSDWorkload(cfg, rt)
         wl.validate()
@@ -197,28 +199,32 @@ MESH_SCRIPT = """
         losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(2)]
         return dict(losses=losses, counted=counted, score=metrics["mAP"], top=[top[i] for i in range(45)])
 
-    mesh = run(["runtime.kind=mesh", "runtime.cpu_devices=2", "runtime.mesh={{data: 2, model: 1}}",
-                "runtime.layout={{batch: data}}"])
-    single = run([])
-    print("RESULT " + json.dumps(dict(mesh=mesh, single=single)))
+    mesh = run({mesh!r})
+    mirrored = run({mirrored!r})
+    single = run({smoke!r})
+    print("RESULT " + json.dumps(dict(mesh=mesh, mirrored=mirrored, single=single)))
 """
 
 
-def test_data_parallel_dtensor_mesh_matches_one_device():
-    """Images over `data` on a DTensor mesh: the eval of the initial weights (45 images over 2 shards of 16-image
-    batches, each image's detections gathered to the chief as its own) and the first steps' losses equal one
-    device's. Later steps drift apart faster: hard-negative mining re-ranks on float32 differences."""
+def test_data_parallel_mesh_and_mirrored_match_one_device():
+    """smoke-mesh.yaml and smoke-mirrored.yaml at reduced sizes (tests/test_shipped_configs.py STEPS_PROVEN
+    counts on it), images over 2 devices, batch norm over the global batch: the eval of the initial weights (45
+    images over 2 shards of 16-image batches, each image's detections gathered to the chief as its own) and the
+    first steps' losses equal one device's. Later steps drift apart faster: hard-negative mining re-ranks on
+    float32 differences."""
     import json
     import subprocess
     import sys
     import textwrap
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(MESH_SCRIPT.format(smoke=SMOKE))], cwd=REPO,
+    script = textwrap.dedent(MESH_SCRIPT.format(smoke=SMOKE, mesh=MESH, mirrored=MIRRORED))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO,
                           capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = json.loads(lines[-1][len("RESULT "):])
-    mesh, single = out["mesh"], out["single"]
-    np.testing.assert_allclose(mesh["losses"], single["losses"], rtol=1e-4)
-    assert mesh["counted"] == single["counted"] == 45
-    np.testing.assert_allclose(mesh["top"], single["top"], rtol=1e-5)
-    assert mesh["score"] == pytest.approx(single["score"], abs=1e-6)
+    single = out["single"]
+    for split in (out["mesh"], out["mirrored"]):
+        np.testing.assert_allclose(split["losses"], single["losses"], rtol=1e-4)
+        assert split["counted"] == single["counted"] == 45
+        np.testing.assert_allclose(split["top"], single["top"], rtol=1e-5)
+        assert split["score"] == pytest.approx(single["score"], abs=1e-6)

@@ -24,6 +24,7 @@ import conftest
 from conftest import REPO, read_summary, run_cli, sets, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "transformer", "smoke.yaml")
+MESH = os.path.join(REPO, "configs", "transformer", "smoke-mesh.yaml")  # smoke.yaml on a 2x2 mesh
 VOCAB = 40
 SMALL = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, filter_size=64, layer_postprocess_dropout=0.0,
                     attention_dropout=0.0, relu_dropout=0.0, max_position=64)
@@ -295,7 +296,8 @@ def test_smoke_reaches_bleu_target_with_a_compliant_log(smoke_run):
 
 
 def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
-    """Heads, ff and vocab split over `model`, rows over `data`: the first steps' losses equal one device's
+    """smoke-mesh.yaml at reduced sizes (tests/test_shipped_configs.py STEPS_PROVEN counts on it). Heads, ff
+    and vocab split over `model`, rows over `data`: the first steps' losses equal one device's
     to float32 reduction order (rtol 1e-4), and the beam-search eval over a set that does not divide over
     the replicas counts each sentence once and decodes the same hypotheses (a near-tie may flip on
     reduction order, so at most 1 of 30 may differ; the BLEU is then compared to 0.02)."""
@@ -312,14 +314,14 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
         from harness.runtime import make_runtime
         from benchmarks.transformer.workload import TransformerWorkload
 
-        def run(extra):
-            cfg = C.load_config({SMOKE!r}, ["data.synthetic_train_pairs=400", "model.layer_postprocess_dropout=0",
+        def run(config):
+            cfg = C.load_config(config, ["data.synthetic_train_pairs=400", "model.layer_postprocess_dropout=0",
                                             "model.attention_dropout=0", "model.relu_dropout=0",
                                             "data.eval_samples=30", "schedule.eval_batch_size=8",
                                             # one layer each side, half as wide: what is compared is the
                                             # split, not the model's depth (half the tracing and decoding)
                                             "model.num_layers=1", "model.hidden_size=64",
-                                            "model.filter_size=128"] + extra)
+                                            "model.filter_size=128"])
             rt = make_runtime(cfg.runtime)
             wl = TransformerWorkload(cfg, rt)
             wl.validate()
@@ -338,11 +340,10 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
             return rt, dict(losses=losses, bleu=metrics["bleu"], counted=counted,
                             hyps=[hyps[i] for i in sorted(hyps)])
 
-        mesh, on_mesh = run(["runtime.kind=mesh", "runtime.cpu_devices=4", "runtime.mesh={{data: 2, model: 2}}",
-                             "runtime.layout={{batch: data, heads: model, ff: model, vocab: model}}"])
+        mesh, on_mesh = run({MESH!r})  # as shipped but for the sizes above
         split = sum(len(set(map(tuple, mesh.local_shapes(v.variable)))) == 1 and
                     list(mesh.local_shapes(v.variable)[0]) != list(v.variable.shape) for v in mesh.variables())
-        _, single = run([])
+        _, single = run({SMOKE!r})
         print("RESULT " + json.dumps(dict(mesh=on_mesh, single=single, split=split)))
     """
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True, text=True,

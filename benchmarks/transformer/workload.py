@@ -167,14 +167,18 @@ class TransformerWorkload(Workload):
 
     def dry_run_inputs(self) -> tuple[dict[str, tf.TensorSpec], dict[str, tf.TensorSpec], list[str]]:
         c, m = self.cfg, self.cfg.model
-        if not m.vocab_size:
+        # The synthetic language's vocabulary is built in memory from the config (no file to read).
+        synthetic = c.data.source == "synthetic" and not m.vocab_size
+        if not m.vocab_size and not synthetic:
             raise HarnessError("a dry run reads no vocabulary file: set model.vocab_size (33708 for the "
                                "reference's vocab.ende.32768)")
+        vocab = self.source.tokenizer.vocab_size if synthetic else m.vocab_size
         length = int(math.ceil(c.data.max_sequence_length / 8) * 8)
-        self._stand_in = {"vocab_size": m.vocab_size, "eval_length": length}
+        self._stand_in = {"vocab_size": vocab, "eval_length": length}
         self.validate_config()
         row = self.source.row_length
-        notes = [f"vocabulary of model.vocab_size={m.vocab_size} (no vocab file read); eval inputs of {length} "
+        read = "the synthetic language's" if synthetic else f"model.vocab_size={vocab} (no vocab file read)"
+        notes = [f"vocabulary of {vocab}: {read}; eval inputs of {length} "
                  f"tokens (data.max_sequence_length rounded up to 8; a real run pads to its longest eval sentence)"]
         train = {k: tf.TensorSpec([row], tf.int32) for k in (
             "inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
