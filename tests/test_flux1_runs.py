@@ -1,11 +1,15 @@
 """flux1 trained: configs/flux1/smoke.yaml runs as shipped (one subprocess) to the benchmark's loss 0.586 on the
 learnable synthetic set, with a log the official checker passes for 5.1.0, 6.0.0 and 6.1.0 (open division:
 averaged_validation_loss logged beside eval_accuracy); its final weights exported to the diffusers layout and
-imported back equal. smoke-mesh.yaml runs as shipped with the other mesh smokes (tests/test_shipped_configs.py,
-one process for all)."""
+imported back equal. smoke-mesh.yaml's steps and eval, from the config at reduced size, equal one device's
+(tests/test_shipped_configs.py STEPS_PROVEN counts on it)."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -75,3 +79,48 @@ def test_the_smoke_exports_to_diffusers_and_imports_back_equal(smokes, tmp_path)
     hf_checkpoint.load_into(rt, out, diffusers_names.FORMAT, cfg.model)
     for v in rt.variables():
         np.testing.assert_array_equal(v.variable.numpy(), trained[v.path], err_msg=v.path)
+
+
+# smoke.yaml and smoke-mesh.yaml (2x2, FSDP) at the step case's sizes (tests/step_cases.py SMALL: its 4 captions
+# put the same content at every global position whatever the replica count): two train steps, then the eval.
+MESH_SCRIPT = """
+    import json
+    from harness.train import loop
+    from tests.helpers.step_case import build, evaluate, train
+    from tests.step_cases import SMALL
+
+    def run(config):
+        cfg, rt, wl = build(config, SMALL["flux1"])
+        steps = loop.CompiledSteps(rt, wl)
+        losses = train(steps, cfg, 2)
+        score, counted = evaluate(steps, cfg)
+        # Variables whose every device holds a part of them (FSDP over `data`, heads and MLP units over `model`).
+        split = (sum(all(list(s) != list(v.variable.shape) for s in rt.local_shapes(v.variable))
+                     for v in rt.variables()) if hasattr(rt, "local_shapes") else 0)
+        return dict(losses=losses, score=score, counted=counted, split=split, variables=len(rt.variables()),
+                    tp=wl.mllog_hparams().get("tensor_parallelism"))
+
+    mesh = run({mesh!r})
+    one = run({smoke!r})
+    print("RESULT " + json.dumps(dict(mesh=mesh, one=one)))
+"""
+
+
+def test_mesh_smoke_steps_and_eval_equal_one_device_with_fsdp():
+    """smoke-mesh.yaml: the draws are keyed by each sample's global position, so the 2x2 FSDP mesh trains on
+    the numbers one device does; its losses and eval loss equal one device's to float32 reduction order, and
+    every weight (and AdamW slot) large enough is split over the four devices."""
+    script = MESH_SCRIPT.format(mesh=os.path.join(CONFIGS, "smoke-mesh.yaml"),
+                                smoke=os.path.join(CONFIGS, "smoke.yaml"))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
+                          text=True, timeout=900, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    mesh, one = out["mesh"], out["one"]
+    assert np.isfinite(mesh["losses"]).all()
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-4)
+    assert mesh["counted"] == one["counted"] == 45
+    np.testing.assert_allclose(mesh["score"], one["score"], rtol=1e-4)
+    assert (mesh["tp"], one["tp"]) == (2, 1)
+    assert mesh["split"] >= mesh["variables"] - 2, mesh   # measured: 155 of 156

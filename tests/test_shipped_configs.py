@@ -46,13 +46,15 @@ COVERED_ELSEWHERE = {
 # Mesh and mirrored smokes the suite does not train to their targets: config -> (test file, the test or
 # fixture that builds the config itself, at reduced size, and holds its train steps and eval equal to one
 # device's). Their one-device smoke.yaml reaches the target in the suite, so the same steps on the mesh do.
-# Training these four to their targets cost ~630 of the suite's ~4,700 CPU seconds (the full run of d66d2e3:
-# groups bert_mesh 114, gpt_oss+transformer mesh 304, ssd mesh+mirrored 210). Mesh runs to the target stay for
-# flux1 (no step-level mesh test) and for the families whose test compares a whole mesh run with one
-# device's (deepseekv3_671b, dlrmv4, llama2_70b_lora, llama31_8b).
+# Training these to their targets cost ~810 of the suite's ~4,700 CPU seconds (the full run of d66d2e3:
+# groups bert_mesh 114, gpt_oss+transformer mesh 304, ssd mesh+mirrored 210, flux_mesh 182). Mesh runs to the
+# target stay for the families whose test compares a whole mesh run with one device's (deepseekv3_671b,
+# dlrmv4, llama2_70b_lora, llama31_8b).
 STEPS_PROVEN = {
     "configs/bert/smoke-mesh.yaml": ("tests/test_mesh.py",
                                      "test_mesh_matches_single_device_and_shards_weights_1_over_m"),
+    "configs/flux1/smoke-mesh.yaml": ("tests/test_flux1_runs.py",
+                                      "test_mesh_smoke_steps_and_eval_equal_one_device_with_fsdp"),
     "configs/gpt_oss_20b/smoke-mesh.yaml": ("tests/test_gpt_oss.py", "subprocess_result"),
     "configs/ssd/smoke-mesh.yaml": ("tests/test_ssd.py", "test_data_parallel_mesh_and_mirrored_match_one_device"),
     "configs/ssd/smoke-mirrored.yaml": ("tests/test_ssd.py", "test_data_parallel_mesh_and_mirrored_match_one_device"),
@@ -66,7 +68,6 @@ STEPS_PROVEN = {
 RUN_HERE = {
     "one_device": (1, ["configs/bert/smoke.yaml", "configs/resnet/smoke-tfrecord.yaml"]),
     "lora": (4, ["configs/llama2_70b_lora/smoke.yaml", "configs/llama2_70b_lora/smoke-mesh.yaml"]),
-    "flux_mesh": (4, ["configs/flux1/smoke-mesh.yaml"]),
 }
 # Hardware configs the dry run refuses as shipped: config -> the reason, which its header must state.
 REFUSED: dict[str, str] = {
