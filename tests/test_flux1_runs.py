@@ -5,16 +5,12 @@ imported back equal. smoke-mesh.yaml's steps and eval, from the config at reduce
 (tests/test_shipped_configs.py STEPS_PROVEN counts on it)."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import REPO, read_summary, run_dir, run_cli
+from conftest import REPO, read_summary, run_cli, run_dir, script_result
 
 CONFIGS = os.path.join(REPO, "configs", "flux1")
 RULESETS = {"5.1.0": "PASS", "6.0.0": "PASS", "6.1.0": "PASS"}
@@ -110,13 +106,8 @@ def test_mesh_smoke_steps_and_eval_equal_one_device_with_fsdp():
     """smoke-mesh.yaml: the draws are keyed by each sample's global position, so the 2x2 FSDP mesh trains on
     the numbers one device does; its losses and eval loss equal one device's to float32 reduction order, and
     every weight (and AdamW slot) large enough is split over the four devices."""
-    script = MESH_SCRIPT.format(mesh=os.path.join(CONFIGS, "smoke-mesh.yaml"),
-                                smoke=os.path.join(CONFIGS, "smoke.yaml"))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
-                          text=True, timeout=900, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = script_result(MESH_SCRIPT.format(mesh=os.path.join(CONFIGS, "smoke-mesh.yaml"),
+                                           smoke=os.path.join(CONFIGS, "smoke.yaml")), timeout=900)
     mesh, one = out["mesh"], out["one"]
     assert np.isfinite(mesh["losses"]).all()
     np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-4)

@@ -5,15 +5,11 @@ Logical CPU devices must be configured before TensorFlow starts, so each case ru
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 
-from conftest import REPO, TINY_RESNET, cli_in_process, read_summary, run_cli, sets, stderr_error_lines
+from conftest import REPO, TINY_RESNET, cli_in_process, read_summary, run_cli, script_result, sets, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "bert", "smoke.yaml")
 SMOKE_MESH = os.path.join(REPO, "configs", "bert", "smoke-mesh.yaml")
@@ -21,16 +17,8 @@ STEPS = 8
 LOSS_RTOL = 1e-4  # float32 reductions are ordered differently on 4 devices; nothing else may differ
 
 
-def run_script(script: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
-                          text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=400)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def test_mesh_matches_single_device_and_shards_weights_1_over_m():
-    out = run_script(f"""
+    out = script_result(f"""
         import json
         import tensorflow as tf
         from harness import config as C
@@ -63,7 +51,7 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
         print("RESULT " + json.dumps(dict(mesh=mesh_losses, single=single_losses, shards=shards,
                                           mesh_totals=mesh_totals, single_totals=single_totals,
                                           model=mesh.sizes["model"], replicas=mesh.num_replicas)))
-    """)
+    """, timeout=400)
     mesh, single = np.array(out["mesh"]), np.array(out["single"])
     assert np.all(np.isfinite(mesh)) and mesh[-1] < mesh[0]
     np.testing.assert_allclose(mesh, single, rtol=LOSS_RTOL)

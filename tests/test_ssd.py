@@ -212,16 +212,7 @@ def test_data_parallel_mesh_and_mirrored_match_one_device():
     images over 2 shards of 16-image batches, each image's detections gathered to the chief as its own) and the
     first steps' losses equal one device's. Later steps drift apart faster: hard-negative mining re-ranks on
     float32 differences."""
-    import json
-    import subprocess
-    import sys
-    import textwrap
-    script = textwrap.dedent(MESH_SCRIPT.format(smoke=SMOKE, mesh=MESH, mirrored=MIRRORED))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO,
-                          capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = conftest.script_result(MESH_SCRIPT.format(smoke=SMOKE, mesh=MESH, mirrored=MIRRORED))
     single = out["single"]
     for split in (out["mesh"], out["mirrored"]):
         np.testing.assert_allclose(split["losses"], single["losses"], rtol=1e-4)

@@ -21,7 +21,7 @@ from benchmarks.transformer.model import Transformer
 from benchmarks.transformer.subword import Subtokenizer, write_vocab_file
 
 import conftest
-from conftest import REPO, read_summary, run_cli, sets, stderr_error_lines
+from conftest import REPO, read_summary, run_cli, script_result, sets, stderr_error_lines
 
 SMOKE = os.path.join(REPO, "configs", "transformer", "smoke.yaml")
 MESH = os.path.join(REPO, "configs", "transformer", "smoke-mesh.yaml")  # smoke.yaml on a 2x2 mesh
@@ -301,10 +301,6 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
     to float32 reduction order (rtol 1e-4), and the beam-search eval over a set that does not divide over
     the replicas counts each sentence once and decodes the same hypotheses (a near-tie may flip on
     reduction order, so at most 1 of 30 may differ; the BLEU is then compared to 0.02)."""
-    import json
-    import subprocess
-    import sys
-    import textwrap
     script = f"""
         import json
         import tensorflow as tf
@@ -346,11 +342,7 @@ def test_training_and_beam_search_on_a_2x2_mesh_match_one_device():
         _, single = run({SMOKE!r})
         print("RESULT " + json.dumps(dict(mesh=on_mesh, single=single, split=split)))
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = script_result(script)
     mesh, single = out["mesh"], out["single"]
     assert mesh["losses"][-1] < mesh["losses"][0]
     np.testing.assert_allclose(mesh["losses"], single["losses"], rtol=1e-4)
