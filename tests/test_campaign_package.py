@@ -17,21 +17,9 @@ import pytest
 from harness.submission import campaign, package
 from harness.errors import HarnessError
 
-from conftest import REPO, cli_in_process, stderr_error_lines
+from conftest import REPO, SHORT_RESNET_TFRECORD, cli_in_process, sets, stderr_error_lines
 
 CONFIG = os.path.join(REPO, "configs", "resnet", "smoke-tfrecord.yaml")
-# As short as a run can be while still training to a target: half the train set, 16px crops of 20px files
-# (a quarter of the smoke's pixels), a small eval set, short warmup, and only the ruleset the package is
-# checked under. What is tested is seeding, resuming and packaging, not ResNet's quality: an open-division
-# target of top-1 0.4 (10 classes: 0.1 untrained), judged every 2 epochs, which seeds reach at epoch 2 or 4
-# (seed 1: 0.46 at epoch 2; seed 2: 0.36 at epoch 2, 0.91 at epoch 4) within the 8-epoch budget.
-FAST = ["data.train_samples=2048", "data.image_size=16", "data.eval_samples=256",
-        "optimizer.warmup_epochs=0.5", "check_rulesets=[]", "schedule.target=0.4",
-        "schedule.eval_every_epochs=2"]
-
-
-def _set_flags(overrides: list[str]) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +34,7 @@ def tfrecords(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def overrides(tfrecords) -> list[str]:
-    return [f"data.data_dir={tfrecords}"] + FAST
+    return [f"data.data_dir={tfrecords}"] + SHORT_RESNET_TFRECORD
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +43,7 @@ def campaign5(tmp_path_factory, overrides) -> dict:
     campaign starts them; no TensorFlow start for the campaign itself): its directory, stdout and run
     directories."""
     cdir = str(tmp_path_factory.mktemp("campaign5"))
-    proc = cli_in_process("campaign", CONFIG, "--runs", "5", "--campaign_dir", cdir, *_set_flags(overrides))
+    proc = cli_in_process("campaign", CONFIG, "--runs", "5", "--campaign_dir", cdir, *sets(*overrides))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(os.path.join(cdir, "campaign.json")) as f:
         state = json.load(f)
@@ -162,7 +150,7 @@ def test_campaign_resumes_only_missing_run_and_redoes_incomplete(resumed, capsys
 
 def test_campaign_stops_on_bad_input(tmp_path):
     with pytest.raises(HarnessError, match=r"campaign stopped: run 1 \(seed 1\) rejected its input"):
-        campaign.main(CONFIG, [f"data.data_dir={tmp_path / 'missing'}"] + FAST, runs=2,
+        campaign.main(CONFIG, [f"data.data_dir={tmp_path / 'missing'}"] + SHORT_RESNET_TFRECORD, runs=2,
                       campaign_dir=str(tmp_path / "c"))
     state = json.loads((tmp_path / "c" / "campaign.json").read_text())
     assert [r["status"] for r in state["runs"]] == ["bad_input", "pending"]
