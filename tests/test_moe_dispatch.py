@@ -123,7 +123,6 @@ def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch():
     updates from the earlier gradients) give the same losses under each dispatch, and the eval's `dropped` the
     same. Dropless (capacity factor 0) the layer's forward and gradients equal the dense dispatch's
     (test_sorted_dispatch_equals_dense_dispatch_forward_and_gradients, test_alltoall_dispatch_equals_...)."""
-    capacity_factor = "0.5"
     import os
 
     from conftest import REPO
@@ -133,7 +132,7 @@ def test_the_smoke_models_train_steps_are_the_same_under_every_dispatch():
     def run(dispatch):
         cfg, rt, wl = build(os.path.join(REPO, "configs", "gpt_oss_20b", "smoke.yaml"), [
             "model.num_layers=1", "data.seq_length=256", "data.synthetic_train_rows=8", "data.eval_samples=2",
-            f"model.capacity_factor={capacity_factor}", f"model.moe_dispatch={dispatch}", "model.moe_chunk_blocks=4"])
+            "model.capacity_factor=0.5", f"model.moe_dispatch={dispatch}", "model.moe_chunk_blocks=4"])
         steps = loop.CompiledSteps(rt, wl)
         it = iter(loop.train_input(rt, wl, cfg.schedule.global_batch_size, cfg.seed))
         losses = [float(steps.train_loop(it, tf.constant(1))["loss"]) for _ in range(3)]
