@@ -38,6 +38,7 @@ COVERED_ELSEWHERE = {
     "configs/gpt_oss_20b/smoke-published.yaml": ("tests/test_gpt_oss.py", "smoke"),
     "configs/llama31_8b/smoke.yaml": ("tests/test_llama31_8b.py", "smokes"),
     "configs/qwen35_397b_grpo/smoke.yaml": ("tests/test_qwen35_grpo_runs.py", "smoke"),
+    "configs/qwen35_397b_grpo/smoke-mesh.yaml": ("tests/test_qwen35_grpo_runs.py", "smoke"),
     "configs/llama31_8b/smoke-mesh.yaml": ("tests/test_llama31_8b.py", "smokes"),
     "configs/resnet/smoke.yaml": ("tests/test_e2e_resnet.py", "smoke_run"),
     "configs/ssd/smoke.yaml": ("tests/test_ssd.py", "smoke_run"),
@@ -50,7 +51,7 @@ COVERED_ELSEWHERE = {
 # Training these to their targets cost ~810 of the suite's ~4,700 CPU seconds (the full run of d66d2e3:
 # groups bert_mesh 114, gpt_oss+transformer mesh 304, ssd mesh+mirrored 210, flux_mesh 182). Mesh runs to the
 # target stay for the families whose test compares a whole mesh run with one device's (deepseekv3_671b,
-# dlrmv4, llama2_70b_lora, llama31_8b).
+# dlrmv4, llama2_70b_lora, llama31_8b, qwen35_397b_grpo).
 STEPS_PROVEN = {
     "configs/bert/smoke-mesh.yaml": ("tests/test_mesh.py",
                                      "test_mesh_matches_single_device_and_shards_weights_1_over_m"),

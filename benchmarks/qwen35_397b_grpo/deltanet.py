@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from harness.nn.layers import Block, constant, normal
+from harness.nn.layers import Block, constant, normal, take
 from harness.runtime.base import Runtime
 
 CHUNK = 64
@@ -237,10 +237,10 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
         return s, tf.einsum("bhkv,bhk->bhv", s, q_t)
 
     if q.shape[1] == 1:  # a decoding step: the one update, without a scan's loop
-        state, out = step((state, None), [t[:, 0] for t in (q, k, v, g, beta, keep)])
+        state, out = step((state, None), [take(t, 0, 1) for t in (q, k, v, g, beta, keep)])
         return out[:, None], state
     time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta, keep)]
-    first = tf.zeros_like(time_major[2][0])
+    first = tf.zeros_like(take(time_major[2], 0))
     states, outs = tf.scan(step, time_major, initializer=(state, first))
     return tf.transpose(outs, [1, 0, 2, 3]), states[-1]
 
@@ -256,6 +256,7 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
     matrix products (`unit_lower_inverse`) and the chunks in a Python loop (the graph grows with their count)."""
     batch, length = tf.shape(v)[0], tf.shape(v)[1]
     heads, dk, dv = v.shape[2], k.shape[-1], v.shape[-1]
+    static_chunks = None if v.shape[1] is None else -(-v.shape[1] // chunk)  # the Python loop's count
     if state is None:
         state = tf.zeros([batch, heads, dk, dv], tf.float32)
     pad = (chunk - length % chunk) % chunk
@@ -305,18 +306,19 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = 
         out = tf.matmul(qi, s) + tf.matmul(att, v_new)
         return s * cd + tf.matmul(ko, v_new, transpose_a=True), out
 
-    first = tf.zeros_like(new_values[0])
+    first = tf.zeros_like(take(new_values, 0))
     inputs = (new_values, k_cumdecay, q_in, k_out, intra, chunk_decay)
     if dtensor_ops:  # the same steps as the scan's, in Python over the static chunk count
         carry, outs = (state, first), []
-        for i in range(v.shape[1] // chunk + bool(v.shape[1] % chunk)):
-            carry = step(carry, [t[i] for t in inputs])
+        for i in range(static_chunks):
+            carry = step(carry, [take(t, i) for t in inputs])
             outs.append(carry[1])
-        states, outs = carry[0][None], tf.stack(outs)
+        last, outs = carry[0], tf.stack(outs)  # no [None][-1] round trip: DTensor cannot lay out that slice
     else:
         states, outs = tf.scan(step, inputs, initializer=(state, first))
+        last = states[-1]
     outs = tf.reshape(tf.transpose(outs, [1, 0, 3, 2, 4]), [batch, n * chunk, heads, dv])
-    return outs[:, :length], states[-1]
+    return outs[:, :length], last
 
 
 def unit_lower_inverse(ut: tf.Tensor, eye: tf.Tensor) -> tf.Tensor:

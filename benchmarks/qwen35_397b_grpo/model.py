@@ -204,19 +204,30 @@ class Qwen35(Decoder):
         [batch, Hv, dk, dv] (float32), all zero (a zero DeltaNet state is a fresh one). Laid out as the
         runtime places them (on a mesh: rows over the batch mesh dimension, the key/value heads as the
         attention weights split them; the DeltaNet's weights are whole, so are its state's heads)."""
-        c, cache, place = self.cfg, [], self.runtime.place
+        c, cache = self.cfg, []
         for layer in self.layers:
             if isinstance(layer.attention, GatedAttention):
-                kv = place(tf.zeros([batch, length, c.num_kv_heads, c.head_dim], self.dtype),
-                           ("batch", None, "heads", None))
-                cache.append((kv, kv))
+                kv = tf.zeros([batch, length, c.num_kv_heads, c.head_dim], self.dtype)
+                cache.append(self._laid_out(layer.attention, (kv, kv)))
             else:
                 s = c.deltanet()
-                cache.append((place(tf.zeros([batch, s.linear_conv_kernel_dim - 1, s.conv_dim], self.dtype),
-                                    ("batch", None, None)),
-                              place(tf.zeros([batch, s.linear_num_value_heads, s.linear_key_head_dim,
-                                              s.linear_value_head_dim], tf.float32), ("batch", None, None, None))))
+                cache.append(self._laid_out(layer.attention, (
+                    tf.zeros([batch, s.linear_conv_kernel_dim - 1, s.conv_dim], self.dtype),
+                    tf.zeros([batch, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim],
+                             tf.float32))))
         return cache
+
+    def _laid_out(self, mixer: GatedAttention | GatedDeltaNet, state: tuple[tf.Tensor, tf.Tensor]
+                  ) -> tuple[tf.Tensor, tf.Tensor]:
+        """A layer's decoding state in the cache's layout. `step` puts its new state back in it too: on a
+        DTensor mesh the layout DTensor propagates to a returned key cache otherwise needs a transpose it
+        cannot expand ("TransposeOp SPMD needs communication is not supported yet"; measured, TensorFlow
+        2.21 CPU, the generator's prefill on a 2x2 mesh)."""
+        if isinstance(mixer, GatedAttention):
+            dims = (("batch", None, "heads", None),) * 2
+        else:
+            dims = (("batch", None, None), ("batch", None, None, None))
+        return tuple(self.runtime.place(t, d) for t, d in zip(state, dims))
 
     def step(self, tokens: tf.Tensor, cache: list, start: tf.Tensor | int, pads: tf.Tensor | None = None
              ) -> tuple[tf.Tensor, list]:
@@ -242,5 +253,5 @@ class Qwen35(Decoder):
                 y, state = layer.attention.forward(h, state, form=form, mask=mask)
             x = x + y
             x = x + layer.ffn(layer.mlp_norm(x))
-            after.append(state)
+            after.append(self._laid_out(layer.attention, state))
         return self.logits(self.final_norm(x)), after

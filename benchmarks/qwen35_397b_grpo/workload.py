@@ -255,16 +255,21 @@ class QwenGrpoWorkload(Workload):
         g, k = self.gcfg, self.gcfg.eval_generations
         hidden, _ = self.model(batch["prompt"])
         last = self.model.logits(hidden[:, -1:])[:, 0]                                   # [b, vocab]
-        last = self.runtime.place(last, (None, None))   # whole on a mesh, as the generator's (_whole)
+        # On a mesh everything from here on is whole (replicated), as in the generator (`_whole`): DTensor's
+        # CPU expansion of the draw over rows split over `data` fails, and so does a tile-and-reshape of the
+        # logits (a segmentation fault) or a result split over `data` (the layout it propagates back into the
+        # draw mismatches its shapes), all measured. Row r * k + j is task r's rollout j.
+        last = self.runtime.place(last, (None, None))
+        target = self.runtime.place(batch["target"], (None,))
         b = last.shape[0]
-        logits = tf.reshape(tf.tile(last[:, None], [1, k, 1]), [b * k, -1])
+        logits = tf.gather(last, tf.range(b * k) // k)
         rows = self.runtime.place(tf.reshape(batch["task"][:, None] * k + tf.range(k, dtype=tf.int64)[None], [-1]),
                                   (None,))
         mesh = self.runtime.laid_out  # map_fn unrolled (generate.per_row)
         seeds = generate.row_seeds(self.cfg.seed, rows, self.optimizer.step, unroll=mesh)
         drawn, _ = generate.sample(logits, tf.constant(g.eval_temperature, tf.float32),
                                    tf.constant(g.eval_top_p, tf.float32), seeds, unroll=mesh)
-        rewards = tf.cast(tf.equal(tf.reshape(drawn, [b, k]), batch["target"][:, None]), tf.float32)
+        rewards = tf.cast(tf.equal(tf.reshape(drawn, [b, k]), target[:, None]), tf.float32)
         return {"rewards": rewards}
 
     def eval_finalize(self, state: dict[str, Any]) -> dict[str, float]:

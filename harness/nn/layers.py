@@ -183,6 +183,16 @@ class LayerNorm(Block):
         return tf.cast(y, x.dtype)
 
 
+def take(t: tf.Tensor, index: int | tf.Tensor, axis: int = 0) -> tf.Tensor:
+    """t[..., index, ...] at `axis`, that axis dropped, written with a slice for every other axis. DTensor lays
+    out the short forms (t[i], t[:, i], t[i, ...]) of a tensor of rank 4 or more wrongly when a later axis is
+    split over the mesh: the values come back from the wrong shards, silently (measured on a 2-device CPU mesh,
+    TensorFlow 2.21: rank 4 split on axis 1 or 2, rank 5 split on axis 1 or 3; the full form is right)."""
+    rank = t.shape.rank
+    axis = axis % rank
+    return t[(slice(None),) * axis + (index,) + (slice(None),) * (rank - axis - 1)]
+
+
 def vocab_parallel_lookup(runtime: Runtime, table: tf.Variable | tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
     """Rows `ids` of `table` [vocab, dim], whose vocab dimension the runtime may split.
 

@@ -30,6 +30,7 @@ from harness.train.input_pipeline import InputWait, nbytes, pipeline_config, tra
 from harness.mlperf import MLPerfLog
 from harness.train.progress import Progress
 from harness.train.snapshot import host_snapshot, restore_snapshot
+from harness.nn.layers import take
 from harness.nn.loss_scale import DynamicLossScale
 from harness.runtime.base import InputContext, Runtime
 from harness.train.workload import (COUNT, INDEX, MASK, SAMPLE, EvalPoint, EvalSchedule, LossTerm, Workload,
@@ -264,7 +265,7 @@ class CompiledSteps:
                                       batch) if k > 1 else None
         total_loss, total_grads, local = tf.constant(0.0), None, {}
         for m in range(k):  # unrolled: cross-replica sums cannot sit inside a tf.while_loop
-            micro_batch = tf.nest.map_structure(lambda t: t[m], micro) if k > 1 else batch
+            micro_batch = tf.nest.map_structure(lambda t: take(t, m), micro) if k > 1 else batch
             seed = (position_seed(w.cfg.seed, step) if w.DRAWS_BY_GLOBAL_POSITION
                     else training_seed(w.cfg.seed, step, self.runtime.replica_id(), m))
             with self.runtime.batched_mean_updates(), tf.GradientTape() as tape:
