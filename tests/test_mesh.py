@@ -48,7 +48,22 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
         shards = {{v.path: [list(v.variable.shape), [list(s) for s in mesh.local_shapes(v.variable)], list(v.dims)]
                   for v in mesh.variables()}}
         _, single_losses, single_totals = train({SMOKE!r})
-        print("RESULT " + json.dumps(dict(mesh=mesh_losses, single=single_losses, shards=shards,
+
+        # layers.take on the same mesh: rank 5 split over `data` on axis 1 and over `model` on axis 3, the
+        # layouts where DTensor reads wrong shards for the short forms t[i] and t[:, i] (harness/nn/layers.py)
+        import numpy as np
+        from tensorflow.experimental import dtensor
+        from harness.nn.layers import take
+        x = np.arange(3 * 4 * 2 * 6 * 2, dtype=np.float32).reshape(3, 4, 2, 6, 2)
+        split = dtensor.Layout([dtensor.UNSHARDED, "data", dtensor.UNSHARDED, "model", dtensor.UNSHARDED], mesh.mesh)
+        whole = lambda t: dtensor.relayout(t, dtensor.Layout.replicated(mesh.mesh, t.shape.rank))
+        t = dtensor.relayout(dtensor.copy_to_mesh(tf.constant(x), dtensor.Layout.replicated(mesh.mesh, 5)), split)
+        taken = []
+        for index, axis in ((1, 0), (2, 1), (-1, 2)):
+            with dtensor.default_mesh(mesh.mesh):
+                got = tf.function(lambda v: whole(take(v, index, axis)))(t)
+            taken.append(bool(np.array_equal(dtensor.unpack(got)[0].numpy(), np.take(x, index, axis))))
+        print("RESULT " + json.dumps(dict(mesh=mesh_losses, single=single_losses, shards=shards, taken=taken,
                                           mesh_totals=mesh_totals, single_totals=single_totals,
                                           model=mesh.sizes["model"], replicas=mesh.num_replicas)))
     """, timeout=400)
@@ -72,6 +87,7 @@ def test_mesh_matches_single_device_and_shards_weights_1_over_m():
         assert all(l == expect for l in locals_), (path, shape, locals_)
         sharded += bool(split)
     assert sharded >= 10  # attention, feed-forward, embeddings, masked-LM bias and their LAMB slots
+    assert out["taken"] == [True, True, True]
 
 
 def test_resnet_runs_data_parallel_on_the_mesh(tmp_out):
