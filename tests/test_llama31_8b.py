@@ -79,6 +79,12 @@ def test_full_causal_attention_equals_the_masked_dense_attention(xla):
     run = tf.function(attention.causal_attention, jit_compile=True) if xla else attention.causal_attention
     np.testing.assert_allclose(run(q, k, v, xla=xla).numpy(), dense, atol=1e-6)
     np.testing.assert_allclose(run(q, k, v, chunk=8, xla=xla).numpy(), dense, atol=1e-6)
+    # The default strips: rows from 512 tokens in two (or of 1024 beyond 2048), shorter rows one block.
+    assert [attention.query_chunk(n) for n in (24, 511, 512, 1024, 2048, 4096, 8192)] == [
+        24, 511, 256, 512, 1024, 1024, 1024]
+    q = tf.constant(rng.normal(size=[1, 512, 1, 2, 4]).astype(np.float32))
+    k, v = (tf.constant(rng.normal(size=[1, 512, 1, 4]).astype(np.float32)) for _ in range(2))
+    np.testing.assert_allclose(run(q, k, v, xla=xla).numpy(), run(q, k, v, chunk=512, xla=xla).numpy(), atol=1e-6)
 
 
 def _constant_elements(fn, *specs) -> list[int]:

@@ -80,19 +80,34 @@ def windowed_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, segments: tf.Te
 
 
 QUERY_CHUNK = 1024  # full causal attention over longer rows: queries in strips of this many
+HALVED_FROM = 512   # rows from this many tokens up to 2 * QUERY_CHUNK: two strips
 
 
-def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int = QUERY_CHUNK,
+def query_chunk(seq: int) -> int:
+    """The strip of queries `causal_attention` takes by default for rows of `seq` tokens: QUERY_CHUNK for
+    rows longer than 2 * QUERY_CHUNK; half the row from HALVED_FROM tokens (the scores' upper right quarter,
+    all masked, is never computed: one layer's attention forward and backward at scripts/bench_lm_step.py's
+    wide shape, 512 tokens, took 117 ms as one block and 88 in two strips under XLA, 113 and 96 without,
+    process CPU time on 2 cores); shorter rows one block."""
+    if seq > 2 * QUERY_CHUNK:
+        return QUERY_CHUNK
+    if seq >= HALVED_FROM and seq % 2 == 0:
+        return seq // 2
+    return seq
+
+
+def causal_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, chunk: int | None = None,
                      xla: bool = False, sinks: tf.Tensor | None = None, scale: float | None = None) -> tf.Tensor:
     """Full causal attention over the row; the same function as `windowed_attention` with a window of the
     whole row and no segments. q [b, s, kv, g, d], k/v [b, s, kv, d]; returns q's shape. `xla`: the
     formulation for XLA, `sinks` the heads' sink logits, `scale` the score scale (`_attend`).
 
-    Rows up to `chunk` tokens: one dense block. Longer rows (when `chunk` divides them): queries in strips
-    of `chunk`, each against only the keys up to its own end, so the scores a step holds (and the backward
-    keeps) are the causal lower triangle in strips, about (n + 1) / 2n of the dense [seq, seq] (0.56 at
-    8192 tokens in strips of 1024), and the multiply-adds shrink with them. Masked keys give exactly zero
-    weight, so the strips compute what the dense block computes."""
+    Queries in strips of `chunk` (default `query_chunk`; when it divides the row), each against only the keys
+    up to its own end, so the scores a step holds (and the backward keeps) are the causal lower triangle in
+    strips, about (n + 1) / 2n of the dense [seq, seq] (0.56 at 8192 tokens in strips of 1024, 0.75 in two),
+    and the multiply-adds shrink with them; a chunk as long as the row is one dense block. Masked keys give
+    exactly zero weight, so the strips compute what the dense block computes."""
+    chunk = query_chunk(q.shape[1]) if chunk is None else chunk
     seq = q.shape[1]
     if chunk >= seq or seq % chunk:
         return _attend(q, k, v, causal_bias(0, seq, seq), xla, sinks, scale)

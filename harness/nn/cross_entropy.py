@@ -74,10 +74,14 @@ def token_cross_entropy(runtime: Runtime, hidden: tf.Tensor, kernel: tf.Tensor, 
         its already-chained input x [b, c, m]."""
         z = head.logits(x, w)
         top = tf.reduce_max(z, axis=head.vocab_axes)
-        lse = tf.math.log(tf.reduce_sum(tf.exp(z - head.per_token(top)), axis=head.vocab_axes)) + top
+        # One exponential per logit: the softmax is exp(z - top) / its sum, the same numbers as
+        # exp(z - logsumexp) to float32 rounding.
+        e = tf.exp(z - head.per_token(top))
+        total = tf.reduce_sum(e, axis=head.vocab_axes)
+        lse = tf.math.log(total) + top
         hot = head.target_hot(i, x)
         loss = lse - tf.reduce_sum(z * hot, axis=head.vocab_axes)
-        return head.rows_of(loss), lse, tf.exp(z - head.per_token(lse)) - hot
+        return head.rows_of(loss), lse, e * head.per_token(1.0 / total) - hot
 
     @tf.custom_gradient
     def xent(x: tf.Tensor, w: tf.Tensor):
