@@ -225,8 +225,9 @@ SHARED_WORKER = {
 # a file takes the file's place). Serial seconds per file on 2 cores under load ~8, before the splits below:
 # test_shipped_configs 540, step cases 420, test_ruleset_matrix 330, test_transformer 300, test_data_service
 # 245, test_e2e_resnet 240, dry runs 220, test_multi_worker 200, test_ssd 185, then 120 and less. Since the
-# splits the two SHARED_WORKER groups are the longest units; `scripts/suite_schedule.py` projects the wall time.
-LONGEST_FIRST = ["step cases", "dry runs", "test_shipped_configs.py", "test_ruleset_matrix.py", "test_transformer.py",
+# splits the two SHARED_WORKER groups are the longest units, with qwen35's two smokes (180 CPU-s at 8fdc38f,
+# on an idle AVX-512 machine: its mesh smoke alone ~140); `scripts/suite_schedule.py` projects the wall time.
+LONGEST_FIRST = ["step cases", "test_qwen35_grpo_runs.py", "dry runs", "test_shipped_configs.py", "test_ruleset_matrix.py", "test_transformer.py",
                  "test_data_service.py", "test_e2e_resnet.py", "test_multi_worker.py", "test_ssd.py",
                  "test_llama31_8b.py"]
 
