@@ -227,7 +227,8 @@ SHARED_WORKER = {
 # 245, test_e2e_resnet 240, dry runs 220, test_multi_worker 200, test_ssd 185, then 120 and less. Since the
 # splits the two SHARED_WORKER groups are the longest units, with qwen35's two smokes (180 CPU-s at 8fdc38f,
 # on an idle AVX-512 machine: its mesh smoke alone ~140); `scripts/suite_schedule.py` projects the wall time.
-LONGEST_FIRST = ["step cases", "test_qwen35_grpo_runs.py", "dry runs", "test_shipped_configs.py", "test_ruleset_matrix.py", "test_transformer.py",
+LONGEST_FIRST = ["step cases", "test_qwen35_grpo_runs.py", "dry runs", "test_shipped_configs.py",
+                 "test_ruleset_matrix.py", "test_transformer.py",
                  "test_data_service.py", "test_e2e_resnet.py", "test_multi_worker.py", "test_ssd.py",
                  "test_llama31_8b.py"]
 
