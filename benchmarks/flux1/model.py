@@ -27,7 +27,7 @@ import math
 
 import tensorflow as tf
 
-from harness.nn.layers import Block, RMSNorm, constant, glorot_uniform, normal, silu
+from harness.nn.layers import Block, RMSNorm, constant, glorot_uniform, normal, silu, take
 from harness.runtime.base import Runtime
 
 from benchmarks.flux1.config import ModelConfig
@@ -162,7 +162,7 @@ class QKV(Block):
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         qkv = self.qkv(x)                                                     # [b, s, 3, heads, head_dim]
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k, v = (take(qkv, i, 2) for i in range(3))  # every axis written out: heads may be split (take)
         return self.query_norm(q), self.key_norm(k), v
 
 

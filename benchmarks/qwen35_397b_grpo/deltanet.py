@@ -242,7 +242,7 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None, starts=None):
     time_major = [tf.transpose(t, [1, 0] + list(range(2, t.shape.rank))) for t in (q, k, v, g, beta, keep)]
     first = tf.zeros_like(take(time_major[2], 0))
     states, outs = tf.scan(step, time_major, initializer=(state, first))
-    return tf.transpose(outs, [1, 0, 2, 3]), states[-1]
+    return tf.transpose(outs, [1, 0, 2, 3]), take(states, -1)
 
 
 def gated_delta_chunked(q, k, v, g, beta, state=None, starts=None, chunk: int = CHUNK, dtensor_ops: bool = False):
